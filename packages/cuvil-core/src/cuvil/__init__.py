@@ -1,0 +1,1 @@
+"""Cuvil: a Python-native compiler for PyTorch inference."""

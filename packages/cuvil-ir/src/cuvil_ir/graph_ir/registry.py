@@ -1,0 +1,177 @@
+"""The op registry: every Graph IR op is declared once, as a subclass of :class:`Op`.
+
+A declaration puts side by side everything later levels need to know about an op:
+
+- ``name``: the op's name in IR text;
+- ``traits``: data for passes and backends (``"elementwise"``, ``"reduction"``,
+  ``"view"``, ``"opaque"`` ...), never a name to branch on;
+- ``infer(ctx, *input_types, **attrs)``: the symbolic shape/dtype rule; its
+  keyword-only parameters *are* the op's attribute schema;
+- ``reference(*inputs, **attrs)``: the eager torch call the reference executor
+  runs (attributes arrive with every size expression already evaluated);
+- ``torch``: a callable returning the torch callables this op captures, and
+  ``capture(b, *args, **kwargs)``: turns one such torch call into IR by calling
+  ``b.emit(...)`` (see :class:`Emitter`). Raising :class:`NotCaptured` makes the
+  frontend fall back to an ``extern`` node, which is always correct.
+
+Third-party operator libraries declare ops the same way, in a module named by a
+``cuvil.ops`` entry point.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, ClassVar, Protocol
+
+from cuvil_ir.graph_ir.types import Type
+from cuvil_ir.symbolic import ShapeContext
+
+
+class NotCaptured(Exception):
+    """A capture rule declines this call; the frontend records an extern node."""
+
+
+class Emitter(Protocol):
+    """What capture rules may ask of the frontend while recording a call.
+
+    Values are opaque handles (proxies); sizes arrive as ``int`` or sympy exprs.
+    """
+
+    ctx: ShapeContext
+
+    def emit(self, op: str, inputs: Sequence[Any], **attrs: Any) -> Any:
+        """Record ``op`` applied to ``inputs``; returns the output handle(s)."""
+
+    def type_of(self, value: Any) -> Type:
+        """The IR type of a handle, or of a Python scalar (a weak scalar type)."""
+
+    def is_value(self, value: Any) -> bool:
+        """True for tensor/scalar handles of the trace (not Python constants)."""
+
+    def rebind(self, target: Any, result: Any) -> Any:
+        """In-place semantics: ``target`` now holds ``result``; returns ``target``."""
+
+
+CaptureRule = Callable[..., Any]
+
+
+class Op:
+    name: ClassVar[str]
+    traits: ClassVar[frozenset[str]] = frozenset()
+    attr_names: ClassVar[tuple[str, ...]] = ()
+    #: number of outputs when fixed; ``None`` when an attribute decides it
+    num_outputs: ClassVar[int | None] = 1
+
+    @staticmethod
+    def torch() -> Iterable[Callable[..., Any] | tuple[Callable[..., Any], CaptureRule]]:
+        """Torch callables this op captures; a ``(callable, rule)`` pair overrides
+        :meth:`capture` for that callable (e.g. reflected operators)."""
+        return ()
+
+    @staticmethod
+    def capture(b: Emitter, *args: Any, **kwargs: Any) -> Any:
+        raise NotCaptured("no capture rule")
+
+    @staticmethod
+    def infer(ctx: ShapeContext, *inputs: Type, **attrs: Any) -> Type | tuple[Type, ...]:
+        raise NotImplementedError
+
+    @staticmethod
+    def reference(*inputs: Any, **attrs: Any) -> Any:
+        raise NotImplementedError
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "name" not in cls.__dict__:
+            return  # an abstract family base
+        sig = inspect.signature(cls.infer)
+        cls.attr_names = tuple(
+            p.name for p in sig.parameters.values() if p.kind is inspect.Parameter.KEYWORD_ONLY
+        )
+        cls.traits = frozenset(cls.traits)
+        REGISTRY.add(cls)
+
+
+class Registry:
+    """Name → op, and torch callable → op (for capture)."""
+
+    def __init__(self) -> None:
+        self._ops: dict[str, type[Op]] = {}
+        self._origin: dict[str, str] = {}
+        self._by_torch: dict[Any, tuple[type[Op], CaptureRule]] | None = None
+        self._plugins_loaded = False
+
+    def add(self, op: type[Op]) -> None:
+        origin = op.__module__
+        if op.name in self._ops:
+            raise ValueError(
+                f"op {op.name!r} is declared twice: in {self._origin[op.name]} and in {origin}"
+            )
+        self._ops[op.name] = op
+        self._origin[op.name] = origin
+        self._by_torch = None
+
+    def get(self, name: str) -> type[Op]:
+        _load_builtin_ops()
+        try:
+            return self._ops[name]
+        except KeyError:
+            self.load_plugins()
+            if name in self._ops:
+                return self._ops[name]
+            raise KeyError(f"unknown Graph IR op {name!r}") from None
+
+    def __contains__(self, name: str) -> bool:
+        _load_builtin_ops()
+        return name in self._ops
+
+    def names(self) -> list[str]:
+        _load_builtin_ops()
+        return sorted(self._ops)
+
+    def for_torch(self, fn: Any) -> tuple[type[Op], CaptureRule] | None:
+        """The op and capture rule that handle the torch callable ``fn``."""
+        _load_builtin_ops()
+        if self._by_torch is None:
+            self.load_plugins()
+            table: dict[Any, tuple[type[Op], CaptureRule]] = {}
+            for op in sorted(self._ops.values(), key=lambda o: o.name):
+                for entry in op.torch():
+                    t, rule = entry if isinstance(entry, tuple) else (entry, op.capture)
+                    if t in table and table[t][0] is not op:
+                        raise ValueError(f"{t} is captured by both {table[t][0].name!r} and {op.name!r}")
+                    table[t] = (op, rule)
+            self._by_torch = table
+        try:
+            return self._by_torch.get(fn)
+        except TypeError:  # unhashable callable
+            return None
+
+    def load_plugins(self) -> None:
+        """Import the modules named by ``cuvil.ops`` entry points (once)."""
+        if self._plugins_loaded:
+            return
+        self._plugins_loaded = True
+        from importlib.metadata import entry_points
+
+        for ep in sorted(entry_points(group="cuvil.ops"), key=lambda e: e.name):
+            ep.load()
+        self._by_torch = None
+
+
+REGISTRY = Registry()
+
+_BUILTINS_LOADED = False
+
+
+def _load_builtin_ops() -> None:
+    global _BUILTINS_LOADED
+    if not _BUILTINS_LOADED:
+        _BUILTINS_LOADED = True
+        import cuvil_ir.graph_ir.ops  # noqa: F401  (declarations register on import)
+
+
+def infer_types(op: type[Op], ctx: ShapeContext, inputs: Sequence[Type], attrs: dict[str, Any]) -> tuple[Type, ...]:
+    out = op.infer(ctx, *inputs, **attrs)
+    return out if isinstance(out, tuple) else (out,)

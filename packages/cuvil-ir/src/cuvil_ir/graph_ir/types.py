@@ -1,0 +1,142 @@
+"""Value types of Graph IR: tensors with symbolic shapes, and scalars.
+
+Text forms (printed by the printer, read by the parser):
+    Tensor[f32, (x_0, 16), cpu]
+    Scalar[int]   Scalar[float]   Scalar[bool]
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Union
+
+from cuvil_ir.symbolic import Dim, Shape, as_dim, dim_str
+
+if TYPE_CHECKING:
+    import torch
+
+
+class DType(enum.Enum):
+    """Element types; the value is the printed name."""
+
+    bool = "bool"
+    u8 = "u8"
+    i8 = "i8"
+    i16 = "i16"
+    i32 = "i32"
+    i64 = "i64"
+    f16 = "f16"
+    bf16 = "bf16"
+    f32 = "f32"
+    f64 = "f64"
+    c64 = "c64"
+    c128 = "c128"
+
+    @property
+    def torch(self) -> torch.dtype:
+        import torch
+
+        return getattr(torch, _TORCH_NAMES[self])  # type: ignore[no-any-return]
+
+    @staticmethod
+    def from_torch(dtype: torch.dtype) -> DType:
+        name = str(dtype).removeprefix("torch.")
+        for k, v in _TORCH_NAMES.items():
+            if v == name:
+                return k
+        raise TypeError(f"dtype {dtype} is not supported by Cuvil")
+
+    @property
+    def is_floating(self) -> bool:
+        return self in (DType.f16, DType.bf16, DType.f32, DType.f64)
+
+    @property
+    def is_complex(self) -> bool:
+        return self in (DType.c64, DType.c128)
+
+    @property
+    def is_integer(self) -> bool:
+        return self in (DType.u8, DType.i8, DType.i16, DType.i32, DType.i64)
+
+
+_TORCH_NAMES = {
+    DType.bool: "bool",
+    DType.u8: "uint8",
+    DType.i8: "int8",
+    DType.i16: "int16",
+    DType.i32: "int32",
+    DType.i64: "int64",
+    DType.f16: "float16",
+    DType.bf16: "bfloat16",
+    DType.f32: "float32",
+    DType.f64: "float64",
+    DType.c64: "complex64",
+    DType.c128: "complex128",
+}
+
+
+class ScalarKind(enum.Enum):
+    """Python-number kinds; they take part in type promotion as weak types."""
+
+    bool = "bool"
+    int = "int"
+    float = "float"
+
+    @staticmethod
+    def of(value: object) -> ScalarKind:
+        if isinstance(value, bool):
+            return ScalarKind.bool
+        if isinstance(value, int):
+            return ScalarKind.int
+        if isinstance(value, float):
+            return ScalarKind.float
+        import sympy
+
+        if isinstance(value, sympy.Basic):
+            if value.is_Boolean or isinstance(value, sympy.logic.boolalg.Boolean):
+                return ScalarKind.bool
+            return ScalarKind.int if value.is_integer else ScalarKind.float
+        raise TypeError(f"not a scalar: {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class TensorType:
+    dtype: DType
+    shape: Shape
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "shape", tuple(as_dim(d) for d in self.shape))
+
+    @property
+    def rank(self) -> int:
+        return len(self.shape)
+
+    def replace(self, **changes: object) -> TensorType:
+        if all(getattr(self, k) == v for k, v in changes.items()):
+            return self
+        fields = {"dtype": self.dtype, "shape": self.shape, "device": self.device}
+        fields.update(changes)
+        return TensorType(**fields)  # type: ignore[arg-type]
+
+    def __str__(self) -> str:
+        dims = ", ".join(dim_str(d) for d in self.shape)
+        if len(self.shape) == 1:
+            dims += ","
+        return f"Tensor[{self.dtype.value}, ({dims}), {self.device}]"
+
+
+@dataclass(frozen=True, slots=True)
+class ScalarType:
+    kind: ScalarKind
+
+    def __str__(self) -> str:
+        return f"Scalar[{self.kind.value}]"
+
+
+Type = Union[TensorType, ScalarType]
+
+
+def tensor(dtype: DType, shape: tuple[Dim, ...] | list[Dim], device: str = "cpu") -> TensorType:
+    return TensorType(dtype, tuple(shape), device)

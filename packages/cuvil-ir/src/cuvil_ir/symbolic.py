@@ -1,0 +1,223 @@
+"""Symbolic sizes: sympy expressions over named, non-negative integer symbols.
+
+A dimension (`Dim`) is either a Python ``int`` or a ``sympy.Expr``. Symbols are
+created through :func:`symbol` so every symbol of a given name carries the same
+assumptions and compares equal everywhere (sympy symbols are interned by name
+*and* assumptions).
+
+[Note: assumptions and decisions]
+Shape rules sometimes need to know a fact that sympy cannot prove from the
+types alone, e.g. whether two symbolic dimensions are equal when broadcasting.
+They ask a :class:`ShapeContext`. While tracing, the context answers from the
+example inputs (hints) and *records* the answer as an assumption; the graph
+carries its assumptions, the runtime checks them on every call (guards), and the
+verifier replays shape rules against the recorded assumptions. So every fact a
+graph relies on is visible in its text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Union
+
+import sympy
+
+Dim = Union[int, sympy.Expr]
+Shape = tuple[Dim, ...]
+
+_RESERVED = frozenset(
+    {"true", "false", "none", "f16", "bf16", "f32", "f64", "i8", "i16", "i32", "i64", "u8", "bool", "c64", "c128"}
+)
+
+
+class UndecidableError(Exception):
+    """A shape rule needed a fact that is neither provable nor assumed."""
+
+
+def symbol(name: str) -> sympy.Symbol:
+    """The size symbol called ``name`` (an integer >= 0)."""
+    if name in _RESERVED or not name.isidentifier():
+        raise ValueError(f"invalid size symbol name {name!r}")
+    return sympy.Symbol(name, integer=True, nonnegative=True)
+
+
+def as_dim(value: object) -> Dim:
+    """Normalise an int-like or sympy value into a canonical `Dim`."""
+    if isinstance(value, bool):
+        raise TypeError("a bool is not a dimension")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, sympy.Basic):
+        expr = sympy.sympify(value)
+        if expr.is_Integer:
+            return int(expr)
+        return expr  # type: ignore[no-any-return]
+    raise TypeError(f"not a dimension: {value!r}")
+
+
+def is_static(dim: Dim) -> bool:
+    return isinstance(dim, int)
+
+
+def free_symbols(dims: Iterable[Dim]) -> frozenset[sympy.Symbol]:
+    out: set[sympy.Symbol] = set()
+    for d in dims:
+        if isinstance(d, sympy.Basic):
+            out |= {s for s in d.free_symbols if isinstance(s, sympy.Symbol)}
+    return frozenset(out)
+
+
+def dim_str(dim: Dim) -> str:
+    """Canonical text of a dimension (deterministic across processes)."""
+    if isinstance(dim, int):
+        return str(dim)
+    return sympy.sstr(dim, order="lex")
+
+
+def parse_dim(text: str) -> Dim:
+    return as_dim(parse_expr(text))
+
+
+def parse_expr(text: str) -> sympy.Basic:
+    """Parse the text printed by :func:`dim_str` (or a relation) back to sympy."""
+    names: dict[str, object] = {}
+    for tok in _identifiers(text):
+        if tok in _FUNCTIONS:
+            names[tok] = _FUNCTIONS[tok]
+        else:
+            names[tok] = symbol(tok)
+    return sympy.parse_expr(text, local_dict=names, evaluate=True)  # type: ignore[no-any-return]
+
+
+_FUNCTIONS: dict[str, object] = {
+    "floor": sympy.floor,
+    "ceiling": sympy.ceiling,
+    "Mod": sympy.Mod,
+    "Max": sympy.Max,
+    "Min": sympy.Min,
+    "Eq": sympy.Eq,
+    "Ne": sympy.Ne,
+    "Abs": sympy.Abs,
+    "Piecewise": sympy.Piecewise,
+    "And": sympy.And,
+    "Or": sympy.Or,
+    "Not": sympy.Not,
+    "True": sympy.true,
+    "False": sympy.false,
+}
+
+
+def _identifiers(text: str) -> list[str]:
+    out, cur = [], ""
+    for ch in text + " ":
+        if ch.isalnum() or ch == "_":
+            cur += ch
+        else:
+            if cur and not cur[0].isdigit():
+                out.append(cur)
+            cur = ""
+    return out
+
+
+def evaluate(expr: Dim | sympy.Basic, bindings: Mapping[sympy.Symbol, int]) -> int:
+    """Value of a size expression once every symbol is bound to an int."""
+    if isinstance(expr, int):
+        return expr
+    value = expr.xreplace(dict(bindings))
+    if not value.is_Integer:
+        value = sympy.simplify(value)
+        if not value.is_Integer:
+            raise ValueError(f"size expression {dim_str(expr)} did not evaluate to an int ({value})")
+    return int(value)
+
+
+def evaluate_bool(cond: sympy.Basic, bindings: Mapping[sympy.Symbol, int]) -> bool:
+    value = cond.xreplace(dict(bindings))
+    if value in (sympy.true, sympy.false):
+        return bool(value)
+    value = sympy.simplify(value)
+    if value in (sympy.true, sympy.false):
+        return bool(value)
+    raise ValueError(f"condition {sympy.sstr(cond)} did not evaluate to a bool ({value})")
+
+
+def negate(cond: sympy.Basic) -> sympy.Basic:
+    return sympy.Not(cond)
+
+
+def prove(cond: sympy.Basic) -> bool | None:
+    """True/False when sympy can decide ``cond`` from the symbol assumptions alone."""
+    if cond in (sympy.true, sympy.false):
+        return bool(cond)
+    if isinstance(cond, sympy.Rel):
+        diff = sympy.simplify(cond.lhs - cond.rhs)
+        if isinstance(cond, sympy.Eq):
+            if diff == 0:
+                return True
+            if diff.is_nonzero:
+                return False
+            return None
+        if isinstance(cond, sympy.Ne):
+            if diff == 0:
+                return False
+            if diff.is_nonzero:
+                return True
+            return None
+        probe = {
+            sympy.StrictGreaterThan: diff.is_positive,
+            sympy.GreaterThan: diff.is_nonnegative,
+            sympy.StrictLessThan: diff.is_negative,
+            sympy.LessThan: diff.is_nonpositive,
+        }.get(type(cond))
+        return probe
+    return None
+
+
+class ShapeContext:
+    """Answers the facts shape rules ask for; see [Note: assumptions and decisions].
+
+    ``hints`` maps each symbol to its value in the example inputs (tracing);
+    without hints (verification) only recorded assumptions and proofs answer.
+    """
+
+    __slots__ = ("hints", "assumptions", "reasons")
+
+    def __init__(
+        self,
+        hints: Mapping[sympy.Symbol, int] | None = None,
+        assumptions: Iterable[sympy.Basic] = (),
+    ) -> None:
+        self.hints: dict[sympy.Symbol, int] | None = dict(hints) if hints is not None else None
+        self.assumptions: list[sympy.Basic] = list(assumptions)
+        self.reasons: dict[sympy.Basic, str] = {}
+
+    def decide(self, cond: sympy.Basic, reason: str = "") -> bool:
+        cond = sympy.sympify(cond)
+        proved = prove(cond)
+        if proved is not None:
+            return proved
+        if cond in self.assumptions:
+            return True
+        neg = sympy.Not(cond)
+        if neg in self.assumptions:
+            return False
+        if self.hints is None:
+            raise UndecidableError(f"cannot decide {sympy.sstr(cond)} without an assumption")
+        value = evaluate_bool(cond, self.hints)
+        fact = cond if value else neg
+        self.assumptions.append(fact)
+        if reason:
+            self.reasons[fact] = reason
+        return value
+
+    def equal(self, a: Dim, b: Dim, reason: str = "") -> bool:
+        if isinstance(a, int) and isinstance(b, int):
+            return a == b
+        return self.decide(sympy.Eq(a, b), reason)
+
+    def hint(self, expr: Dim) -> int:
+        if isinstance(expr, int):
+            return expr
+        if self.hints is None:
+            raise UndecidableError(f"no example value for {dim_str(expr)}")
+        return evaluate(expr, self.hints)

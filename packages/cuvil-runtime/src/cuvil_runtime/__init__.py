@@ -1,0 +1,1 @@
+"""Cuvil runtime: target registry, executor, compile cache, reference target."""
