@@ -123,7 +123,7 @@ def evaluate(expr: Dim | sympy.Basic, bindings: Mapping[sympy.Symbol, int]) -> i
     """Value of a size expression once every symbol is bound to an int."""
     if isinstance(expr, int):
         return expr
-    value = expr.xreplace(dict(bindings))
+    value = sympy.sympify(expr.xreplace(dict(bindings)))
     if not value.is_Integer:
         value = sympy.simplify(value)
         if not value.is_Integer:
@@ -132,7 +132,7 @@ def evaluate(expr: Dim | sympy.Basic, bindings: Mapping[sympy.Symbol, int]) -> i
 
 
 def evaluate_bool(cond: sympy.Basic, bindings: Mapping[sympy.Symbol, int]) -> bool:
-    value = cond.xreplace(dict(bindings))
+    value = sympy.sympify(cond.xreplace(dict(bindings)))
     if value in (sympy.true, sympy.false):
         return bool(value)
     value = sympy.simplify(value)

@@ -45,17 +45,62 @@ def _source_class() -> type:
 _SOURCE: type | None = None
 
 
-def materialize(value: AttrValue, refs: Sequence[Any]) -> Any:
-    """Turn an attribute tree with :class:`Ref` placeholders into call arguments."""
+def materialize(value: AttrValue, refs: Sequence[Any], size: Callable[[Any], Any] | None = None) -> Any:
+    """Turn an attribute tree with :class:`Ref` placeholders into call arguments.
+
+    ``size`` converts size expressions (the executor evaluates them before this).
+    """
     if isinstance(value, Ref):
         return refs[value.index]
     if isinstance(value, KV):
-        return {k: materialize(v, refs) for k, v in value.items}
+        if value.items and value.items[0][0] == "__slice__":
+            return slice(*materialize(value.items[0][1], refs, size))
+        if value.items and value.items[0][0] == "__ellipsis__":
+            return Ellipsis
+        return {k: materialize(v, refs, size) for k, v in value.items}
     if isinstance(value, tuple):
-        return tuple(materialize(v, refs) for v in value)
+        return tuple(materialize(v, refs, size) for v in value)
     if isinstance(value, DType):
         return value.torch
+    if size is not None and isinstance(value, sympy.Basic):
+        return size(value)
     return value
+
+
+def _plain_sympy(expr: Any) -> Any:
+    """Rewrite torch's private sympy functions (FloorDiv, PythonMod ...) into plain sympy.
+
+    Our IR text and guards use only functions :func:`cuvil_ir.symbolic.parse_expr`
+    knows; anything else makes the fact unusable, which is reported, not dropped.
+    """
+    import torch.utils._sympy.functions as tf
+
+    floor_div = lambda a, b: sympy.floor(a / b)  # noqa: E731
+    table: list[tuple[Any, Any]] = [
+        (tf.FloorDiv, floor_div),
+        (tf.CleanDiv, floor_div),
+        (tf.CeilDiv, lambda a, b: sympy.ceiling(a / b)),
+        (tf.IntTrueDiv, lambda a, b: a / b),
+        (tf.ModularIndexing, lambda a, b, c: sympy.Mod(sympy.floor(a / b), c)),
+        (tf.PythonMod, sympy.Mod),
+        (tf.Mod, sympy.Mod),
+        (tf.PowByNatural, lambda a, b: a**b),
+        (tf.Max, sympy.Max),
+        (tf.Min, sympy.Min),
+        (tf.FloorToInt, sympy.floor),
+        (tf.CeilToInt, sympy.ceiling),
+        (tf.TruncToInt, lambda a: sympy.sign(a) * sympy.floor(sympy.Abs(a))),
+        (tf.ToFloat, lambda a: a),
+        (tf.Identity, lambda a: a),
+    ]
+    for cls, fn in table:
+        if expr.has(cls):
+            expr = expr.replace(cls, fn)
+    allowed = (sympy.floor, sympy.ceiling, sympy.Mod, sympy.Max, sympy.Min, sympy.Abs, sympy.sign)
+    for f in expr.atoms(sympy.Function):
+        if not isinstance(f, allowed):
+            raise FakeInferenceError(f"cannot represent the size expression {expr} (uses {type(f).__name__})")
+    return expr
 
 
 def fake_call(
@@ -65,8 +110,9 @@ def fake_call(
     args: AttrValue,
     kwargs: AttrValue,
     what: str,
-) -> list[Type]:
-    """Types of the flattened outputs of ``fn(*args, **kwargs)`` on inputs of ``inputs`` types."""
+) -> tuple[list[Type], bool]:
+    """Types of the flattened outputs of ``fn(*args, **kwargs)`` on inputs of ``inputs`` types,
+    and whether the call returned a single tensor (rather than a sequence)."""
     global _SOURCE
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -108,8 +154,8 @@ def fake_call(
                 refs.append(torch.empty_strided(sizes, list(reversed(strides)), dtype=t.dtype.torch, device=t.device))
             else:
                 refs.append({ScalarKind.bool: True, ScalarKind.int: 1, ScalarKind.float: 1.0}[t.kind])
-        call_args = materialize(args, refs)
-        call_kwargs = materialize(kwargs, refs)
+        call_args = materialize(args, refs, symint)
+        call_kwargs = materialize(kwargs, refs, symint)
         try:
             out = fn(*call_args, **call_kwargs)
         except Exception as e:
@@ -117,7 +163,7 @@ def fake_call(
 
     def back(d: Any) -> Dim:
         if isinstance(d, torch.SymInt):
-            expr = d.node.expr.xreplace(theirs_to_ours)
+            expr = _plain_sympy(d.node.expr).xreplace(theirs_to_ours)
             stray = {s for s in expr.free_symbols if s not in ours_to_theirs}
             if stray:
                 raise FakeInferenceError(f"{what}: the output size depends on tensor data ({d.node.expr})")
@@ -134,13 +180,13 @@ def fake_call(
                 "data-dependent values are not supported yet"
             )
     for guard in shape_env.guards:
-        fact = guard.expr.xreplace(theirs_to_ours)
+        fact = _plain_sympy(guard.expr).xreplace(theirs_to_ours)
         if fact.free_symbols - set(ours_to_theirs):
             continue
         if fact not in ctx.assumptions and fact != sympy.true:
             ctx.assumptions.append(fact)
             ctx.reasons.setdefault(fact, f"assumed by torch's implementation of {what}")
-    return types
+    return types, isinstance(out, torch.Tensor)
 
 
 __all__ = ["FakeInferenceError", "fake_call", "materialize"]

@@ -49,7 +49,7 @@ class Extern(Op):
         kwargs: AttrValue,
         mutates: int | None,
     ) -> tuple[Type, ...]:
-        types = tuple(fake_call(ctx, resolve(target), inputs, args, kwargs, target))
+        types = tuple(fake_call(ctx, resolve(target), inputs, args, kwargs, target)[0])
         return (inputs[mutates],) if mutates is not None else types
 
     @staticmethod

@@ -1,0 +1,294 @@
+"""``cuvil.compile``: the user-facing entry point, guards, artifacts and stats."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+from cuvil.errors import CompileError
+from cuvil.frontend.capture import Captured, capture, module_state
+from cuvil.guards import explain_structure, leaf_key
+from cuvil_runtime.target import CompileOptions, Executable
+
+FALLBACKS = ("eager", "error")
+
+
+class CuvilFallbackWarning(UserWarning):
+    """A call ran eagerly because Cuvil could not compile it (``fallback="eager"``)."""
+
+
+@dataclass
+class Stats:
+    """What happened to a compiled callable so far."""
+
+    compiles: int = 0
+    cache_hits: int = 0
+    fallbacks: int = 0
+    recompile_reasons: list[str] = field(default_factory=list)
+    fallback_reasons: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _Artifact:
+    key: tuple[Any, ...]
+    extra: tuple[Any, ...]
+    captured: Captured | None  # None: this structure falls back to eager
+    executable: Executable | None
+    target: str | None
+    reason: str | None = None
+    #: metadata of the lifted (global/closure/attribute) tensors when compiled
+    lifted_keys: tuple[Any, ...] = ()
+
+
+class CompiledFunction:
+    """The callable ``cuvil.compile`` returns: same signature, compiled on first call."""
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        *,
+        target: str | None,
+        opt_level: int,
+        dynamic: bool,
+        fallback: str,
+    ) -> None:
+        if fallback not in FALLBACKS:
+            raise ValueError(f"fallback must be one of {FALLBACKS}, got {fallback!r}")
+        if not isinstance(opt_level, int) or not 0 <= opt_level <= 3:
+            raise ValueError(f"opt_level must be an int in 0..3, got {opt_level!r}")
+        if target is not None:
+            from cuvil_runtime.registry import get_target
+
+            get_target(target)  # unknown or unavailable targets fail here, loudly
+        self.module: torch.nn.Module | None = fn if isinstance(fn, torch.nn.Module) else None
+        self.fn = fn
+        self.target = target
+        self.opt_level = opt_level
+        self.dynamic = dynamic
+        self.fallback = fallback
+        self.stats = Stats()
+        self.artifacts: list[_Artifact] = []
+        self._warned: set[str] = set()
+        sig_fn = type(fn).forward if self.module is not None else fn
+        try:
+            sig = inspect.signature(sig_fn)
+        except (TypeError, ValueError):
+            sig = None
+        if sig is not None and self.module is not None:
+            params = list(sig.parameters.values())[1:]  # drop self
+            sig = sig.replace(parameters=params)
+        self._sig = sig
+        self.__name__ = getattr(fn, "__name__", type(fn).__name__)
+        self.__qualname__ = getattr(fn, "__qualname__", self.__name__)
+        self.__doc__ = getattr(fn, "__doc__", None)
+        self.__wrapped__ = fn
+
+    def __repr__(self) -> str:
+        return f"<cuvil compiled {self.__qualname__} target={self.target or 'auto'} opt_level={self.opt_level}>"
+
+    def __get__(self, obj: Any, objtype: Any = None) -> Any:
+        return self if obj is None else functools.partial(self, obj)
+
+    def __getattr__(self, name: str) -> Any:
+        # a compiled module still exposes the module's attributes (eval(), parameters() ...)
+        module = self.__dict__.get("module")
+        if module is not None:
+            return getattr(module, name)
+        raise AttributeError(name)
+
+    @property
+    def graphs(self) -> list[Any]:
+        return [a.captured.graph for a in self.artifacts if a.captured is not None]
+
+    # -- the call path ---------------------------------------------------------
+    def _flatten(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[Any], list[str], Any]:
+        if self._sig is not None:
+            try:
+                bound = self._sig.bind(*args, **kwargs)
+            except TypeError as e:
+                raise TypeError(f"{self.__qualname__}(): {e}") from None
+            bound.apply_defaults()
+            args, kwargs = bound.args, bound.kwargs
+            names = list(bound.arguments)
+        else:
+            names = [f"arg{i}" for i in range(len(args))] + list(kwargs)
+        with_path, spec = pytree.tree_flatten_with_path((args, kwargs))
+        leaves = [leaf for _, leaf in with_path]
+        leaf_names = [_leaf_name(path, names, len(args)) for path, _ in with_path]
+        return leaves, leaf_names, spec
+
+    def _extra_key(self) -> tuple[Any, ...]:
+        if self.module is None:
+            return ()
+        flags = tuple(m.training for m in self.module.modules())
+        state = tuple((owner[key].dtype, tuple(owner[key].shape)) for _, owner, key in module_state(self.module))
+        return (flags, state)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        leaves, names, spec = self._flatten(args, kwargs)
+        key = (spec, tuple(leaf_key(x, self.dynamic) for x in leaves))
+        extra = self._extra_key()
+        for art in self.artifacts:
+            if art.key == key and art.extra == extra and _lifted_ok(art) and (
+                art.captured is None or art.captured.check.holds(leaves)
+            ):
+                if art.captured is None:
+                    return self._eager(art.reason or "", args, kwargs)
+                self.stats.cache_hits += 1
+                return _run(art, leaves)
+        self._check_types(key, names)
+        if self.artifacts:
+            self.stats.recompile_reasons.append(self._why_miss(key, extra, leaves, names))
+        art = self._compile(key, extra, leaves, names, spec, args, kwargs)
+        self.artifacts.append(art)
+        if art.captured is None:
+            return self._eager(art.reason or "", args, kwargs)
+        return _run(art, leaves)
+
+    def _check_types(self, key: tuple[Any, ...], names: list[str]) -> None:
+        """A non-tensor where a tensor was traced is a caller error, not a recompile."""
+        for art in self.artifacts:
+            if art.captured is None or art.key[0] != key[0]:
+                continue
+            for name, old, new in zip(names, art.key[1], key[1]):
+                if old[0] == "tensor" and new[0] != "tensor":
+                    raise TypeError(
+                        f"{self.__qualname__}(): argument {name} must be a torch.Tensor "
+                        f"(it was one when this function was compiled), got {new[1].__name__}"
+                    )
+
+    def _why_miss(self, key: tuple[Any, ...], extra: tuple[Any, ...], leaves: list[Any], names: list[str]) -> str:
+        last = self.artifacts[-1]
+        if last.key != key or last.extra != extra:
+            return explain_structure(names, last.key[1], key[1], last.extra, extra)
+        if not _lifted_ok(last):
+            return "a global, closure or attribute tensor the graph reads changed shape or dtype"
+        assert last.captured is not None
+        return last.captured.check.explain(leaves)
+
+    def _compile(
+        self,
+        key: tuple[Any, ...],
+        extra: tuple[Any, ...],
+        leaves: list[Any],
+        names: list[str],
+        spec: Any,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> _Artifact:
+        self.stats.compiles += 1
+        try:
+            captured = capture(self.__name__, self.fn, self.module, leaves, names, spec, self.dynamic)
+            target_name = self._pick_target(leaves)
+            from cuvil_runtime.registry import get_target
+
+            target = get_target(target_name)
+            executable = target.compile(captured.graph, CompileOptions(opt_level=self.opt_level))
+        except Exception as e:
+            reason = e.reason if isinstance(e, CompileError) else f"internal error: {type(e).__name__}: {e}"
+            if self.fallback == "error":
+                if isinstance(e, CompileError):
+                    raise
+                raise CompileError(reason) from e
+            return _Artifact(key, extra, None, None, None, reason)
+        return _Artifact(key, extra, captured, executable, target_name, lifted_keys=_lifted_keys(captured))
+
+    def _pick_target(self, leaves: list[Any]) -> str:
+        if self.opt_level == 0:
+            return "reference"
+        if self.target is not None:
+            return self.target
+        from cuvil_runtime.registry import default_target
+
+        devices = [x.device.type for x in leaves if isinstance(x, torch.Tensor)]
+        return default_target(devices[0] if devices else "cpu")
+
+    def _eager(self, reason: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        self.stats.fallbacks += 1
+        self.stats.fallback_reasons.append(reason)
+        if reason not in self._warned:
+            self._warned.add(reason)
+            warnings.warn(
+                f"cuvil: running {self.__qualname__} eagerly: {reason}", CuvilFallbackWarning, stacklevel=3
+            )
+        return self.fn(*args, **kwargs)
+
+
+def _lifted_keys(c: Captured) -> tuple[Any, ...]:
+    return tuple(_tensor_meta(lifted.getter()) for lifted in c.lifted)
+
+
+def _tensor_meta(t: Any) -> Any:
+    if not isinstance(t, torch.Tensor):
+        return ("not a tensor", type(t))
+    return (t.dtype, t.device, tuple(t.shape))
+
+
+def _lifted_ok(art: _Artifact) -> bool:
+    if art.captured is None or not art.captured.lifted:
+        return True
+    return _lifted_keys(art.captured) == art.lifted_keys
+
+
+def _run(art: _Artifact, leaves: list[Any]) -> Any:
+    c = art.captured
+    assert c is not None and art.executable is not None
+    inputs = []
+    for kind, where in c.inputs:
+        if kind == "leaf":
+            inputs.append(leaves[where])
+        elif kind == "state":
+            inputs.append(where[0][where[1]])
+        else:
+            inputs.append(where())
+    results = art.executable(*inputs)
+    out = [results[i] if kind == "graph" else i for kind, i in c.outputs]
+    return pytree.tree_unflatten(out, c.out_spec)
+
+
+def _leaf_name(path: tuple[Any, ...], names: list[str], nargs: int) -> str:
+    # path[0] selects args (0) or kwargs (1); path[1] the argument
+    parts: list[str] = []
+    top, key = path[0], path[1]
+    if top.idx == 0:
+        parts.append(names[key.idx] if key.idx < len(names) else f"arg{key.idx}")
+    else:
+        parts.append(str(key.key))
+    for k in path[2:]:
+        parts.append(str(getattr(k, "idx", getattr(k, "key", getattr(k, "name", "x")))))
+    return "_".join(parts)
+
+
+def compile(
+    fn_or_module: Any = None,
+    *,
+    target: str | None = None,
+    opt_level: int = 2,
+    dynamic: bool = True,
+    fallback: str = "eager",
+) -> Any:
+    """Compile a function or ``nn.Module`` for inference; usable bare or with arguments.
+
+    ``target=None`` picks the best available target for the inputs' device;
+    ``opt_level=0`` runs the reference target (op by op, eager torch);
+    ``dynamic=True`` makes every input size symbolic (one artifact for all
+    shapes that satisfy the graph's size guards); ``fallback="eager"`` runs the
+    original code (with a warning, counted in ``stats``) when compiling fails,
+    ``"error"`` raises :class:`CompileError` instead.
+    """
+
+    def wrap(f: Any) -> CompiledFunction:
+        if not callable(f):
+            raise TypeError(f"cuvil.compile expects a function or nn.Module, got {type(f).__name__}")
+        return CompiledFunction(f, target=target, opt_level=opt_level, dynamic=dynamic, fallback=fallback)
+
+    if fn_or_module is None:
+        return wrap
+    return wrap(fn_or_module)

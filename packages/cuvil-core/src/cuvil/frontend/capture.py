@@ -1,0 +1,183 @@
+"""Capture one call of a function or module as a Graph IR graph.
+
+The argument tree is flattened; tensor leaves become graph inputs with symbolic
+sizes (``dynamic=True``: ``x_0``, ``x_1`` ... named after the parameter and
+axis), other leaves stay Python values (specialised, guarded by value). For a
+module, parameters and buffers become graph inputs too: they are swapped for
+proxies in the module for the duration of the trace, so the graph reads them at
+call time instead of baking them in.
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+from cuvil.errors import CompileError
+from cuvil.frontend import hooks
+from cuvil.frontend.convert import ConversionError, convert, is_user_function
+from cuvil.frontend.proxy import TensorProxy
+from cuvil.frontend.symbols import SymBool, SymInt
+from cuvil.frontend.tracer import Lifted, Tracer
+from cuvil.guards import AssumptionCheck, SymbolSlot
+from cuvil_ir.graph_ir.nodes import Graph, Value
+from cuvil_ir.graph_ir.verifier import verify
+
+# How a graph input is fetched on each call: ("leaf", index) into the flattened
+# arguments, ("state", (dict, key)) a parameter/buffer slot of the module, or
+# ("lifted", getter) a global/closure/constant tensor.
+InputPlan = list[tuple[str, Any]]
+
+
+@dataclass
+class Captured:
+    graph: Graph
+    inputs: InputPlan
+    check: AssumptionCheck
+    out_spec: pytree.TreeSpec
+    #: per output leaf: ("graph", i) for graph output i, or ("const", value)
+    outputs: list[tuple[str, Any]]
+    lifted: list[Lifted]
+
+
+def module_state(module: torch.nn.Module) -> list[tuple[str, dict[str, Any], str]]:
+    """Every (graph input name, owning dict, key) of the module's parameters and buffers.
+
+    Tied tensors appear once, under their first name; all their slots are swapped.
+    """
+    out = []
+    seen: set[int] = set()
+    for kind, named in (("_parameters", module.named_parameters()), ("_buffers", module.named_buffers())):
+        for name, t in named:
+            if id(t) in seen:
+                continue
+            seen.add(id(t))
+            owner_path, _, key = name.rpartition(".")
+            owner = module.get_submodule(owner_path) if owner_path else module
+            out.append((f"self.{name}", getattr(owner, kind), key))
+    return out
+
+
+def _all_state_slots(module: torch.nn.Module) -> list[tuple[dict[str, Any], str]]:
+    slots = []
+    for m in module.modules():
+        for d in (m._parameters, m._buffers):
+            for k, v in d.items():
+                if v is not None:
+                    slots.append((d, k))
+    return slots
+
+
+def _lift_sources(fn: Any, module: torch.nn.Module | None) -> dict[int, tuple[str, Callable[[], Any]]]:
+    """Names and getters for tensors the function may reach besides its arguments."""
+    out: dict[int, tuple[str, Callable[[], Any]]] = {}
+    raw = getattr(fn, "__func__", fn)
+    code = getattr(raw, "__code__", None)
+    if code is not None:
+        g = raw.__globals__
+        for name in code.co_names:
+            if isinstance(g.get(name), torch.Tensor):
+                out.setdefault(id(g[name]), (f"global.{name}", lambda g=g, n=name: g[n]))
+        for name, cell in zip(code.co_freevars, raw.__closure__ or ()):
+            try:
+                v = cell.cell_contents
+            except ValueError:
+                continue
+            if isinstance(v, torch.Tensor):
+                out.setdefault(id(v), (f"closure.{name}", lambda c=cell: c.cell_contents))
+    if module is not None:
+        for path, m in module.named_modules():
+            for attr, v in vars(m).items():
+                if isinstance(v, torch.Tensor) and not attr.startswith("_"):
+                    full = f"self.{path + '.' if path else ''}{attr}"
+                    out.setdefault(id(v), (full, lambda m=m, a=attr: getattr(m, a)))
+    return out
+
+
+def root_callable(fn: Any, module: torch.nn.Module | None) -> Callable[..., Any]:
+    """The converted function (or bound forward) to run on proxies."""
+    if module is not None:
+        forward = type(module).forward
+        if hooks._has_hooks(module) or not is_user_function(forward):
+            return module
+        try:
+            return types.MethodType(convert(forward, hooks), module)
+        except ConversionError:
+            return module
+    if is_user_function(fn):
+        try:
+            return convert(fn, hooks)
+        except ConversionError:
+            return fn  # type: ignore[no-any-return]
+    return fn  # type: ignore[no-any-return]
+
+
+def capture(
+    name: str,
+    fn: Any,
+    module: torch.nn.Module | None,
+    leaves: Sequence[Any],
+    leaf_names: Sequence[str],
+    spec: pytree.TreeSpec,
+    dynamic: bool,
+) -> Captured:
+    tracer = Tracer(name, _lift_sources(fn, module))
+    plan: InputPlan = []
+    slots: list[SymbolSlot] = []
+    traced_leaves: list[Any] = []
+    for i, (leaf, lname) in enumerate(zip(leaves, leaf_names)):
+        if isinstance(leaf, torch.Tensor):
+            p = tracer.add_input(lname, leaf, symbolic=dynamic)
+            plan.append(("leaf", i))
+            for axis, d in enumerate(p.ir_type.shape):
+                if not isinstance(d, int):
+                    slots.append(SymbolSlot(d, i, axis, lname))  # type: ignore[arg-type]
+            traced_leaves.append(p)
+        else:
+            traced_leaves.append(leaf)
+    swapped: list[tuple[dict[str, Any], str, Any]] = []
+    try:
+        if module is not None:
+            by_id: dict[int, TensorProxy] = {}
+            for gname, owner, key in module_state(module):
+                t = owner[key]
+                by_id[id(t)] = tracer.add_input(gname, t, symbolic=False)
+                plan.append(("state", (owner, key)))
+            for owner, key in _all_state_slots(module):
+                swapped.append((owner, key, owner[key]))
+                owner[key] = by_id[id(owner[key])]
+        args, kwargs = pytree.tree_unflatten(traced_leaves, spec)
+        target = root_callable(fn, module)
+        with tracer.mode():
+            out = target(*args, **kwargs)
+    finally:
+        for owner, key, original in reversed(swapped):
+            owner[key] = original
+    out_leaves, out_spec = pytree.tree_flatten(out)
+    outputs: list[Value] = []
+    out_plan: list[tuple[str, Any]] = []
+    for leaf in out_leaves:
+        if isinstance(leaf, (TensorProxy, SymInt)):
+            out_plan.append(("graph", len(outputs)))
+            outputs.append(tracer.value_of(leaf))
+        elif isinstance(leaf, SymBool):
+            out_plan.append(("const", bool(leaf)))
+        elif isinstance(leaf, torch.Tensor):
+            out_plan.append(("graph", len(outputs)))
+            outputs.append(tracer.value_of(leaf))
+        else:
+            out_plan.append(("const", leaf))
+    for lifted in tracer.lifted:
+        plan.append(("lifted", lifted.getter))
+    graph = tracer.graph(outputs)
+    try:
+        verify(graph)
+    except Exception as e:
+        raise CompileError(f"internal error: the captured graph does not verify: {e}") from e
+    check = AssumptionCheck(graph.assumptions, slots, tracer.ctx.reasons)
+    return Captured(graph, plan, check, out_spec, out_plan, tracer.lifted)

@@ -1,0 +1,246 @@
+"""Source-to-source conversion of user functions (the AutoGraph approach).
+
+A user function is re-parsed from its source (``inspect.getsource`` + ``ast``),
+rewritten so that every place where Python asks a value for its truth or
+iterates over it goes through a helper in :mod:`cuvil.frontend.hooks`, and
+every call goes through ``hooks.call`` (which converts user callees on the fly),
+then recompiled with the original file name and line/column numbers. Tracing
+then runs the converted function on proxies.
+
+Today the hooks accept Python values, keep shape decisions as guards, and
+reject tensor-valued control flow with the source location; structured
+``If``/``While`` capture plugs into the same hooks.
+
+Only code outside site-packages and the standard library is converted: library
+code (``torch.nn`` modules, ...) runs as is and is captured at the torch-call level.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import inspect
+import os
+import sys
+import sysconfig
+import textwrap
+import types
+from dataclasses import dataclass
+from typing import Any
+
+from cuvil.errors import SourceLoc
+
+HOOKS = "__cuvil_hooks__"
+# Calls that inspect their caller's frame must not be wrapped.
+_FRAME_SENSITIVE = frozenset({"super", "locals", "globals", "vars", "eval", "exec", "dir"})
+
+
+@dataclass(frozen=True, slots=True)
+class Site:
+    """A rewritten construct: where it is and what it is (``if``, ``while`` ...)."""
+
+    kind: str
+    loc: SourceLoc
+
+
+SITES: list[Site] = []
+
+
+def _library_roots() -> tuple[str, ...]:
+    paths = sysconfig.get_paths()
+    roots = {paths.get("stdlib", ""), paths.get("platstdlib", ""), paths.get("purelib", ""), paths.get("platlib", "")}
+    import torch
+
+    roots.add(os.path.dirname(torch.__file__))
+    import cuvil
+    import cuvil_ir
+    import cuvil_runtime
+
+    for pkg in (cuvil, cuvil_ir, cuvil_runtime):  # editable installs live outside site-packages
+        roots.add(os.path.dirname(pkg.__file__ or ""))
+    return tuple(sorted(r for r in roots if r))
+
+
+@functools.lru_cache(maxsize=4096)
+def is_user_file(filename: str) -> bool:
+    if not filename or filename.startswith("<"):
+        return False
+    if "site-packages" in filename or "dist-packages" in filename:
+        return False
+    return not any(filename.startswith(root + os.sep) for root in _library_roots())
+
+
+def is_user_function(fn: Any) -> bool:
+    return isinstance(fn, types.FunctionType) and is_user_file(fn.__code__.co_filename)
+
+
+class _Rewriter(ast.NodeTransformer):
+    def __init__(self, filename: str, self_name: str | None) -> None:
+        self.filename = filename
+        self.self_name = self_name
+        self.has_class_cell = False
+
+    def _site(self, kind: str, node: ast.expr) -> ast.Constant:
+        loc = SourceLoc(self.filename, node.lineno, node.col_offset, getattr(node, "end_col_offset", None))
+        if getattr(node, "end_lineno", node.lineno) != node.lineno:
+            loc = SourceLoc(self.filename, node.lineno, node.col_offset, None)
+        SITES.append(Site(kind, loc))
+        return ast.Constant(len(SITES) - 1)
+
+    def _hook(self, name: str, *args: ast.expr) -> ast.Call:
+        call = ast.Call(ast.Attribute(ast.Name(HOOKS, ast.Load()), name, ast.Load()), list(args), [])
+        return ast.copy_location(call, args[0])
+
+    def _test(self, kind: str, test: ast.expr) -> ast.expr:
+        return self._hook("truth", test, self._site(kind, test))
+
+    # nested function definitions are converted as part of the enclosing one
+    def visit_If(self, node: ast.If) -> ast.AST:
+        self.generic_visit(node)
+        node.test = self._test("if", node.test)
+        return node
+
+    def visit_While(self, node: ast.While) -> ast.AST:
+        self.generic_visit(node)
+        node.test = self._test("while", node.test)
+        return node
+
+    def visit_IfExp(self, node: ast.IfExp) -> ast.AST:
+        self.generic_visit(node)
+        node.test = self._test("conditional expression", node.test)
+        return node
+
+    def visit_Assert(self, node: ast.Assert) -> ast.AST:
+        self.generic_visit(node)
+        node.test = self._test("assert", node.test)
+        return node
+
+    def visit_BoolOp(self, node: ast.BoolOp) -> ast.AST:
+        self.generic_visit(node)
+        kind = "and" if isinstance(node.op, ast.And) else "or"
+        # every operand but the last is asked for its truth by Python
+        node.values = [self._hook("boolop", v, self._site(kind, v)) for v in node.values[:-1]] + [node.values[-1]]
+        return node
+
+    def visit_UnaryOp(self, node: ast.UnaryOp) -> ast.AST:
+        self.generic_visit(node)
+        if isinstance(node.op, ast.Not):
+            node.operand = self._test("not", node.operand)
+        return node
+
+    def visit_For(self, node: ast.For) -> ast.AST:
+        self.generic_visit(node)
+        node.iter = self._hook("iterate", node.iter, self._site("for", node.iter))
+        return node
+
+    def visit_comprehension(self, node: ast.comprehension) -> ast.AST:
+        self.generic_visit(node)
+        node.iter = self._hook("iterate", node.iter, self._site("comprehension", node.iter))
+        node.ifs = [self._test("comprehension condition", t) for t in node.ifs]
+        return node
+
+    def visit_Call(self, node: ast.Call) -> ast.AST:
+        self.generic_visit(node)
+        if isinstance(node.func, ast.Name) and node.func.id in _FRAME_SENSITIVE:
+            if node.func.id == "super" and not node.args and self.has_class_cell and self.self_name:
+                # zero-argument super() needs the compiler's implicit __class__ cell,
+                # which a function compiled outside its class body does not get
+                node.args = [ast.Name("__class__", ast.Load()), ast.Name(self.self_name, ast.Load())]
+            return node
+        site = self._site("call", node)
+        new = ast.Call(
+            ast.Attribute(ast.Name(HOOKS, ast.Load()), "call", ast.Load()),
+            [site, node.func, *node.args],
+            node.keywords,
+        )
+        return ast.copy_location(new, node)
+
+
+class ConversionError(Exception):
+    pass
+
+
+_CACHE: dict[types.CodeType, types.FunctionType] = {}
+
+
+def convert(fn: types.FunctionType, hooks: Any) -> types.FunctionType:
+    """The converted twin of ``fn`` (same globals, closure cells and defaults)."""
+    code = fn.__code__
+    cached = _CACHE.get(code)
+    if cached is None:
+        cached = _convert_code(fn)
+        _CACHE[code] = cached
+    cells = dict(zip(code.co_freevars, fn.__closure__ or ()))
+    cells[HOOKS] = types.CellType(hooks)
+    new_code = cached.__code__
+    closure = tuple(cells[name] for name in new_code.co_freevars)
+    out = types.FunctionType(new_code, fn.__globals__, fn.__name__, fn.__defaults__, closure)
+    out.__kwdefaults__ = fn.__kwdefaults__
+    out.__dict__.update(fn.__dict__)
+    out.__wrapped__ = fn  # type: ignore[attr-defined]
+    return out
+
+
+def _convert_code(fn: types.FunctionType) -> types.FunctionType:
+    try:
+        lines, first = inspect.getsourcelines(fn)
+    except (OSError, TypeError) as e:
+        raise ConversionError(f"source of {fn.__qualname__} is not available ({e})") from None
+    raw = "".join(lines)
+    src = textwrap.dedent(raw)
+    indent = len(raw.splitlines()[0]) - len(src.splitlines()[0]) if raw.strip() else 0
+    try:
+        tree = ast.parse(src)
+    except SyntaxError as e:
+        raise ConversionError(f"cannot parse the source of {fn.__qualname__}: {e}") from None
+    fdef = tree.body[0]
+    if not isinstance(fdef, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        raise ConversionError(f"{fn.__qualname__} is not defined by a def statement (a lambda?)")
+    if isinstance(fdef, ast.AsyncFunctionDef):
+        raise ConversionError(f"{fn.__qualname__} is an async function")
+    fdef.decorator_list = []
+    for node in ast.walk(tree):
+        if hasattr(node, "col_offset"):
+            node.col_offset += indent
+            if getattr(node, "end_col_offset", None) is not None:
+                node.end_col_offset += indent
+    ast.increment_lineno(tree, first - 1)
+    filename = fn.__code__.co_filename
+    first_param = fdef.args.posonlyargs[:1] or fdef.args.args[:1]
+    rewriter = _Rewriter(filename, first_param[0].arg if first_param else None)
+    rewriter.has_class_cell = "__class__" in fn.__code__.co_freevars
+    fdef = rewriter.visit(fdef)
+    # A factory whose locals are the original free variables (plus the hooks),
+    # so the rewritten function closes over them as cells we supply.
+    freevars = [*fn.__code__.co_freevars, HOOKS]
+    factory = ast.FunctionDef(
+        name="__cuvil_factory__",
+        args=ast.arguments(posonlyargs=[], args=[], kwonlyargs=[], kw_defaults=[], defaults=[]),
+        body=[
+            *[ast.Assign([ast.Name(v, ast.Store())], ast.Constant(None)) for v in freevars],
+            fdef,
+            ast.Return(ast.Name(fdef.name, ast.Load())),
+        ],
+        decorator_list=[],
+        returns=None,
+        **({"type_params": []} if sys.version_info >= (3, 12) else {}),
+    )
+    end = getattr(fdef, "end_lineno", None) or first
+    for node in ast.walk(factory):
+        if node is fdef:
+            continue
+        if isinstance(node, (ast.expr, ast.stmt)) and not hasattr(node, "lineno") or node is factory:
+            node.lineno, node.end_lineno, node.col_offset, node.end_col_offset = first, end, 0, 0
+    for node in [*factory.body[:-2], factory.body[-1]]:
+        for sub in ast.walk(node):
+            sub.lineno, sub.end_lineno, sub.col_offset, sub.end_col_offset = first, first, 0, 0
+    module = ast.Module([factory], type_ignores=[])
+    ast.fix_missing_locations(module)
+    code = compile(module, filename, "exec", dont_inherit=True)
+    namespace: dict[str, Any] = {}
+    exec(code, {"__builtins__": __builtins__}, namespace)
+    inner = namespace["__cuvil_factory__"]()
+    return inner  # type: ignore[no-any-return]
+
+
+__all__ = ["SITES", "ConversionError", "Site", "convert", "is_user_file", "is_user_function", "sys"]

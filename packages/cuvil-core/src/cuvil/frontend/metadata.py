@@ -1,0 +1,113 @@
+"""Answers to metadata queries on proxies (``x.shape``, ``x.dtype``, ``x.dim()`` ...).
+
+These never become graph nodes: they are answered from the proxy's IR type.
+Sizes come back as :class:`SymInt` so arithmetic on them stays symbolic.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from cuvil.frontend.proxy import TensorProxy
+from cuvil.frontend.symbols import SymInt, SymShape
+
+if TYPE_CHECKING:
+    from cuvil.frontend.tracer import Tracer
+
+UNHANDLED = object()
+T = torch.Tensor
+
+
+def _shape(tracer: Tracer, p: TensorProxy) -> SymShape:
+    return SymShape(SymInt.wrap(d, tracer) for d in p.ir_type.shape)
+
+
+def _size(tracer: Tracer, p: TensorProxy, dim: Any = None) -> Any:
+    shape = _shape(tracer, p)
+    if dim is None:
+        return shape
+    rank = len(shape)
+    if not -max(rank, 1) <= dim < max(rank, 1):
+        raise IndexError(f"dimension {dim} out of range for a tensor of rank {rank}")
+    return shape[dim]
+
+
+def _numel(tracer: Tracer, p: TensorProxy) -> Any:
+    return _shape(tracer, p).numel()
+
+
+_METHODS: dict[Any, Any] = {
+    T.size: _size,
+    T.dim: lambda tr, p: p.ir_type.rank,
+    T.ndimension: lambda tr, p: p.ir_type.rank,
+    T.numel: _numel,
+    T.nelement: _numel,
+    T.__len__: lambda tr, p: int(_shape(tr, p)[0]) if p.ir_type.rank else _len_error(),
+    T.is_contiguous: lambda tr, p, memory_format=None: True,
+    T.is_floating_point: lambda tr, p: p.ir_type.dtype.is_floating,
+    T.is_complex: lambda tr, p: p.ir_type.dtype.is_complex,
+    T.element_size: lambda tr, p: p.ir_type.dtype.torch.itemsize,
+    T.get_device: lambda tr, p: torch.device(p.ir_type.device).index if p.ir_type.device != "cpu" else -1,
+    T.__hash__: lambda tr, p: id(p),
+    T.__repr__: lambda tr, p: repr(p),
+    T.requires_grad_: lambda tr, p, requires_grad=True: p,
+    T.detach: lambda tr, p: p,
+    T.contiguous: lambda tr, p, memory_format=None: p,
+}
+
+_ATTRS: dict[str, Any] = {
+    "shape": _shape,
+    "dtype": lambda tr, p: p.ir_type.dtype.torch,
+    "device": lambda tr, p: torch.device(p.ir_type.device),
+    "ndim": lambda tr, p: p.ir_type.rank,
+    "is_cuda": lambda tr, p: p.ir_type.device.startswith("cuda"),
+    "is_cpu": lambda tr, p: p.ir_type.device == "cpu",
+    "is_meta": lambda tr, p: False,
+    "is_sparse": lambda tr, p: False,
+    "is_quantized": lambda tr, p: False,
+    "is_nested": lambda tr, p: False,
+    "is_mkldnn": lambda tr, p: False,
+    "requires_grad": lambda tr, p: False,
+    "is_leaf": lambda tr, p: True,
+    "grad": lambda tr, p: None,
+    "grad_fn": lambda tr, p: None,
+    "layout": lambda tr, p: torch.strided,
+    "data": lambda tr, p: p,
+    "names": lambda tr, p: (None,) * p.ir_type.rank,
+    "_base": lambda tr, p: None,
+}
+
+
+def _len_error() -> Any:
+    raise TypeError("len() of a 0-d tensor")
+
+
+def answer(tracer: Tracer, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    if not args or not isinstance(args[0], TensorProxy):
+        return UNHANDLED
+    self = args[0]
+    if getattr(func, "__name__", None) == "__get__":
+        desc = getattr(func, "__self__", None)
+        attr = getattr(desc, "__name__", None)
+        fn = _ATTRS.get(attr)  # type: ignore[arg-type]
+        if fn is not None:
+            return fn(tracer, self)
+        if attr in ("T", "mT", "H", "mH"):
+            return _transpose_attr(tracer, self, attr)
+        return UNHANDLED
+    try:
+        fn = _METHODS.get(func)
+    except TypeError:
+        return UNHANDLED
+    if fn is None:
+        return UNHANDLED
+    return fn(tracer, self, *args[1:], **kwargs)
+
+
+def _transpose_attr(tracer: Tracer, p: TensorProxy, attr: str) -> Any:
+    rank = p.ir_type.rank
+    if attr in ("T", "H"):
+        return p.permute(*reversed(range(rank))) if rank >= 2 else p
+    return p.transpose(-2, -1)

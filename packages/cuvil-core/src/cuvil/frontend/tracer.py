@@ -1,0 +1,416 @@
+"""The tracer: records torch-level calls on proxies into Graph IR.
+
+Why torch-function level (see docs/architecture.md, "Capture"): it sees the
+calls users write (``F.layer_norm``, ``torch.softmax``, ``x @ w``) before they
+are decomposed, which are the ops worth fusing; it needs no bytecode and no
+``torch._dynamo``; and ``TorchFunctionMode`` also sees factory calls without
+tensor arguments. Shapes are ours (sympy, via each op's rule); only calls
+without a declaration use torch's fake kernels (extern nodes).
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import sympy
+import torch
+from torch.overrides import TorchFunctionMode
+
+from cuvil.errors import CompileError, SourceLoc
+from cuvil.frontend.convert import is_user_file
+from cuvil.frontend.proxy import TensorProxy
+from cuvil.frontend.symbols import SymBool, SymInt, SymShape
+from cuvil_ir.graph_ir.fake import FakeInferenceError, fake_call
+from cuvil_ir.graph_ir.nodes import KV, AttrValue, Graph, Loc, Node, Ref, Value
+from cuvil_ir.graph_ir.registry import REGISTRY, NotCaptured, infer_types
+from cuvil_ir.graph_ir.torch_names import qualname
+from cuvil_ir.graph_ir.types import DType, ScalarKind, ScalarType, TensorType, Type
+from cuvil_ir.symbolic import ShapeContext, UndecidableError, symbol
+
+# Calls without tensor arguments that must run on every call, not once at trace time.
+_NONDETERMINISTIC = frozenset(
+    {"rand", "randn", "randint", "randperm", "rand_like", "randn_like", "randint_like", "normal",
+     "bernoulli", "multinomial", "poisson", "empty", "empty_like", "empty_strided"}
+)
+_DATA_DEPENDENT = frozenset(
+    {"__bool__", "__int__", "__float__", "__index__", "__complex__", "item", "tolist", "numpy", "__array__",
+     "__iter__", "__reversed__", "nonzero", "__format__", "__str__", "__contains__", "data_ptr", "storage"}
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Lifted:
+    """A tensor the traced code reached that is not an argument: bound on every call
+    through ``getter`` (a global or closure variable, read anew), or by identity."""
+
+    value: Value
+    name: str
+    getter: Callable[[], Any]
+
+
+class _Mode(TorchFunctionMode):
+    def __init__(self, tracer: Tracer) -> None:
+        super().__init__()
+        self.tracer = tracer
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        return self.tracer.handle(func, args, kwargs or {})
+
+
+class Tracer:
+    """Implements :class:`cuvil_ir.Emitter` for capture rules, and the torch-function handler."""
+
+    def __init__(self, name: str, lift_sources: dict[int, tuple[str, Callable[[], Any]]] | None = None) -> None:
+        self.name = name
+        self.ctx = ShapeContext(hints={})
+        self.inputs: list[Value] = []
+        self.nodes: list[Node] = []
+        self.lifted: list[Lifted] = []
+        self._lifted_ids: dict[int, TensorProxy] = {}
+        self._lift_sources = lift_sources or {}
+        self._consts: dict[tuple[type, Any], Value] = {}
+        self._names: set[str] = set()
+        self._counter = 0
+        self._positions: dict[types.CodeType, list[Any]] = {}
+        self._keepalive: list[Any] = []
+
+    # -- values --------------------------------------------------------------
+    def _fresh(self, t: Type) -> Value:
+        self._counter += 1
+        return Value(f"v{self._counter}", t)
+
+    def add_input(self, name: str, example: torch.Tensor, symbolic: bool) -> TensorProxy:
+        if name in self._names:
+            raise ValueError(f"duplicate graph input name {name}")
+        self._names.add(name)
+        shape: list[Any] = []
+        for axis, size in enumerate(example.shape):
+            if symbolic:
+                s = symbol(f"{_sanitize(name)}_{axis}")
+                self.ctx.hints[s] = int(size)  # type: ignore[index]
+                shape.append(s)
+            else:
+                shape.append(int(size))
+        t = TensorType(DType.from_torch(example.dtype), tuple(shape), _device_str(example.device))
+        v = Value(name, t)
+        self.inputs.append(v)
+        p = TensorProxy(self, v)
+        p._cuvil_is_input = True
+        return p
+
+    def lift(self, t: torch.Tensor) -> TensorProxy:
+        """A real tensor met during tracing becomes a graph input (never a baked constant)."""
+        proxy = self._lifted_ids.get(id(t))
+        if proxy is not None:
+            return proxy
+        name, getter = self._lift_sources.get(id(t), (f"const{len(self.lifted)}", lambda t=t: t))
+        proxy = self.add_input(name, t, symbolic=False)
+        self.lifted.append(Lifted(proxy._cuvil_value, name, getter))
+        self._lifted_ids[id(t)] = proxy
+        self._keepalive.append(t)
+        return proxy
+
+    def const(self, value: Any) -> Value:
+        key = (type(value), value)
+        v = self._consts.get(key)
+        if v is None:
+            if isinstance(value, sympy.Basic):
+                kind = ScalarKind.bool if isinstance(value, sympy.logic.boolalg.Boolean) else ScalarKind.int
+            else:
+                kind = ScalarKind.of(value)
+            v = self._fresh(ScalarType(kind))
+            self.nodes.append(Node("const", (), (v,), (("value", value),), loc=self.loc()))
+            self._consts[key] = v
+        return v
+
+    def value_of(self, h: Any) -> Value:
+        if isinstance(h, TensorProxy):
+            if h._cuvil_tracer is not self:
+                raise CompileError("a tensor from another compiled function leaked into this one", self.source_loc())
+            return h._cuvil_value
+        if isinstance(h, torch.Tensor):
+            return self.lift(h)._cuvil_value
+        if isinstance(h, (SymInt, SymBool)):
+            return self.const(h.expr)
+        if isinstance(h, (bool, int, float)) or isinstance(h, sympy.Basic):
+            return self.const(h)
+        raise CompileError(f"cannot use a {type(h).__name__} as an operand", self.source_loc())
+
+    def wrap(self, v: Value) -> Any:
+        if isinstance(v.type, TensorType):
+            return TensorProxy(self, v)
+        raise CompileError(f"op produced a {v.type}, which cannot be used from Python yet", self.source_loc())
+
+    # -- Emitter protocol (used by capture rules) ------------------------------
+    def emit(self, op: str, inputs: Sequence[Any], **attrs: Any) -> Any:
+        opdef = REGISTRY.get(op)
+        vals = tuple(self.value_of(h) for h in inputs)
+        norm = {k: _attr(v) for k, v in attrs.items()}
+        try:
+            out_types = infer_types(opdef, self.ctx, [v.type for v in vals], norm)
+        except (CompileError, NotCaptured):
+            raise
+        except Exception as e:
+            raise CompileError(f"{op}: {e}", self.source_loc()) from e
+        outs = tuple(self._fresh(t) for t in out_types)
+        self.nodes.append(Node(op, vals, outs, tuple(norm.items()), loc=self.loc()))
+        handles = [self.wrap(v) for v in outs]
+        if "view" in opdef.traits and inputs and isinstance(inputs[0], TensorProxy):
+            base = inputs[0]._cuvil_base or inputs[0]
+            base._cuvil_has_views = True
+            for h in handles:
+                h._cuvil_base = base
+        if opdef.num_outputs == 1:
+            return handles[0]
+        return tuple(handles)
+
+    def type_of(self, h: Any) -> Type:
+        if isinstance(h, TensorProxy):
+            return h._cuvil_value.type
+        if isinstance(h, torch.Tensor):
+            return self.lift(h)._cuvil_value.type
+        if isinstance(h, (bool, int, float)) or isinstance(h, sympy.Basic):
+            return ScalarType(ScalarKind.of(h))
+        raise TypeError(f"no IR type for {type(h).__name__}")
+
+    def is_value(self, h: Any) -> bool:
+        return isinstance(h, torch.Tensor)
+
+    def rebind(self, target: Any, result: Any) -> Any:
+        if not isinstance(target, TensorProxy):
+            raise CompileError("in-place update of something that is not a traced tensor", self.source_loc())
+        if target._cuvil_is_input:
+            raise CompileError(
+                f"in-place update of the input %{target._cuvil_value.name}",
+                self.source_loc(),
+                "inputs and parameters are read-only in compiled code; use the out-of-place op "
+                "(e.g. `x = x + 1` instead of `x += 1`)",
+            )
+        if target._cuvil_base is not None or target._cuvil_has_views:
+            raise CompileError(
+                "in-place update of a tensor that shares memory with a view is not supported yet",
+                self.source_loc(),
+                "use the out-of-place op, or .clone() before updating in place",
+            )
+        if target.ir_type != result.ir_type:
+            raise CompileError(
+                f"in-place update changes the type {target.ir_type} to {result.ir_type}", self.source_loc()
+            )
+        target._cuvil_value = result._cuvil_value
+        return target
+
+    # -- decisions ----------------------------------------------------------
+    def decide(self, cond: Any) -> bool:
+        try:
+            return self.ctx.decide(cond, f"{self.source_loc()}")
+        except UndecidableError as e:
+            raise CompileError(str(e), self.source_loc()) from None
+
+    def specialize(self, expr: Any, why: str) -> int:
+        value = self.ctx.hint(expr)
+        self.ctx.decide(sympy.Eq(expr, value), f"{self.source_loc()}: size {expr} {why}")
+        return value
+
+    # -- locations ------------------------------------------------------------
+    def source_loc(self) -> SourceLoc | None:
+        from cuvil.frontend.capture import capture
+
+        f = sys._getframe(1)
+        while f is not None:
+            code = f.f_code
+            if code is capture.__code__:
+                return None  # frames above the trace entry are not part of the program
+            if is_user_file(code.co_filename):
+                pos = self._positions.get(code)
+                if pos is None:
+                    pos = self._positions[code] = list(code.co_positions())
+                i = f.f_lasti // 2
+                line, _, col, end_col = pos[i] if i < len(pos) else (f.f_lineno, None, 0, None)
+                return SourceLoc(code.co_filename, line or f.f_lineno, col or 0, end_col)
+            f = f.f_back  # type: ignore[assignment]
+        return None
+
+    def loc(self) -> Loc | None:
+        s = self.source_loc()
+        return Loc(s.file, s.line, s.col + 1) if s else None
+
+    # -- the torch-function handler -----------------------------------------
+    def mode(self) -> TorchFunctionMode:
+        return _Mode(self)
+
+    def handle(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        from cuvil.frontend import metadata
+
+        answered = metadata.answer(self, func, args, kwargs)
+        if answered is not metadata.UNHANDLED:
+            return answered
+        name = getattr(func, "__name__", "")
+        has_proxy = _any_leaf(args, kwargs, lambda x: isinstance(x, TensorProxy))
+        has_sym = _any_leaf(args, kwargs, lambda x: isinstance(x, (SymInt, SymBool)))
+        if name in _DATA_DEPENDENT and has_proxy:
+            raise CompileError(
+                f"`{name}` needs the value of a tensor, which is only known when the compiled code runs",
+                self.source_loc(),
+                "data-dependent Python values are not supported yet; keep the computation in tensors",
+            )
+        inplace = False
+        entry = REGISTRY.for_torch(func)
+        if entry is None:
+            entry = self._inplace_twin(func)
+            inplace = entry is not None
+            if inplace and not has_proxy:
+                raise CompileError(
+                    f"compiled code updates a tensor that is not an argument in place (`{name}`)",
+                    self.source_loc(),
+                    "pass the tensor as an argument, or return the new value instead of mutating",
+                )
+        nargs, nkwargs = _normalize((args, kwargs), self)
+        if entry is not None:
+            result = self._apply(entry[1], nargs, nkwargs)
+            if result is not NotImplemented:
+                return self.rebind(nargs[0], result) if inplace else result
+        if not has_proxy and not has_sym and name not in _NONDETERMINISTIC:
+            return func(*args, **kwargs)  # a constant: evaluated once, lifted if used later
+        return self.extern(func, nargs, nkwargs)
+
+    def _inplace_twin(self, func: Any) -> Any:
+        name = getattr(func, "__name__", "")
+        if name.startswith("__i") and name.endswith("__"):
+            twin = getattr(torch.Tensor, "__" + name[3:], None)
+        elif name.endswith("_") and not name.startswith("_") and getattr(torch.Tensor, name, None) is func:
+            twin = getattr(torch.Tensor, name[:-1], None)
+        else:
+            return None
+        return REGISTRY.for_torch(twin) if twin is not None else None
+
+    def _apply(self, rule: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        try:
+            return rule(self, *args, **kwargs)
+        except NotCaptured:
+            return NotImplemented
+        except TypeError as e:
+            # a call form the rule does not accept: the extern path is always correct
+            if "argument" in str(e):
+                return NotImplemented
+            raise CompileError(f"{getattr(rule, '__qualname__', rule)}: {e}", self.source_loc()) from e
+
+    def extern(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        try:
+            target = qualname(func)
+        except ValueError as e:
+            raise CompileError(str(e), self.source_loc()) from None
+        if "out" in kwargs and kwargs["out"] is not None:
+            raise CompileError(f"{target}(out=...) is not supported", self.source_loc(), "assign the result instead")
+        name = target.rsplit(".", 1)[-1]
+        mutates = 0 if (name == "__setitem__" or (name.endswith("_") and not name.startswith("_"))
+                        or (name.startswith("__i") and name.endswith("__"))) else None
+        inputs: list[Value] = []
+        args_attr = _refs(args, inputs, self)
+        kwargs_attr = _refs(kwargs, inputs, self)
+        in_types = [v.type for v in inputs]
+        try:
+            out_types, single = fake_call(self.ctx, func, in_types, args_attr, kwargs_attr, target)
+        except FakeInferenceError as e:
+            raise CompileError(str(e), self.source_loc()) from None
+        if mutates is not None:
+            out_types, single = [in_types[0]], True
+        outs = tuple(self._fresh(t) for t in out_types)
+        attrs = (("args", args_attr), ("kwargs", kwargs_attr), ("mutates", mutates), ("target", target))
+        self.nodes.append(Node("extern", tuple(inputs), outs, attrs, loc=self.loc()))
+        handles = [self.wrap(v) for v in outs]
+        if mutates is not None:
+            return self.rebind(args[0], handles[0])
+        return handles[0] if single else tuple(handles)
+
+    # -- result ---------------------------------------------------------------
+    def graph(self, outputs: Sequence[Value]) -> Graph:
+        return Graph(self.name, tuple(self.inputs), tuple(self.nodes), tuple(outputs), tuple(self.ctx.assumptions))
+
+
+def _sanitize(name: str) -> str:
+    out = "".join(c if c.isalnum() or c == "_" else "_" for c in name)
+    return out if out and not out[0].isdigit() else "s" + out
+
+
+def _device_str(d: torch.device) -> str:
+    return str(d)
+
+
+def _leaves(tree: Any) -> Any:
+    if isinstance(tree, (list, tuple)):
+        for x in tree:
+            yield from _leaves(x)
+    elif isinstance(tree, dict):
+        for x in tree.values():
+            yield from _leaves(x)
+    elif isinstance(tree, slice):
+        yield from _leaves((tree.start, tree.stop, tree.step))
+    else:
+        yield tree
+
+
+def _any_leaf(args: Any, kwargs: Any, pred: Callable[[Any], bool]) -> bool:
+    return any(pred(x) for x in _leaves((args, kwargs)))
+
+
+def _normalize(tree: Any, tracer: Tracer) -> Any:
+    """Sizes become sympy expressions and real tensors become lifted proxies."""
+    if isinstance(tree, tuple):
+        return tuple(_normalize(x, tracer) for x in tree)
+    if isinstance(tree, list):
+        return [_normalize(x, tracer) for x in tree]
+    if isinstance(tree, dict):
+        return {k: _normalize(v, tracer) for k, v in tree.items()}
+    if isinstance(tree, slice):
+        return slice(_normalize(tree.start, tracer), _normalize(tree.stop, tracer), _normalize(tree.step, tracer))
+    if isinstance(tree, (SymInt, SymBool)):
+        return tree.expr
+    if isinstance(tree, TensorProxy):
+        return tree
+    if isinstance(tree, torch.Tensor):
+        return tracer.lift(tree)
+    return tree
+
+
+def _attr(v: Any) -> AttrValue:
+    if isinstance(v, (list, tuple, torch.Size)):
+        return tuple(_attr(x) for x in v)
+    if isinstance(v, torch.dtype):
+        return DType.from_torch(v)
+    if isinstance(v, torch.device):
+        return str(v)
+    if isinstance(v, sympy.Basic):
+        e = sympy.sympify(v)
+        return int(e) if e.is_Integer else e
+    if v is None or isinstance(v, (bool, int, float, str, DType, KV, Ref)):
+        return v
+    raise TypeError(f"attribute value of type {type(v).__name__} is not supported: {v!r}")
+
+
+def _refs(tree: Any, inputs: list[Value], tracer: Tracer) -> AttrValue:
+    """An extern call's argument tree as an attribute, with ``$i`` for traced values."""
+    if isinstance(tree, TensorProxy):
+        v = tracer.value_of(tree)
+        if v in inputs:
+            return Ref(inputs.index(v))
+        inputs.append(v)
+        return Ref(len(inputs) - 1)
+    if isinstance(tree, (list, tuple, torch.Size)):
+        return tuple(_refs(x, inputs, tracer) for x in tree)
+    if isinstance(tree, dict):
+        return KV.of({str(k): _refs(v, inputs, tracer) for k, v in tree.items()})
+    if isinstance(tree, slice):
+        return KV((("__slice__", _refs((tree.start, tree.stop, tree.step), inputs, tracer)),))
+    if tree is Ellipsis:
+        return KV((("__ellipsis__", None),))
+    try:
+        return _attr(tree)
+    except TypeError as e:
+        raise CompileError(f"cannot record an argument of an extern torch call: {e}", tracer.source_loc()) from None
+
+
+__all__ = ["Lifted", "SymShape", "Tracer"]
