@@ -20,6 +20,9 @@ from cuvil_runtime.target import CompileOptions, Executable
 FALLBACKS = ("eager", "error")
 
 
+_CHAINABLE = frozenset({"eval", "train", "to", "cpu", "cuda", "float", "half", "double", "bfloat16", "requires_grad_"})
+
+
 class CuvilFallbackWarning(UserWarning):
     """A call ran eagerly because Cuvil could not compile it (``fallback="eager"``)."""
 
@@ -97,11 +100,21 @@ class CompiledFunction:
         return self if obj is None else functools.partial(self, obj)
 
     def __getattr__(self, name: str) -> Any:
-        # a compiled module still exposes the module's attributes (eval(), parameters() ...)
+        # a compiled module still exposes the module's attributes (parameters(), ...);
+        # methods that return the module for chaining return the compiled wrapper
         module = self.__dict__.get("module")
-        if module is not None:
-            return getattr(module, name)
-        raise AttributeError(name)
+        if module is None:
+            raise AttributeError(name)
+        attr = getattr(module, name)
+        if name in _CHAINABLE:
+
+            @functools.wraps(attr)
+            def chained(*args: Any, **kwargs: Any) -> CompiledFunction:
+                attr(*args, **kwargs)
+                return self
+
+            return chained
+        return attr
 
     @property
     def graphs(self) -> list[Any]:

@@ -22,7 +22,6 @@ from cuvil.errors import CompileError
 from cuvil.frontend import hooks
 from cuvil.frontend.convert import ConversionError, convert, is_user_function
 from cuvil.frontend.proxy import TensorProxy
-from cuvil.frontend.symbols import SymBool, SymInt
 from cuvil.frontend.tracer import Lifted, Tracer
 from cuvil.guards import AssumptionCheck, SymbolSlot
 from cuvil_ir.graph_ir.nodes import Graph, Value
@@ -153,8 +152,12 @@ def capture(
                 owner[key] = by_id[id(owner[key])]
         args, kwargs = pytree.tree_unflatten(traced_leaves, spec)
         target = root_callable(fn, module)
-        with tracer.mode():
-            out = target(*args, **kwargs)
+        previous, Tracer.active = Tracer.active, tracer
+        try:
+            with tracer.mode():
+                out = target(*args, **kwargs)
+        finally:
+            Tracer.active = previous
     finally:
         for owner, key, original in reversed(swapped):
             owner[key] = original
@@ -162,12 +165,9 @@ def capture(
     outputs: list[Value] = []
     out_plan: list[tuple[str, Any]] = []
     for leaf in out_leaves:
-        if isinstance(leaf, (TensorProxy, SymInt)):
-            out_plan.append(("graph", len(outputs)))
-            outputs.append(tracer.value_of(leaf))
-        elif isinstance(leaf, SymBool):
+        if isinstance(leaf, torch.SymBool):
             out_plan.append(("const", bool(leaf)))
-        elif isinstance(leaf, torch.Tensor):
+        elif isinstance(leaf, (torch.Tensor, torch.SymInt, torch.SymFloat)):
             out_plan.append(("graph", len(outputs)))
             outputs.append(tracer.value_of(leaf))
         else:

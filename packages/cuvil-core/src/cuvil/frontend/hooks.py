@@ -38,6 +38,16 @@ def _reject(kind: str, site: int, what: str) -> CompileError:
 def truth(value: Any, site: int) -> bool:
     if isinstance(value, TensorProxy):
         raise _reject(SITES[site].kind, site, "a tensor value")
+    if isinstance(value, torch.SymBool):
+        from cuvil.frontend.tracer import Tracer
+
+        tracer = Tracer.active
+        if tracer is not None:
+            tracer.sync()
+            result = bool(value)
+            where = SITES[site]
+            tracer.sync(f"{where.loc}: `{where.kind}` on a size (specialized; branches on sizes stay symbolic in a later version)")
+            return result
     return bool(value)
 
 

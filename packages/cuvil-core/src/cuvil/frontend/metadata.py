@@ -1,7 +1,7 @@
 """Answers to metadata queries on proxies (``x.shape``, ``x.dtype``, ``x.dim()`` ...).
 
 These never become graph nodes: they are answered from the proxy's IR type.
-Sizes come back as :class:`SymInt` so arithmetic on them stays symbolic.
+Sizes come back as ``torch.SymInt`` so arithmetic on them stays symbolic.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from cuvil.frontend.proxy import TensorProxy
-from cuvil.frontend.symbols import SymInt, SymShape
 
 if TYPE_CHECKING:
     from cuvil.frontend.tracer import Tracer
@@ -20,8 +19,8 @@ UNHANDLED = object()
 T = torch.Tensor
 
 
-def _shape(tracer: Tracer, p: TensorProxy) -> SymShape:
-    return SymShape(SymInt.wrap(d, tracer) for d in p.ir_type.shape)
+def _shape(tracer: Tracer, p: TensorProxy) -> torch.Size:
+    return torch.Size([tracer.size(d) for d in p.ir_type.shape])
 
 
 def _size(tracer: Tracer, p: TensorProxy, dim: Any = None) -> Any:
@@ -35,7 +34,10 @@ def _size(tracer: Tracer, p: TensorProxy, dim: Any = None) -> Any:
 
 
 def _numel(tracer: Tracer, p: TensorProxy) -> Any:
-    return _shape(tracer, p).numel()
+    n: Any = 1
+    for d in _shape(tracer, p):
+        n = n * d
+    return n
 
 
 _METHODS: dict[Any, Any] = {

@@ -23,15 +23,15 @@ from torch.overrides import TorchFunctionMode
 from cuvil.errors import CompileError, SourceLoc
 from cuvil.frontend.convert import is_user_file
 from cuvil.frontend.proxy import TensorProxy
-from cuvil.frontend.symbols import SymBool, SymInt, SymShape
-from cuvil_ir.graph_ir.fake import FakeInferenceError, fake_call
+from cuvil_ir.graph_ir.fake import FakeInferenceError, SymMirror, fake_call
 from cuvil_ir.graph_ir.nodes import KV, AttrValue, Graph, Loc, Node, Ref, Value
 from cuvil_ir.graph_ir.registry import REGISTRY, NotCaptured, infer_types
 from cuvil_ir.graph_ir.torch_names import qualname
 from cuvil_ir.graph_ir.types import DType, ScalarKind, ScalarType, TensorType, Type
-from cuvil_ir.symbolic import ShapeContext, UndecidableError, symbol
+from cuvil_ir.symbolic import ShapeContext, symbol
 
 # Calls without tensor arguments that must run on every call, not once at trace time.
+_SYM = (torch.SymInt, torch.SymBool, torch.SymFloat)
 _NONDETERMINISTIC = frozenset(
     {"rand", "randn", "randint", "randperm", "rand_like", "randn_like", "randint_like", "normal",
      "bernoulli", "multinomial", "poisson", "empty", "empty_like", "empty_strided"}
@@ -64,9 +64,13 @@ class _Mode(TorchFunctionMode):
 class Tracer:
     """Implements :class:`cuvil_ir.Emitter` for capture rules, and the torch-function handler."""
 
+    #: the tracer of the capture in progress (hooks in converted code consult it)
+    active: Tracer | None = None
+
     def __init__(self, name: str, lift_sources: dict[int, tuple[str, Callable[[], Any]]] | None = None) -> None:
         self.name = name
         self.ctx = ShapeContext(hints={})
+        self.mirror = SymMirror(self.ctx)
         self.inputs: list[Value] = []
         self.nodes: list[Node] = []
         self.lifted: list[Lifted] = []
@@ -118,11 +122,7 @@ class Tracer:
         key = (type(value), value)
         v = self._consts.get(key)
         if v is None:
-            if isinstance(value, sympy.Basic):
-                kind = ScalarKind.bool if isinstance(value, sympy.logic.boolalg.Boolean) else ScalarKind.int
-            else:
-                kind = ScalarKind.of(value)
-            v = self._fresh(ScalarType(kind))
+            v = self._fresh(ScalarType(ScalarKind.of(value)))
             self.nodes.append(Node("const", (), (v,), (("value", value),), loc=self.loc()))
             self._consts[key] = v
         return v
@@ -134,8 +134,8 @@ class Tracer:
             return h._cuvil_value
         if isinstance(h, torch.Tensor):
             return self.lift(h)._cuvil_value
-        if isinstance(h, (SymInt, SymBool)):
-            return self.const(h.expr)
+        if isinstance(h, _SYM):
+            return self.const(self.sym(h))
         if isinstance(h, (bool, int, float)) or isinstance(h, sympy.Basic):
             return self.const(h)
         raise CompileError(f"cannot use a {type(h).__name__} as an operand", self.source_loc())
@@ -203,17 +203,23 @@ class Tracer:
         target._cuvil_value = result._cuvil_value
         return target
 
-    # -- decisions ----------------------------------------------------------
-    def decide(self, cond: Any) -> bool:
+    # -- torch symbolic sizes ----------------------------------------------------
+    def sym(self, value: Any) -> Any:
+        """Our size expression for a ``torch.SymInt`` (etc.) held by user code."""
         try:
-            return self.ctx.decide(cond, f"{self.source_loc()}")
-        except UndecidableError as e:
+            return self.mirror.ours(value, "size")
+        except FakeInferenceError as e:
             raise CompileError(str(e), self.source_loc()) from None
 
-    def specialize(self, expr: Any, why: str) -> int:
-        value = self.ctx.hint(expr)
-        self.ctx.decide(sympy.Eq(expr, value), f"{self.source_loc()}: size {expr} {why}")
-        return value
+    def size(self, d: Any) -> Any:
+        """The ``torch.SymInt`` user code sees for a size expression."""
+        return self.mirror.symint(d)
+
+    def sync(self, reason: str | None = None) -> None:
+        """Facts torch decided while user code computed with sizes become assumptions."""
+        if self.mirror._synced < len(self.mirror.env.guards):
+            loc = self.source_loc()
+            self.mirror.sync(reason or (f"{loc}: Python code used a size" if loc else "Python code used a size"))
 
     # -- locations ------------------------------------------------------------
     def source_loc(self) -> SourceLoc | None:
@@ -245,12 +251,13 @@ class Tracer:
     def handle(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         from cuvil.frontend import metadata
 
+        self.sync()
         answered = metadata.answer(self, func, args, kwargs)
         if answered is not metadata.UNHANDLED:
             return answered
         name = getattr(func, "__name__", "")
         has_proxy = _any_leaf(args, kwargs, lambda x: isinstance(x, TensorProxy))
-        has_sym = _any_leaf(args, kwargs, lambda x: isinstance(x, (SymInt, SymBool)))
+        has_sym = _any_leaf(args, kwargs, lambda x: isinstance(x, _SYM))
         if name in _DATA_DEPENDENT and has_proxy:
             raise CompileError(
                 f"`{name}` needs the value of a tensor, which is only known when the compiled code runs",
@@ -313,11 +320,11 @@ class Tracer:
         kwargs_attr = _refs(kwargs, inputs, self)
         in_types = [v.type for v in inputs]
         try:
-            out_types, single = fake_call(self.ctx, func, in_types, args_attr, kwargs_attr, target)
+            out_types, single = fake_call(
+                self.ctx, func, in_types, args_attr, kwargs_attr, target, mutates, self.mirror
+            )
         except FakeInferenceError as e:
             raise CompileError(str(e), self.source_loc()) from None
-        if mutates is not None:
-            out_types, single = [in_types[0]], True
         outs = tuple(self._fresh(t) for t in out_types)
         attrs = (("args", args_attr), ("kwargs", kwargs_attr), ("mutates", mutates), ("target", target))
         self.nodes.append(Node("extern", tuple(inputs), outs, attrs, loc=self.loc()))
@@ -328,6 +335,7 @@ class Tracer:
 
     # -- result ---------------------------------------------------------------
     def graph(self, outputs: Sequence[Value]) -> Graph:
+        self.sync()
         return Graph(self.name, tuple(self.inputs), tuple(self.nodes), tuple(outputs), tuple(self.ctx.assumptions))
 
 
@@ -367,8 +375,8 @@ def _normalize(tree: Any, tracer: Tracer) -> Any:
         return {k: _normalize(v, tracer) for k, v in tree.items()}
     if isinstance(tree, slice):
         return slice(_normalize(tree.start, tracer), _normalize(tree.stop, tracer), _normalize(tree.step, tracer))
-    if isinstance(tree, (SymInt, SymBool)):
-        return tree.expr
+    if isinstance(tree, _SYM):
+        return tracer.sym(tree)
     if isinstance(tree, TensorProxy):
         return tree
     if isinstance(tree, torch.Tensor):
@@ -413,4 +421,4 @@ def _refs(tree: Any, inputs: list[Value], tracer: Tracer) -> AttrValue:
         raise CompileError(f"cannot record an argument of an extern torch call: {e}", tracer.source_loc()) from None
 
 
-__all__ = ["Lifted", "SymShape", "Tracer"]
+__all__ = ["Lifted", "Tracer"]

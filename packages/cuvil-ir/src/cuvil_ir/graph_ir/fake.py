@@ -17,7 +17,7 @@ import sympy
 
 from cuvil_ir.graph_ir.nodes import KV, AttrValue, Ref
 from cuvil_ir.graph_ir.types import DType, ScalarKind, TensorType, Type
-from cuvil_ir.symbolic import Dim, ShapeContext, UndecidableError, as_dim, free_symbols
+from cuvil_ir.symbolic import Dim, ShapeContext, UndecidableError, as_dim
 
 
 class FakeInferenceError(Exception):
@@ -103,6 +103,90 @@ def _plain_sympy(expr: Any) -> Any:
     return expr
 
 
+class SymMirror:
+    """Our size symbols mirrored into one torch ``ShapeEnv`` (no duck sizing, no
+    0/1 specialisation), so torch code -- fake kernels, and user code holding
+    ``torch.SymInt`` sizes -- computes with them. Facts torch decides (its guards)
+    flow back into the :class:`ShapeContext` through :meth:`sync`.
+    """
+
+    def __init__(self, ctx: ShapeContext) -> None:
+        global _SOURCE
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+        if ctx.hints is None:
+            raise UndecidableError("torch symbolic sizes need example sizes")
+        if _SOURCE is None:
+            _SOURCE = _source_class()
+        self.ctx = ctx
+        self.env = ShapeEnv(specialize_zero_one=False, duck_shape=False, assume_static_by_default=False)
+        self.mode = FakeTensorMode(shape_env=self.env, allow_non_fake_inputs=False)
+        self.ours_to_theirs: dict[sympy.Symbol, sympy.Expr] = {}
+        self.theirs_to_ours: dict[sympy.Symbol, sympy.Symbol] = {}
+        self._synced = 0
+
+    def _add(self, s: sympy.Symbol) -> None:
+        from torch.fx.experimental.symbolic_shapes import DimDynamic
+
+        theirs = self.env.create_symbol(
+            self.ctx.hint(s), _SOURCE(label=s.name), dynamic_dim=DimDynamic.DYNAMIC,  # type: ignore[misc]
+            positive=None, do_not_specialize_zero_one=True,
+        )
+        self.ours_to_theirs[s] = theirs
+        if isinstance(theirs, sympy.Symbol):
+            self.theirs_to_ours[theirs] = s
+
+    def symint(self, d: Dim | sympy.Basic) -> Any:
+        """A ``torch.SymInt`` for a size expression (an int stays an int)."""
+        if isinstance(d, int):
+            return d
+        for s in sorted(d.free_symbols - set(self.ours_to_theirs), key=lambda x: x.name):
+            self._add(s)  # type: ignore[arg-type]
+        theirs = d.xreplace(self.ours_to_theirs)
+        if d.is_Relational or isinstance(d, sympy.logic.boolalg.BooleanFunction):
+            return self.env.create_symboolnode(theirs)
+        return self.env.create_symintnode(theirs, hint=self.ctx.hint(d))  # type: ignore[arg-type]
+
+    def ours(self, value: Any, what: str = "") -> Any:
+        """Our sympy expression for a ``torch.SymInt``/``SymBool``/``SymFloat`` (or plain value)."""
+        import torch
+
+        if not isinstance(value, (torch.SymInt, torch.SymBool, torch.SymFloat)):
+            return value
+        expr = _plain_sympy(self.env.replace(value.node.expr)).xreplace(self.theirs_to_ours)
+        stray = {s for s in expr.free_symbols if s not in self.ours_to_theirs}
+        if stray:
+            raise FakeInferenceError(f"{what}: the size depends on tensor data ({value.node.expr})")
+        if isinstance(value, torch.SymInt):
+            return as_dim(expr)
+        return expr
+
+    def sync(self, reason: str = "") -> None:
+        """Import the facts torch assumed since the last sync as graph assumptions."""
+        guards = self.env.guards
+        for guard in guards[self._synced :]:
+            fact = _plain_sympy(guard.expr).xreplace(self.theirs_to_ours)
+            if fact.free_symbols - set(self.ours_to_theirs) or fact == sympy.true:
+                continue
+            if fact not in self.ctx.assumptions:
+                self.ctx.assumptions.append(fact)
+                if reason:
+                    self.ctx.reasons.setdefault(fact, reason)
+        self._synced = len(guards)
+
+    def fake_tensor(self, t: TensorType) -> Any:
+        import torch
+
+        sizes = [self.symint(d) for d in t.shape]
+        strides, acc = [], 1
+        for s in reversed(sizes):
+            strides.append(acc)
+            acc = acc * s
+        with self.mode:
+            return torch.empty_strided(sizes, list(reversed(strides)), dtype=t.dtype.torch, device=t.device)
+
+
 def fake_call(
     ctx: ShapeContext,
     fn: Callable[..., Any],
@@ -110,83 +194,45 @@ def fake_call(
     args: AttrValue,
     kwargs: AttrValue,
     what: str,
+    mutates: int | None = None,
+    mirror: SymMirror | None = None,
 ) -> tuple[list[Type], bool]:
     """Types of the flattened outputs of ``fn(*args, **kwargs)`` on inputs of ``inputs`` types,
     and whether the call returned a single tensor (rather than a sequence)."""
-    global _SOURCE
     import torch
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
     from torch.utils import _pytree as pytree
 
     if ctx.hints is None:
         raise UndecidableError(f"{what}: extern types need example sizes")
-    if _SOURCE is None:
-        _SOURCE = _source_class()
-    shape_env = ShapeEnv(specialize_zero_one=False, duck_shape=False, assume_static_by_default=False)
-    ours_to_theirs: dict[sympy.Symbol, sympy.Expr] = {}
-    syms = sorted(
-        free_symbols(d for t in inputs if isinstance(t, TensorType) for d in t.shape), key=lambda s: s.name
-    )
-    for s in syms:
-        theirs = shape_env.create_symbol(
-            ctx.hint(s), _SOURCE(label=s.name), dynamic_dim=DimDynamic.DYNAMIC, positive=None,
-            do_not_specialize_zero_one=True,
-        )
-        ours_to_theirs[s] = theirs
-    theirs_to_ours = {v: k for k, v in ours_to_theirs.items() if isinstance(v, sympy.Symbol)}
-
-    def symint(d: Dim) -> Any:
-        if isinstance(d, int):
-            return d
-        return shape_env.create_symintnode(d.xreplace(ours_to_theirs), hint=ctx.hint(d))
-
-    mode = FakeTensorMode(shape_env=shape_env, allow_non_fake_inputs=False)
+    m = mirror if mirror is not None else SymMirror(ctx)
     refs: list[Any] = []
-    with mode:
-        for t in inputs:
-            if isinstance(t, TensorType):
-                sizes = [symint(d) for d in t.shape]
-                strides, acc = [], 1
-                for s in reversed(sizes):
-                    strides.append(acc)
-                    acc = acc * s
-                refs.append(torch.empty_strided(sizes, list(reversed(strides)), dtype=t.dtype.torch, device=t.device))
-            else:
-                refs.append({ScalarKind.bool: True, ScalarKind.int: 1, ScalarKind.float: 1.0}[t.kind])
-        call_args = materialize(args, refs, symint)
-        call_kwargs = materialize(kwargs, refs, symint)
+    for t in inputs:
+        if isinstance(t, TensorType):
+            refs.append(m.fake_tensor(t))
+        else:
+            refs.append({ScalarKind.bool: True, ScalarKind.int: 1, ScalarKind.float: 1.0}[t.kind])
+    with m.mode:
+        call_args = materialize(args, refs, m.symint)
+        call_kwargs = materialize(kwargs, refs, m.symint)
         try:
             out = fn(*call_args, **call_kwargs)
+            if mutates is not None:  # an in-place call: its result is the updated input
+                out = refs[mutates]
         except Exception as e:
             raise FakeInferenceError(f"{what}: torch could not compute the output type: {type(e).__name__}: {e}") from e
-
-    def back(d: Any) -> Dim:
-        if isinstance(d, torch.SymInt):
-            expr = _plain_sympy(d.node.expr).xreplace(theirs_to_ours)
-            stray = {s for s in expr.free_symbols if s not in ours_to_theirs}
-            if stray:
-                raise FakeInferenceError(f"{what}: the output size depends on tensor data ({d.node.expr})")
-            return as_dim(expr)
-        return int(d)
 
     types: list[Type] = []
     for leaf in pytree.tree_leaves(out):
         if isinstance(leaf, torch.Tensor):
-            types.append(TensorType(DType.from_torch(leaf.dtype), tuple(back(d) for d in leaf.shape), str(leaf.device)))
+            shape = tuple(m.ours(d, what) for d in leaf.shape)
+            types.append(TensorType(DType.from_torch(leaf.dtype), shape, str(leaf.device)))
         else:
             raise FakeInferenceError(
                 f"{what} returns a Python {type(leaf).__name__} computed from tensor data; "
                 "data-dependent values are not supported yet"
             )
-    for guard in shape_env.guards:
-        fact = _plain_sympy(guard.expr).xreplace(theirs_to_ours)
-        if fact.free_symbols - set(ours_to_theirs):
-            continue
-        if fact not in ctx.assumptions and fact != sympy.true:
-            ctx.assumptions.append(fact)
-            ctx.reasons.setdefault(fact, f"assumed by torch's implementation of {what}")
+    m.sync(f"assumed by torch's implementation of {what}")
     return types, isinstance(out, torch.Tensor)
 
 
-__all__ = ["FakeInferenceError", "fake_call", "materialize"]
+__all__ = ["FakeInferenceError", "SymMirror", "fake_call", "materialize"]

@@ -94,7 +94,9 @@ class ScalarKind(enum.Enum):
         import sympy
 
         if isinstance(value, sympy.Basic):
-            if value.is_Boolean or isinstance(value, sympy.logic.boolalg.Boolean):
+            if value.is_Relational or isinstance(
+                value, (sympy.logic.boolalg.BooleanFunction, sympy.logic.boolalg.BooleanAtom)
+            ):
                 return ScalarKind.bool
             return ScalarKind.int if value.is_integer else ScalarKind.float
         raise TypeError(f"not a scalar: {value!r}")

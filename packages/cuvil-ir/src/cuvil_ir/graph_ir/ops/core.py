@@ -49,8 +49,7 @@ class Extern(Op):
         kwargs: AttrValue,
         mutates: int | None,
     ) -> tuple[Type, ...]:
-        types = tuple(fake_call(ctx, resolve(target), inputs, args, kwargs, target)[0])
-        return (inputs[mutates],) if mutates is not None else types
+        return tuple(fake_call(ctx, resolve(target), inputs, args, kwargs, target, mutates)[0])
 
     @staticmethod
     def reference(*inputs: Any, target: str, args: AttrValue, kwargs: AttrValue, mutates: int | None) -> Any:

@@ -1,0 +1,282 @@
+"""cu.compile end to end: results vs eager, stats, guards, fallback, errors."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import cuvil as cu
+
+W = torch.randn(16, 4)
+
+
+def close(a, b):
+    torch.testing.assert_close(a, b)
+    assert a.dtype == b.dtype
+
+
+def test_issue_example_function():
+    @cu.compile
+    def f(x, y):
+        return torch.softmax(x @ y + 1.0, dim=-1).sum(0)
+
+    for n in (8, 3):
+        x, y = torch.randn(n, 16), torch.randn(16, 4)
+        close(f(x, y), torch.softmax(x @ y + 1.0, dim=-1).sum(0))
+    assert f.stats.compiles == 1
+    assert f.stats.cache_hits == 1
+    assert f.stats.fallbacks == 0
+    assert f.stats.recompile_reasons == []
+
+
+def test_bare_and_called_forms_and_reference_target():
+    def f(x):
+        return x * 2 + 1
+
+    for c in (cu.compile(f), cu.compile()(f), cu.compile(target="reference", opt_level=0)(f)):
+        x = torch.randn(3, 5)
+        close(c(x), f(x))
+
+
+def test_module_parameters_are_inputs_not_constants():
+    m = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU()).eval()
+    cm = cu.compile(m, fallback="error")
+    x = torch.randn(5, 16)
+    close(cm(x), m(x))
+    g = cm.graphs[0]
+    assert [v.name for v in g.inputs] == ["input", "self.0.weight", "self.0.bias"]
+    with torch.no_grad():
+        m[0].weight.mul_(2.0)  # updated in place: the compiled module sees it
+    close(cm(x), m(x))
+    m[0].bias = torch.nn.Parameter(torch.randn(32))  # replaced: also seen
+    close(cm(x), m(x))
+    assert cm.stats.compiles == 1
+    assert cm.eval() is cm  # chainable module methods return the compiled wrapper
+
+
+def test_module_training_flag_is_guarded():
+    m = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Dropout(0.5)).eval()
+    cm = cu.compile(m, fallback="error")
+    x = torch.randn(4, 8)
+    close(cm(x), m(x))
+    cm.train()
+    torch.manual_seed(0)
+    out = cm(x)
+    assert out.shape == (4, 8)
+    assert cm.stats.compiles == 2
+    assert "module state changed" in cm.stats.recompile_reasons[0]
+
+
+def test_specialized_value_recompiles_with_reason():
+    @cu.compile(fallback="error")
+    def f(x):
+        return x.reshape(int(x.shape[0]), -1) * 2
+
+    f(torch.randn(4, 3))
+    f(torch.randn(4, 3))
+    f(torch.randn(5, 3))
+    assert f.stats.compiles == 2
+    assert f.stats.cache_hits == 1
+    (reason,) = f.stats.recompile_reasons
+    assert "Eq(x_0, 4)" in reason and "x_0 = 5" in reason and "test_compile.py" in reason
+
+
+def test_python_scalar_arguments_are_guarded_by_value():
+    @cu.compile(fallback="error")
+    def f(x, k: int, flag=True):
+        return x * k if flag else x - k
+
+    x = torch.randn(3)
+    close(f(x, 2), x * 2)
+    close(f(x, 3), x * 3)
+    close(f(x, 3, flag=False), x - 3)
+    assert f.stats.compiles == 3
+    assert "argument k: was int 2, now int 3" in f.stats.recompile_reasons[0]
+
+
+def test_dtype_change_recompiles():
+    @cu.compile(fallback="error")
+    def f(x):
+        return x + 1
+
+    f(torch.randn(3))
+    close(f(torch.arange(3)), torch.arange(3) + 1)
+    assert "was a f32 tensor of rank 1" in f.stats.recompile_reasons[0]
+
+
+def test_dynamic_false_specializes_sizes():
+    @cu.compile(dynamic=False, fallback="error")
+    def f(x):
+        return x.sum(0)
+
+    f(torch.randn(2, 3))
+    f(torch.randn(4, 3))
+    assert f.stats.compiles == 2
+    assert "shape [2, 3]" in f.stats.recompile_reasons[0]
+
+
+def test_global_tensor_is_read_on_every_call():
+    global W
+
+    @cu.compile(fallback="error")
+    def f(x):
+        return x @ W
+
+    x = torch.randn(2, 16)
+    close(f(x), x @ W)
+    old = W
+    W = torch.randn(16, 4)
+    try:
+        close(f(x), x @ W)
+        W = torch.randn(16, 6)
+        close(f(x), x @ W)
+        assert f.stats.compiles == 2
+    finally:
+        W = old
+
+
+def test_closure_and_helper_function():
+    scale = torch.tensor(3.0)
+
+    def helper(a, b):
+        return F.relu(a) * b
+
+    @cu.compile(fallback="error")
+    def f(x):
+        return helper(x, scale) + 1
+
+    x = torch.randn(4, 4)
+    close(f(x), F.relu(x) * 3 + 1)
+
+
+def test_wrong_arity_and_non_tensor_are_type_errors():
+    @cu.compile
+    def f(x, y):
+        return x + y
+
+    f(torch.randn(2), torch.randn(2))
+    with pytest.raises(TypeError, match="missing a required argument"):
+        f(torch.randn(2))
+    with pytest.raises(TypeError, match="argument x must be a torch.Tensor"):
+        f("nope", torch.randn(2))
+
+
+def test_tensor_if_error_has_location():
+    @cu.compile(fallback="error")
+    def f(x):
+        if x.sum() > 0:
+            return x
+        return -x
+
+    with pytest.raises(cu.CompileError) as info:
+        f(torch.randn(3))
+    msg = str(info.value)
+    assert "test_compile.py:" in msg and "`if` on a tensor value" in msg
+    assert "if x.sum() > 0:" in msg and "^^^" in msg
+
+
+def test_tensor_for_and_item_errors():
+    @cu.compile(fallback="error")
+    def f(x):
+        total = x[0]
+        for row in x:
+            total = total + row
+        return total
+
+    with pytest.raises(cu.CompileError, match="`for` on a tensor"):
+        f(torch.randn(3, 2))
+
+    @cu.compile(fallback="error")
+    def g(x):
+        return x * x.sum().item()
+
+    with pytest.raises(cu.CompileError, match="`item` needs the value of a tensor"):
+        g(torch.randn(3))
+
+
+def test_fallback_eager_warns_once_and_counts():
+    @cu.compile
+    def f(x):
+        if x.sum() > 0:
+            return x
+        return -x
+
+    x = torch.ones(3)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        close(f(x), x)
+        close(f(x), x)
+    assert f.stats.fallbacks == 2
+    assert f.stats.compiles == 1  # the failure is remembered, not retried every call
+    assert len([x for x in w if issubclass(x.category, cu.CuvilFallbackWarning)]) == 1
+    assert "`if` on a tensor value" in f.stats.fallback_reasons[0]
+
+
+def test_inplace_on_intermediate_is_functionalized_and_on_input_rejected():
+    @cu.compile(fallback="error")
+    def f(x):
+        y = x * 2
+        y.add_(1)
+        y += 3
+        y[0] = 0.0
+        return F.relu(y, inplace=True)
+
+    x = torch.randn(4, 3)
+    expected = (x * 2 + 4).clone()
+    expected[0] = 0.0
+    close(f(x), F.relu(expected))
+
+    @cu.compile(fallback="error")
+    def g(x):
+        x.add_(1)
+        return x
+
+    with pytest.raises(cu.CompileError, match="in-place update of the input"):
+        g(torch.randn(2))
+
+
+def test_nested_outputs_and_constants():
+    @cu.compile(fallback="error")
+    def f(x, y):
+        return {"sum": x + y, "pair": (x * y, None), "n": 3}
+
+    x, y = torch.randn(2), torch.randn(2)
+    out = f(x, y)
+    close(out["sum"], x + y)
+    close(out["pair"][0], x * y)
+    assert out["pair"][1] is None and out["n"] == 3
+
+
+def test_size_arithmetic_stays_symbolic():
+    @cu.compile(fallback="error")
+    def f(x):
+        b = x.shape[0]
+        return x.reshape(b * 2, -1).sum(-1)
+
+    for n in (2, 3, 6):
+        x = torch.randn(n, 8)
+        close(f(x), x.reshape(n * 2, -1).sum(-1))
+    assert f.stats.compiles == 1
+
+
+def test_unknown_target_fails_loudly():
+    with pytest.raises(Exception, match="nope"):
+        cu.compile(lambda x: x, target="nope")
+
+
+def test_method_decorated_in_class():
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            return torch.tanh(self.lin(x)) + super().__class__.__name__.__len__()
+
+    m = M().eval()
+    cm = cu.compile(m, fallback="error")
+    x = torch.randn(3, 4)
+    close(cm(x), m(x))
