@@ -121,21 +121,30 @@ class CompiledFunction:
         return [a.captured.graph for a in self.artifacts if a.captured is not None]
 
     # -- the call path ---------------------------------------------------------
-    def _flatten(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[Any], list[str], Any]:
+    def _bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        if self._sig is None:
+            return args, kwargs
+        try:
+            bound = self._sig.bind(*args, **kwargs)
+        except TypeError as e:
+            raise TypeError(f"{self.__qualname__}(): {e}") from None
+        bound.apply_defaults()
+        return bound.args, bound.kwargs
+
+    def _leaf_names(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[str]:
+        """Readable names of the argument leaves (``x``, ``xs_0``): graph input and symbol names."""
         if self._sig is not None:
-            try:
-                bound = self._sig.bind(*args, **kwargs)
-            except TypeError as e:
-                raise TypeError(f"{self.__qualname__}(): {e}") from None
-            bound.apply_defaults()
-            args, kwargs = bound.args, bound.kwargs
-            names = list(bound.arguments)
+            params = [p for p in self._sig.parameters.values() if p.kind is not p.VAR_KEYWORD]
+            names = []
+            for p in params:
+                if p.kind is p.VAR_POSITIONAL:
+                    names += [f"{p.name}_{i}" for i in range(len(args) - len(names))]
+                elif p.kind is not p.KEYWORD_ONLY:
+                    names.append(p.name)
         else:
-            names = [f"arg{i}" for i in range(len(args))] + list(kwargs)
-        with_path, spec = pytree.tree_flatten_with_path((args, kwargs))
-        leaves = [leaf for _, leaf in with_path]
-        leaf_names = [_leaf_name(path, names, len(args)) for path, _ in with_path]
-        return leaves, leaf_names, spec
+            names = [f"arg{i}" for i in range(len(args))]
+        with_path, _ = pytree.tree_flatten_with_path((args, kwargs))
+        return [_leaf_name(path, names) for path, _ in with_path]
 
     def _extra_key(self) -> tuple[Any, ...]:
         if self.module is None:
@@ -145,7 +154,8 @@ class CompiledFunction:
         return (flags, state)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        leaves, names, spec = self._flatten(args, kwargs)
+        bargs, bkwargs = self._bind(args, kwargs)
+        leaves, spec = pytree.tree_flatten((bargs, bkwargs))
         key = (spec, tuple(leaf_key(x, self.dynamic) for x in leaves))
         extra = self._extra_key()
         for art in self.artifacts:
@@ -156,6 +166,7 @@ class CompiledFunction:
                     return self._eager(art.reason or "", args, kwargs)
                 self.stats.cache_hits += 1
                 return _run(art, leaves)
+        names = self._leaf_names(bargs, bkwargs)
         self._check_types(key, names)
         if self.artifacts:
             self.stats.recompile_reasons.append(self._why_miss(key, extra, leaves, names))
@@ -266,7 +277,7 @@ def _run(art: _Artifact, leaves: list[Any]) -> Any:
     return pytree.tree_unflatten(out, c.out_spec)
 
 
-def _leaf_name(path: tuple[Any, ...], names: list[str], nargs: int) -> str:
+def _leaf_name(path: tuple[Any, ...], names: list[str]) -> str:
     # path[0] selects args (0) or kwargs (1); path[1] the argument
     parts: list[str] = []
     top, key = path[0], path[1]
