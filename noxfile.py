@@ -1,0 +1,146 @@
+"""Sessions for the whole monorepo: the CI matrix, one place.
+
+    nox -s tests              every package's fast tests, in one environment
+    nox -s tests_pkg          each package alone, with only what it depends on
+    nox -s slow               the tests marked slow
+    nox -s lint typecheck     ruff; mypy (strict on cuvil_ir)
+    nox -s demo               examples/demo.py
+    nox -s wheels             build wheels, install them into a fresh venv, smoke-test
+
+[Note: pinning torch]
+Every environment that gets torch asks for exactly ``torch==2.13.0``: that is the
+CPU wheel lying on this machine's disk. Any looser requirement (a bare ``torch``,
+or ``torch>=2.6`` from our packages' metadata with no torch installed yet) lets
+pip pick a multi-GB CUDA build. So torch is named first, pinned, in the same pip
+command that installs our packages. torch's CPU wheel does not bring numpy.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import nox
+
+nox.options.sessions = ["lint", "tests"]
+nox.options.reuse_existing_virtualenvs = True
+
+ROOT = Path(__file__).parent
+TORCH = ["torch==2.13.0", "numpy"]  # see [Note: pinning torch]
+RUFF = "ruff==0.17.6"
+MYPY = "mypy==2.4.1"
+PYTEST = "pytest>=8"
+
+#: package id -> (folder, sibling folders it depends on, itself last)
+PACKAGES = {
+    "ir": ["packages/cuvil-ir"],
+    "runtime": ["packages/cuvil-ir", "packages/cuvil-runtime"],
+    "core": ["packages/cuvil-ir", "packages/cuvil-runtime", "packages/cuvil-core"],
+}
+ALL = PACKAGES["core"]
+FAST = ["-m", "not slow and not device"]
+
+
+def install(session: nox.Session, folders: list[str], *extra: str) -> None:
+    """One pip command, so sibling dependencies named plainly (``cuvil-ir``) resolve to the folders."""
+    editable = [arg for folder in folders for arg in ("-e", folder)]
+    session.install(*TORCH, *extra, *editable)
+
+
+def tests_dirs(session: nox.Session, folders: list[str]) -> list[str]:
+    """The packages' tests folders; a package without one yet is named, not an error
+    (git keeps no empty folder, so a fresh clone lacks it)."""
+    found = []
+    for folder in folders:
+        if (ROOT / folder / "tests").is_dir():
+            found.append(f"{folder}/tests")
+        else:
+            session.warn(f"{folder} has no tests/ folder yet")
+    if not found:
+        session.skip("no tests to run")
+    return found
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """Every package's fast tests in one environment (what CI runs)."""
+    install(session, ALL, PYTEST)
+    session.run("pytest", *tests_dirs(session, ALL), "-q", *FAST, *session.posargs)
+
+
+@nox.session
+@nox.parametrize("package", [nox.param(pkg, id=pkg) for pkg in PACKAGES])
+def tests_pkg(session: nox.Session, package: str) -> None:
+    """One package's fast tests, in an environment holding only it and its dependencies."""
+    folders = PACKAGES[package]
+    install(session, folders, PYTEST)
+    session.run("pytest", *tests_dirs(session, folders[-1:]), "-q", *FAST, *session.posargs)
+
+
+@nox.session
+def slow(session: nox.Session) -> None:
+    """The tests marked slow (device tests stay off: no accelerator here)."""
+    install(session, ALL, PYTEST)
+    # Exit code 5 (every test deselected) only means nothing is marked slow yet.
+    session.run(
+        "pytest",
+        *tests_dirs(session, ALL),
+        "-q",
+        "-m",
+        "slow and not device",
+        *session.posargs,
+        success_codes=[0, 5],
+    )
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    session.install(RUFF)
+    session.run("ruff", "check", "packages", "noxfile.py")
+    session.run("ruff", "format", "--check", "packages", "noxfile.py")
+
+
+@nox.session
+def typecheck(session: nox.Session) -> None:
+    """mypy: strict on cuvil_ir, default strictness on the packages not yet widened."""
+    install(session, ALL, MYPY)
+    session.run("mypy", "--strict", "packages/cuvil-ir/src/cuvil_ir")
+    session.run("mypy", "packages/cuvil-runtime/src/cuvil_runtime", "packages/cuvil-core/src/cuvil")
+
+
+@nox.session
+def demo(session: nox.Session) -> None:
+    install(session, ALL)
+    session.run("python", "examples/demo.py", *session.posargs)
+
+
+SMOKE = """
+import torch, cuvil as cu
+print(cu.backends())
+f = cu.compile(lambda x, y: torch.softmax(x @ y + 1.0, dim=-1).sum(0), fallback="error")
+x, y = torch.randn(8, 16), torch.randn(16, 4)
+torch.testing.assert_close(f(x, y), torch.softmax(x @ y + 1.0, dim=-1).sum(0))
+assert f.stats.compiles == 1, f.stats
+print("compiled from the wheelhouse:", f.stats)
+"""
+
+
+@nox.session
+def wheels(session: nox.Session) -> None:
+    """Build every distribution's wheel and install ``cuvil`` from them into a fresh venv."""
+    wheelhouse = ROOT / "wheelhouse"
+    shutil.rmtree(wheelhouse, ignore_errors=True)
+    session.run("python", "-m", "pip", "wheel", "--no-deps", "--wheel-dir", str(wheelhouse), *ALL)
+
+    venv = Path(session.create_tmp()).resolve() / "wheel-venv"
+    session.run("python", "-m", "venv", "--clear", str(venv))
+    python = str(venv / "bin" / "python")
+    pip = [python, "-m", "pip", "install", "--quiet"]
+    session.run(*pip, *TORCH, external=True)  # first, pinned: see [Note: pinning torch]
+    # --no-index: our wheels only (torch and sympy are already there), never a
+    # same-named distribution from an index.
+    session.run(*pip, "--no-index", "--find-links", str(wheelhouse), "cuvil", external=True)
+    # Run from the temporary folder so nothing from the source tree can be imported.
+    with session.chdir(venv):
+        session.run(str(venv / "bin" / "cuvil"), "backends", external=True)
+        session.run(python, "-c", SMOKE, external=True)

@@ -1,0 +1,165 @@
+"""Compile caches: compiled executables in memory, byte artifacts on disk.
+
+:class:`CompileCache` keeps the last few :class:`Executable` s of this process,
+keyed by what determines them: the graph's stable hash, the target name and the
+compile options.
+
+:class:`DiskCache` keeps artifacts (generated sources, compiled kernels) across
+processes. A file is named by the sha256 of its key and written atomically: the
+bytes go to a temporary file in the same folder, which ``os.replace`` then puts
+in place, so a reader sees the old file, the new file or nothing, and
+concurrent writers of one key each succeed (the last one wins; for a content
+cache both wrote the same bytes). Every file starts with a header holding the
+payload's length and sha256; a file that does not match it (truncated by a
+crash, a full disk, a torn copy) is deleted and reported as a miss, never
+returned. That checksum is also why writes skip ``fsync``: after a power loss
+a file may come back empty, which reads as a miss.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+import threading
+from collections import OrderedDict
+from pathlib import Path
+
+from cuvil_ir.graph_ir.nodes import Graph
+from cuvil_runtime.target import CompileOptions, Executable, Target
+
+# -- in-process ----------------------------------------------------------------
+
+CacheKey = tuple[str, str, CompileOptions]
+
+
+class CompileCache:
+    """A thread-safe LRU of compiled executables."""
+
+    def __init__(self, maxsize: int = 128) -> None:
+        if maxsize < 1:
+            raise ValueError(f"maxsize must be at least 1, got {maxsize}")
+        self.maxsize = maxsize
+        self._items: OrderedDict[CacheKey, Executable] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, graph_hash: str, target: str, options: CompileOptions) -> Executable | None:
+        key = (graph_hash, target, options)
+        with self._lock:
+            exe = self._items.get(key)
+            if exe is not None:
+                self._items.move_to_end(key)
+            return exe
+
+    def put(self, graph_hash: str, target: str, options: CompileOptions, exe: Executable) -> None:
+        key = (graph_hash, target, options)
+        with self._lock:
+            self._items[key] = exe
+            self._items.move_to_end(key)
+            while len(self._items) > self.maxsize:
+                self._items.popitem(last=False)
+
+    def get_or_compile(self, graph: Graph, target: Target, options: CompileOptions) -> Executable:
+        """The cached executable, compiling it on a miss.
+
+        Compilation runs outside the lock: two threads missing on one key at once
+        may both compile, and the second result replaces the first. Both are
+        correct, and no thread waits on another's compile.
+        """
+        graph_hash = graph.hash
+        exe = self.get(graph_hash, target.name, options)
+        if exe is None:
+            exe = target.compile(graph, options)
+            self.put(graph_hash, target.name, options, exe)
+        return exe
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+# -- on disk -------------------------------------------------------------------
+
+#: file layout: magic (8 bytes) | payload length (8 bytes, little endian) | sha256 (32 bytes) | payload
+_MAGIC = b"CUVIL\x00\x01\n"
+_HEADER = len(_MAGIC) + 8 + 32
+
+
+def default_cache_dir() -> Path:
+    """``$CUVIL_CACHE_DIR``, else ``$XDG_CACHE_HOME/cuvil``, else ``~/.cache/cuvil``."""
+    explicit = os.environ.get("CUVIL_CACHE_DIR")
+    if explicit:
+        return Path(explicit)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "cuvil"
+
+
+def _encode(data: bytes) -> bytes:
+    return _MAGIC + len(data).to_bytes(8, "little") + hashlib.sha256(data).digest() + data
+
+
+def _decode(blob: bytes) -> bytes | None:
+    if len(blob) < _HEADER or not blob.startswith(_MAGIC):
+        return None
+    n = len(_MAGIC)
+    size = int.from_bytes(blob[n : n + 8], "little")
+    digest = blob[n + 8 : _HEADER]
+    data = blob[_HEADER:]
+    if len(data) != size or hashlib.sha256(data).digest() != digest:
+        return None
+    return data
+
+
+class DiskCache:
+    """Content-addressed byte artifacts under ``root`` (default: :func:`default_cache_dir`)."""
+
+    def __init__(self, root: str | os.PathLike[str] | None = None) -> None:
+        self.root = Path(root) if root is not None else default_cache_dir()
+
+    def path(self, key: str) -> Path:
+        """Where the artifact for ``key`` lives (a two-level fan-out keeps folders small)."""
+        digest = hashlib.sha256(key.encode()).hexdigest()
+        return self.root / digest[:2] / digest
+
+    def get(self, key: str) -> bytes | None:
+        """The bytes stored under ``key``, or ``None`` on a miss or a damaged file."""
+        path = self.path(key)
+        try:
+            blob = path.read_bytes()
+        except OSError:  # missing, or unreadable: either way not a usable artifact
+            return None
+        data = _decode(blob)
+        if data is None:
+            # Damaged: remove it so the next put starts clean. A writer may have
+            # replaced it meanwhile; deleting that good file only costs a rebuild.
+            try:
+                path.unlink()
+            except OSError:
+                pass
+        return data
+
+    def put(self, key: str, data: bytes) -> Path:
+        """Store ``data`` under ``key`` atomically; returns the file's path."""
+        path = self.path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(_encode(bytes(data)))
+            os.replace(tmp, path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+        return path
+
+    def __contains__(self, key: str) -> bool:
+        return self.get(key) is not None
+
+
+__all__ = ["CompileCache", "DiskCache", "default_cache_dir"]

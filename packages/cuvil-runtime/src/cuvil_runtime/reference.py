@@ -1,0 +1,42 @@
+"""The built-in ``reference`` target: every op's eager torch reference, op by op.
+
+It is registered by this distribution's ``cuvil.backends`` entry point, exactly as
+a third-party backend would be, and has the lowest priority, so it is chosen
+only when nothing faster is available. Loading :data:`BACKEND` imports nothing
+heavy; the executor (and torch) are imported when a graph is compiled.
+"""
+
+from __future__ import annotations
+
+from cuvil_ir.graph_ir.nodes import Graph
+from cuvil_runtime.target import BackendSpec, Capabilities, CompileOptions, Executable
+
+CAPABILITIES = Capabilities(
+    # Reference kernels are plain torch calls, so they run wherever torch does.
+    devices=frozenset({"cpu", "cuda", "npu", "meta"}),
+    control_flow=False,
+    extern_calls=True,
+)
+
+
+class ReferenceTarget:
+    """Compiling is only preparing an :class:`~cuvil_runtime.executor.Interpreter`."""
+
+    name = "reference"
+    capabilities = CAPABILITIES
+
+    def compile(self, graph: Graph, options: CompileOptions) -> Executable:
+        from cuvil_runtime.executor import Interpreter
+
+        return Interpreter(graph)
+
+
+BACKEND = BackendSpec(
+    name="reference",
+    description="runs each op's eager torch reference in order (the correctness oracle)",
+    factory=ReferenceTarget,
+    priority=0,
+    capabilities=CAPABILITIES,
+)
+
+__all__ = ["BACKEND", "CAPABILITIES", "ReferenceTarget"]
