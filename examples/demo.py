@@ -61,8 +61,10 @@ def main() -> None:
     print("  matches eager;", compiled.stats)
     print("  inputs:", ", ".join(f"%{v.name}: {v.type}" for v in compiled.graphs[0].inputs))
     eager_ms, cuvil_ms = median_ms(model, x), median_ms(compiled, x)
-    print(f"  median latency: eager {eager_ms:.3f} ms, cuvil {cuvil_ms:.3f} ms "
-          f"(target {compiled.artifacts[0].target}; the optimizing CPU target is the next milestone)")
+    print(
+        f"  median latency: eager {eager_ms:.3f} ms, cuvil {cuvil_ms:.3f} ms "
+        f"(target {compiled.artifacts[0].target}; the optimizing CPU target is the next milestone)"
+    )
 
     section("why did it recompile?")
 

@@ -1,10 +1,10 @@
 """Cuvil: a Python-native compiler for PyTorch inference.
 
-    import cuvil as cu
+import cuvil as cu
 
-    @cu.compile
-    def f(x, y):
-        return torch.softmax(x @ y + 1.0, dim=-1).sum(0)
+@cu.compile
+def f(x, y):
+    return torch.softmax(x @ y + 1.0, dim=-1).sum(0)
 """
 
 from __future__ import annotations

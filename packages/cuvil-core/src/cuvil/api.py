@@ -20,7 +20,9 @@ from cuvil_runtime.target import CompileOptions, Executable
 FALLBACKS = ("eager", "error")
 
 
-_CHAINABLE = frozenset({"eval", "train", "to", "cpu", "cuda", "float", "half", "double", "bfloat16", "requires_grad_"})
+_CHAINABLE = frozenset(
+    {"eval", "train", "to", "cpu", "cuda", "float", "half", "double", "bfloat16", "requires_grad_"}
+)
 
 
 class CuvilFallbackWarning(UserWarning):
@@ -79,7 +81,7 @@ class CompiledFunction:
         self.stats = Stats()
         self.artifacts: list[_Artifact] = []
         self._warned: set[str] = set()
-        sig_fn = type(fn).forward if self.module is not None else fn
+        sig_fn = type(self.module).forward if self.module is not None else fn
         try:
             sig = inspect.signature(sig_fn)
         except (TypeError, ValueError):
@@ -94,7 +96,9 @@ class CompiledFunction:
         self.__wrapped__ = fn
 
     def __repr__(self) -> str:
-        return f"<cuvil compiled {self.__qualname__} target={self.target or 'auto'} opt_level={self.opt_level}>"
+        return (
+            f"<cuvil compiled {self.__qualname__} target={self.target or 'auto'} opt_level={self.opt_level}>"
+        )
 
     def __get__(self, obj: Any, objtype: Any = None) -> Any:
         return self if obj is None else functools.partial(self, obj)
@@ -135,7 +139,7 @@ class CompiledFunction:
         """Readable names of the argument leaves (``x``, ``xs_0``): graph input and symbol names."""
         if self._sig is not None:
             params = [p for p in self._sig.parameters.values() if p.kind is not p.VAR_KEYWORD]
-            names = []
+            names: list[str] = []
             for p in params:
                 if p.kind is p.VAR_POSITIONAL:
                     names += [f"{p.name}_{i}" for i in range(len(args) - len(names))]
@@ -150,7 +154,9 @@ class CompiledFunction:
         if self.module is None:
             return ()
         flags = tuple(m.training for m in self.module.modules())
-        state = tuple((owner[key].dtype, tuple(owner[key].shape)) for _, owner, key in module_state(self.module))
+        state = tuple(
+            (owner[key].dtype, tuple(owner[key].shape)) for _, owner, key in module_state(self.module)
+        )
         return (flags, state)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -159,8 +165,11 @@ class CompiledFunction:
         key = (spec, tuple(leaf_key(x, self.dynamic) for x in leaves))
         extra = self._extra_key()
         for art in self.artifacts:
-            if art.key == key and art.extra == extra and _lifted_ok(art) and (
-                art.captured is None or art.captured.check.holds(leaves)
+            if (
+                art.key == key
+                and art.extra == extra
+                and _lifted_ok(art)
+                and (art.captured is None or art.captured.check.holds(leaves))
             ):
                 if art.captured is None:
                     return self._eager(art.reason or "", args, kwargs)
@@ -188,7 +197,9 @@ class CompiledFunction:
                         f"(it was one when this function was compiled), got {new[1].__name__}"
                     )
 
-    def _why_miss(self, key: tuple[Any, ...], extra: tuple[Any, ...], leaves: list[Any], names: list[str]) -> str:
+    def _why_miss(
+        self, key: tuple[Any, ...], extra: tuple[Any, ...], leaves: list[Any], names: list[str]
+    ) -> str:
         last = self.artifacts[-1]
         if last.key != key or last.extra != extra:
             return explain_structure(names, last.key[1], key[1], last.extra, extra)

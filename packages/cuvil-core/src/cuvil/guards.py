@@ -58,7 +58,9 @@ class SymbolSlot:
 class AssumptionCheck:
     """The graph's assumptions as one fast predicate over the inputs' sizes."""
 
-    def __init__(self, assumptions: Sequence[sympy.Basic], slots: Sequence[SymbolSlot], reasons: dict[Any, str]):
+    def __init__(
+        self, assumptions: Sequence[sympy.Basic], slots: Sequence[SymbolSlot], reasons: dict[Any, str]
+    ):
         self.assumptions = tuple(assumptions)
         self.slots = tuple(slots)
         self.reasons = reasons

@@ -26,7 +26,23 @@ Dim = Union[int, sympy.Expr]
 Shape = tuple[Dim, ...]
 
 _RESERVED = frozenset(
-    {"true", "false", "none", "f16", "bf16", "f32", "f64", "i8", "i16", "i32", "i64", "u8", "bool", "c64", "c128"}
+    {
+        "true",
+        "false",
+        "none",
+        "f16",
+        "bf16",
+        "f32",
+        "f64",
+        "i8",
+        "i16",
+        "i32",
+        "i64",
+        "u8",
+        "bool",
+        "c64",
+        "c128",
+    }
 )
 
 

@@ -10,6 +10,7 @@ call time instead of baking them in.
 
 from __future__ import annotations
 
+import functools
 import types
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -81,20 +82,20 @@ def _lift_sources(fn: Any, module: torch.nn.Module | None) -> dict[int, tuple[st
         g = raw.__globals__
         for name in code.co_names:
             if isinstance(g.get(name), torch.Tensor):
-                out.setdefault(id(g[name]), (f"global.{name}", lambda g=g, n=name: g[n]))
+                out.setdefault(id(g[name]), (f"global.{name}", functools.partial(g.__getitem__, name)))
         for name, cell in zip(code.co_freevars, raw.__closure__ or ()):
             try:
                 v = cell.cell_contents
             except ValueError:
                 continue
             if isinstance(v, torch.Tensor):
-                out.setdefault(id(v), (f"closure.{name}", lambda c=cell: c.cell_contents))
+                out.setdefault(id(v), (f"closure.{name}", functools.partial(getattr, cell, "cell_contents")))
     if module is not None:
         for path, m in module.named_modules():
             for attr, v in vars(m).items():
                 if isinstance(v, torch.Tensor) and not attr.startswith("_"):
                     full = f"self.{path + '.' if path else ''}{attr}"
-                    out.setdefault(id(v), (full, lambda m=m, a=attr: getattr(m, a)))
+                    out.setdefault(id(v), (full, functools.partial(getattr, m, attr)))
     return out
 
 

@@ -48,7 +48,12 @@ SITES: list[Site] = []
 
 def _library_roots() -> tuple[str, ...]:
     paths = sysconfig.get_paths()
-    roots = {paths.get("stdlib", ""), paths.get("platstdlib", ""), paths.get("purelib", ""), paths.get("platlib", "")}
+    roots = {
+        paths.get("stdlib", ""),
+        paths.get("platstdlib", ""),
+        paths.get("purelib", ""),
+        paths.get("platlib", ""),
+    }
     import torch
 
     roots.add(os.path.dirname(torch.__file__))
@@ -119,7 +124,9 @@ class _Rewriter(ast.NodeTransformer):
         self.generic_visit(node)
         kind = "and" if isinstance(node.op, ast.And) else "or"
         # every operand but the last is asked for its truth by Python
-        node.values = [self._hook("boolop", v, self._site(kind, v)) for v in node.values[:-1]] + [node.values[-1]]
+        node.values = [self._hook("boolop", v, self._site(kind, v)) for v in node.values[:-1]] + [
+            node.values[-1]
+        ]
         return node
 
     def visit_UnaryOp(self, node: ast.UnaryOp) -> ast.AST:
@@ -156,6 +163,11 @@ class _Rewriter(ast.NodeTransformer):
         return ast.copy_location(new, node)
 
 
+def _place(node: ast.AST, line: int, end_line: int) -> None:
+    for attr, value in (("lineno", line), ("end_lineno", end_line), ("col_offset", 0), ("end_col_offset", 0)):
+        setattr(node, attr, value)
+
+
 class ConversionError(Exception):
     pass
 
@@ -163,7 +175,7 @@ class ConversionError(Exception):
 _CACHE: dict[types.CodeType, types.FunctionType] = {}
 
 
-def convert(fn: types.FunctionType, hooks: Any) -> types.FunctionType:
+def convert(fn: Any, hooks: Any) -> types.FunctionType:
     """The converted twin of ``fn`` (same globals, closure cells and defaults)."""
     code = fn.__code__
     cached = _CACHE.get(code)
@@ -181,7 +193,7 @@ def convert(fn: types.FunctionType, hooks: Any) -> types.FunctionType:
     return out
 
 
-def _convert_code(fn: types.FunctionType) -> types.FunctionType:
+def _convert_code(fn: Any) -> types.FunctionType:
     try:
         lines, first = inspect.getsourcelines(fn)
     except (OSError, TypeError) as e:
@@ -199,10 +211,10 @@ def _convert_code(fn: types.FunctionType) -> types.FunctionType:
     if isinstance(fdef, ast.AsyncFunctionDef):
         raise ConversionError(f"{fn.__qualname__} is an async function")
     fdef.decorator_list = []
-    for node in ast.walk(tree):
-        if hasattr(node, "col_offset"):
+    for node in ast.walk(tree):  # undo the dedent in column numbers
+        if isinstance(node, (ast.expr, ast.stmt, ast.arg, ast.keyword)):
             node.col_offset += indent
-            if getattr(node, "end_col_offset", None) is not None:
+            if node.end_col_offset is not None:
                 node.end_col_offset += indent
     ast.increment_lineno(tree, first - 1)
     filename = fn.__code__.co_filename
@@ -223,17 +235,14 @@ def _convert_code(fn: types.FunctionType) -> types.FunctionType:
         ],
         decorator_list=[],
         returns=None,
-        **({"type_params": []} if sys.version_info >= (3, 12) else {}),
     )
-    end = getattr(fdef, "end_lineno", None) or first
-    for node in ast.walk(factory):
-        if node is fdef:
-            continue
-        if isinstance(node, (ast.expr, ast.stmt)) and not hasattr(node, "lineno") or node is factory:
-            node.lineno, node.end_lineno, node.col_offset, node.end_col_offset = first, end, 0, 0
+    if sys.version_info >= (3, 12):
+        factory.type_params = []
+    # synthetic nodes sit on the def's first line; the rewritten def keeps its own
+    _place(factory, first, getattr(fdef, "end_lineno", None) or first)
     for node in [*factory.body[:-2], factory.body[-1]]:
         for sub in ast.walk(node):
-            sub.lineno, sub.end_lineno, sub.col_offset, sub.end_col_offset = first, first, 0, 0
+            _place(sub, first, first)
     module = ast.Module([factory], type_ignores=[])
     ast.fix_missing_locations(module)
     code = compile(module, filename, "exec", dont_inherit=True)

@@ -46,7 +46,9 @@ def truth(value: Any, site: int) -> bool:
             tracer.sync()
             result = bool(value)
             where = SITES[site]
-            tracer.sync(f"{where.loc}: `{where.kind}` on a size (specialized; branches on sizes stay symbolic in a later version)")
+            tracer.sync(
+                f"{where.loc}: `{where.kind}` on a size (specialized; branches on sizes stay symbolic in a later version)"
+            )
             return result
     return bool(value)
 

@@ -54,7 +54,7 @@ class TensorProxy(torch.Tensor):
         return tracer.handle(func, args, kwargs or {})
 
     @classmethod
-    def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+    def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:  # type: ignore[override]
         raise RuntimeError(
             f"internal error: {func} reached the dispatcher with a Cuvil proxy; "
             "every tensor operation should be intercepted at the torch-function level"

@@ -10,6 +10,7 @@ without a declaration use torch's fake kernels (extern nodes).
 
 from __future__ import annotations
 
+import functools
 import sys
 import types
 from collections.abc import Callable, Sequence
@@ -33,12 +34,43 @@ from cuvil_ir.symbolic import ShapeContext, symbol
 # Calls without tensor arguments that must run on every call, not once at trace time.
 _SYM = (torch.SymInt, torch.SymBool, torch.SymFloat)
 _NONDETERMINISTIC = frozenset(
-    {"rand", "randn", "randint", "randperm", "rand_like", "randn_like", "randint_like", "normal",
-     "bernoulli", "multinomial", "poisson", "empty", "empty_like", "empty_strided"}
+    {
+        "rand",
+        "randn",
+        "randint",
+        "randperm",
+        "rand_like",
+        "randn_like",
+        "randint_like",
+        "normal",
+        "bernoulli",
+        "multinomial",
+        "poisson",
+        "empty",
+        "empty_like",
+        "empty_strided",
+    }
 )
 _DATA_DEPENDENT = frozenset(
-    {"__bool__", "__int__", "__float__", "__index__", "__complex__", "item", "tolist", "numpy", "__array__",
-     "__iter__", "__reversed__", "nonzero", "__format__", "__str__", "__contains__", "data_ptr", "storage"}
+    {
+        "__bool__",
+        "__int__",
+        "__float__",
+        "__index__",
+        "__complex__",
+        "item",
+        "tolist",
+        "numpy",
+        "__array__",
+        "__iter__",
+        "__reversed__",
+        "nonzero",
+        "__format__",
+        "__str__",
+        "__contains__",
+        "data_ptr",
+        "storage",
+    }
 )
 
 
@@ -67,7 +99,9 @@ class Tracer:
     #: the tracer of the capture in progress (hooks in converted code consult it)
     active: Tracer | None = None
 
-    def __init__(self, name: str, lift_sources: dict[int, tuple[str, Callable[[], Any]]] | None = None) -> None:
+    def __init__(
+        self, name: str, lift_sources: dict[int, tuple[str, Callable[[], Any]]] | None = None
+    ) -> None:
         self.name = name
         self.ctx = ShapeContext(hints={})
         self.mirror = SymMirror(self.ctx)
@@ -111,7 +145,8 @@ class Tracer:
         proxy = self._lifted_ids.get(id(t))
         if proxy is not None:
             return proxy
-        name, getter = self._lift_sources.get(id(t), (f"const{len(self.lifted)}", lambda t=t: t))
+        constant: Callable[[], Any] = functools.partial(_identity, t)
+        name, getter = self._lift_sources.get(id(t), (f"const{len(self.lifted)}", constant))
         proxy = self.add_input(name, t, symbolic=False)
         self.lifted.append(Lifted(proxy._cuvil_value, name, getter))
         self._lifted_ids[id(t)] = proxy
@@ -130,7 +165,9 @@ class Tracer:
     def value_of(self, h: Any) -> Value:
         if isinstance(h, TensorProxy):
             if h._cuvil_tracer is not self:
-                raise CompileError("a tensor from another compiled function leaked into this one", self.source_loc())
+                raise CompileError(
+                    "a tensor from another compiled function leaked into this one", self.source_loc()
+                )
             return h._cuvil_value
         if isinstance(h, torch.Tensor):
             return self.lift(h)._cuvil_value
@@ -219,7 +256,9 @@ class Tracer:
         """Facts torch decided while user code computed with sizes become assumptions."""
         if self.mirror._synced < len(self.mirror.env.guards):
             loc = self.source_loc()
-            self.mirror.sync(reason or (f"{loc}: Python code used a size" if loc else "Python code used a size"))
+            self.mirror.sync(
+                reason or (f"{loc}: Python code used a size" if loc else "Python code used a size")
+            )
 
     # -- locations ------------------------------------------------------------
     def source_loc(self) -> SourceLoc | None:
@@ -311,10 +350,19 @@ class Tracer:
         except ValueError as e:
             raise CompileError(str(e), self.source_loc()) from None
         if "out" in kwargs and kwargs["out"] is not None:
-            raise CompileError(f"{target}(out=...) is not supported", self.source_loc(), "assign the result instead")
+            raise CompileError(
+                f"{target}(out=...) is not supported", self.source_loc(), "assign the result instead"
+            )
         name = target.rsplit(".", 1)[-1]
-        mutates = 0 if (name == "__setitem__" or (name.endswith("_") and not name.startswith("_"))
-                        or (name.startswith("__i") and name.endswith("__"))) else None
+        mutates = (
+            0
+            if (
+                name == "__setitem__"
+                or (name.endswith("_") and not name.startswith("_"))
+                or (name.startswith("__i") and name.endswith("__"))
+            )
+            else None
+        )
         inputs: list[Value] = []
         args_attr = _refs(args, inputs, self)
         kwargs_attr = _refs(kwargs, inputs, self)
@@ -336,7 +384,13 @@ class Tracer:
     # -- result ---------------------------------------------------------------
     def graph(self, outputs: Sequence[Value]) -> Graph:
         self.sync()
-        return Graph(self.name, tuple(self.inputs), tuple(self.nodes), tuple(outputs), tuple(self.ctx.assumptions))
+        return Graph(
+            self.name, tuple(self.inputs), tuple(self.nodes), tuple(outputs), tuple(self.ctx.assumptions)
+        )
+
+
+def _identity(x: Any) -> Any:
+    return x
 
 
 def _sanitize(name: str) -> str:
@@ -374,7 +428,9 @@ def _normalize(tree: Any, tracer: Tracer) -> Any:
     if isinstance(tree, dict):
         return {k: _normalize(v, tracer) for k, v in tree.items()}
     if isinstance(tree, slice):
-        return slice(_normalize(tree.start, tracer), _normalize(tree.stop, tracer), _normalize(tree.step, tracer))
+        return slice(
+            _normalize(tree.start, tracer), _normalize(tree.stop, tracer), _normalize(tree.step, tracer)
+        )
     if isinstance(tree, _SYM):
         return tracer.sym(tree)
     if isinstance(tree, TensorProxy):
@@ -418,7 +474,9 @@ def _refs(tree: Any, inputs: list[Value], tracer: Tracer) -> AttrValue:
     try:
         return _attr(tree)
     except TypeError as e:
-        raise CompileError(f"cannot record an argument of an extern torch call: {e}", tracer.source_loc()) from None
+        raise CompileError(
+            f"cannot record an argument of an extern torch call: {e}", tracer.source_loc()
+        ) from None
 
 
 __all__ = ["Lifted", "Tracer"]

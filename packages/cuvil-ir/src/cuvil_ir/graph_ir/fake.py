@@ -130,8 +130,11 @@ class SymMirror:
         from torch.fx.experimental.symbolic_shapes import DimDynamic
 
         theirs = self.env.create_symbol(
-            self.ctx.hint(s), _SOURCE(label=s.name), dynamic_dim=DimDynamic.DYNAMIC,  # type: ignore[misc]
-            positive=None, do_not_specialize_zero_one=True,
+            self.ctx.hint(s),
+            _SOURCE(label=s.name),
+            dynamic_dim=DimDynamic.DYNAMIC,  # type: ignore[misc]
+            positive=None,
+            do_not_specialize_zero_one=True,
         )
         self.ours_to_theirs[s] = theirs
         if isinstance(theirs, sympy.Symbol):
@@ -219,7 +222,9 @@ def fake_call(
             if mutates is not None:  # an in-place call: its result is the updated input
                 out = refs[mutates]
         except Exception as e:
-            raise FakeInferenceError(f"{what}: torch could not compute the output type: {type(e).__name__}: {e}") from e
+            raise FakeInferenceError(
+                f"{what}: torch could not compute the output type: {type(e).__name__}: {e}"
+            ) from e
 
     types: list[Type] = []
     for leaf in pytree.tree_leaves(out):

@@ -105,9 +105,7 @@ class Registry:
     def add(self, op: type[Op]) -> None:
         origin = op.__module__
         if op.name in self._ops:
-            raise ValueError(
-                f"op {op.name!r} is declared twice: in {self._origin[op.name]} and in {origin}"
-            )
+            raise ValueError(f"op {op.name!r} is declared twice: in {self._origin[op.name]} and in {origin}")
         self._ops[op.name] = op
         self._origin[op.name] = origin
         self._by_torch = None
@@ -172,6 +170,8 @@ def _load_builtin_ops() -> None:
         import cuvil_ir.graph_ir.ops  # noqa: F401  (declarations register on import)
 
 
-def infer_types(op: type[Op], ctx: ShapeContext, inputs: Sequence[Type], attrs: dict[str, Any]) -> tuple[Type, ...]:
+def infer_types(
+    op: type[Op], ctx: ShapeContext, inputs: Sequence[Type], attrs: dict[str, Any]
+) -> tuple[Type, ...]:
     out = op.infer(ctx, *inputs, **attrs)
     return out if isinstance(out, tuple) else (out,)

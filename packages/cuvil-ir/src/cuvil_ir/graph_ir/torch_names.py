@@ -41,7 +41,7 @@ def qualname(fn: Any) -> str:
     raise ValueError(f"cannot name the torch callable {fn!r} so that it can be called at run time")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def resolve(name: str) -> Any:
     """The callable named by :func:`qualname`."""
     if not name.startswith("torch"):

@@ -67,7 +67,11 @@ def _visible(v: Value, scopes: list[set[Value]]) -> bool:
 
 
 def _verify_nodes(
-    nodes: tuple[Node, ...], scopes: list[set[Value]], names: set[str], ctx: ShapeContext, bound: set[sympy.Symbol]
+    nodes: tuple[Node, ...],
+    scopes: list[set[Value]],
+    names: set[str],
+    ctx: ShapeContext,
+    bound: set[sympy.Symbol],
 ) -> None:
     for n in nodes:
         where = f"{n.op} ({n.loc})" if n.loc else n.op
@@ -92,7 +96,9 @@ def _verify_nodes(
             if isinstance(v.type, TensorType):
                 unbound = free_symbols(v.type.shape) - bound
                 if unbound:
-                    raise VerifyError(f"{where}: result type uses unbound symbols {sorted(map(str, unbound))}")
+                    raise VerifyError(
+                        f"{where}: result type uses unbound symbols {sorted(map(str, unbound))}"
+                    )
         if "opaque" not in op.traits and not n.regions:
             try:
                 expected = infer_types(op, ctx, [v.type for v in n.inputs], n.attr_dict)
