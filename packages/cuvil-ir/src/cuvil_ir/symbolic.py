@@ -136,15 +136,21 @@ def _identifiers(text: str) -> list[str]:
 
 
 def evaluate(expr: Dim | sympy.Basic, bindings: Mapping[sympy.Symbol, int]) -> int:
-    """Value of a size expression once every symbol is bound to an int."""
+    """Value of a size expression once every symbol is bound to an int.
+
+    A float-valued expression (``x_2**(-0.5)``, a scale computed from a size)
+    evaluates to a Python float.
+    """
     if isinstance(expr, int):
         return expr
     value = sympy.sympify(expr.xreplace(dict(bindings)))
     if not value.is_Integer:
         value = sympy.simplify(value)
-        if not value.is_Integer:
-            raise ValueError(f"size expression {dim_str(expr)} did not evaluate to an int ({value})")
-    return int(value)
+    if value.is_Integer:
+        return int(value)
+    if value.is_Number:
+        return float(value)  # type: ignore[return-value]
+    raise ValueError(f"size expression {dim_str(expr)} did not evaluate to a number ({value})")
 
 
 def evaluate_bool(cond: sympy.Basic, bindings: Mapping[sympy.Symbol, int]) -> bool:
@@ -166,7 +172,7 @@ def prove(cond: sympy.Basic) -> bool | None:
     if cond in (sympy.true, sympy.false):
         return bool(cond)
     if isinstance(cond, sympy.Rel):
-        diff = sympy.simplify(cond.lhs - cond.rhs)
+        diff = sympy.expand(cond.lhs - cond.rhs)
         if isinstance(cond, sympy.Eq):
             if diff == 0:
                 return True
@@ -189,6 +195,12 @@ def prove(cond: sympy.Basic) -> bool | None:
     return None
 
 
+def canonical(fact: sympy.Basic) -> sympy.Basic:
+    """The form a fact takes after printing and re-reading (the IR text's form), so
+    facts recorded while tracing and facts read back from text compare equal."""
+    return parse_expr(sympy.sstr(sympy.sympify(fact), order="lex"))
+
+
 class ShapeContext:
     """Answers the facts shape rules ask for; see [Note: assumptions and decisions].
 
@@ -208,7 +220,7 @@ class ShapeContext:
         self.reasons: dict[sympy.Basic, str] = {}
 
     def decide(self, cond: sympy.Basic, reason: str = "") -> bool:
-        cond = sympy.sympify(cond)
+        cond = canonical(cond)
         proved = prove(cond)
         if proved is not None:
             return proved
@@ -220,11 +232,20 @@ class ShapeContext:
         if self.hints is None:
             raise UndecidableError(f"cannot decide {sympy.sstr(cond)} without an assumption")
         value = evaluate_bool(cond, self.hints)
-        fact = cond if value else neg
+        self.assume(cond if value else neg, reason)
+        return value
+
+    def assume(self, fact: sympy.Basic, reason: str = "") -> None:
+        """Record ``fact`` in the canonical form the printer/parser round-trip keeps
+        (re-reading can simplify it, even to True, which is then not recorded)."""
+        fact = canonical(fact)
+        if fact == sympy.true or fact in self.assumptions:
+            return
+        if fact == sympy.false:
+            raise UndecidableError("contradictory size assumptions")
         self.assumptions.append(fact)
         if reason:
-            self.reasons[fact] = reason
-        return value
+            self.reasons.setdefault(fact, reason)
 
     def equal(self, a: Dim, b: Dim, reason: str = "") -> bool:
         if isinstance(a, int) and isinstance(b, int):

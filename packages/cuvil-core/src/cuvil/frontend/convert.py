@@ -75,8 +75,16 @@ def is_user_file(filename: str) -> bool:
     return not any(filename.startswith(root + os.sep) for root in _library_roots())
 
 
+def is_user_frame(frame: types.FrameType) -> bool:
+    return frame.f_globals.get("__cuvil_convert__") is True or is_user_file(frame.f_code.co_filename)
+
+
 def is_user_function(fn: Any) -> bool:
-    return isinstance(fn, types.FunctionType) and is_user_file(fn.__code__.co_filename)
+    """User code is converted; a module can opt in wherever it is installed by setting
+    ``__cuvil_convert__ = True`` (the program corpus in ``cuvil_runtime.testing`` does)."""
+    if not isinstance(fn, types.FunctionType):
+        return False
+    return fn.__globals__.get("__cuvil_convert__") is True or is_user_file(fn.__code__.co_filename)
 
 
 class _Rewriter(ast.NodeTransformer):
@@ -252,4 +260,4 @@ def _convert_code(fn: Any) -> types.FunctionType:
     return inner  # type: ignore[no-any-return]
 
 
-__all__ = ["SITES", "ConversionError", "Site", "convert", "is_user_file", "is_user_function", "sys"]
+__all__ = ["SITES", "ConversionError", "Site", "convert", "is_user_file", "is_user_frame", "is_user_function"]

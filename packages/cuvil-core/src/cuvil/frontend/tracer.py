@@ -20,9 +20,10 @@ from typing import Any
 import sympy
 import torch
 from torch.overrides import TorchFunctionMode
+from torch.utils import _pytree as pytree
 
 from cuvil.errors import CompileError, SourceLoc
-from cuvil.frontend.convert import is_user_file
+from cuvil.frontend.convert import is_user_frame
 from cuvil.frontend.proxy import TensorProxy
 from cuvil_ir.graph_ir.fake import FakeInferenceError, SymMirror, fake_call
 from cuvil_ir.graph_ir.nodes import KV, AttrValue, Graph, Loc, Node, Ref, Value
@@ -145,13 +146,25 @@ class Tracer:
         proxy = self._lifted_ids.get(id(t))
         if proxy is not None:
             return proxy
-        constant: Callable[[], Any] = functools.partial(_identity, t)
-        name, getter = self._lift_sources.get(id(t), (f"const{len(self.lifted)}", constant))
+        source = self._lift_sources.get(id(t)) or self._global_source(t)
+        name, getter = source or (f"const{len(self.lifted)}", functools.partial(_identity, t))
         proxy = self.add_input(name, t, symbolic=False)
         self.lifted.append(Lifted(proxy._cuvil_value, name, getter))
         self._lifted_ids[id(t)] = proxy
         self._keepalive.append(t)
         return proxy
+
+    def _global_source(self, t: torch.Tensor) -> tuple[str, Callable[[], Any]] | None:
+        """A module-level variable of user code (any frame of the trace) holding ``t``."""
+        f = sys._getframe(1)
+        while f is not None:
+            if is_user_frame(f):
+                g = f.f_globals
+                for name in f.f_code.co_names:
+                    if g.get(name) is t:
+                        return f"global.{name}", functools.partial(g.__getitem__, name)
+            f = f.f_back  # type: ignore[assignment]
+        return None
 
     def const(self, value: Any) -> Value:
         key = (type(value), value)
@@ -197,7 +210,7 @@ class Tracer:
         self.nodes.append(Node(op, vals, outs, tuple(norm.items()), loc=self.loc()))
         handles = [self.wrap(v) for v in outs]
         if "view" in opdef.traits and inputs and isinstance(inputs[0], TensorProxy):
-            base = inputs[0]._cuvil_base or inputs[0]
+            base = inputs[0] if inputs[0]._cuvil_base is None else inputs[0]._cuvil_base
             base._cuvil_has_views = True
             for h in handles:
                 h._cuvil_base = base
@@ -269,7 +282,7 @@ class Tracer:
             code = f.f_code
             if code is capture.__code__:
                 return None  # frames above the trace entry are not part of the program
-            if is_user_file(code.co_filename):
+            if is_user_frame(f):
                 pos = self._positions.get(code)
                 if pos is None:
                     pos = self._positions[code] = list(code.co_positions())
@@ -319,8 +332,10 @@ class Tracer:
             result = self._apply(entry[1], nargs, nkwargs)
             if result is not NotImplemented:
                 return self.rebind(nargs[0], result) if inplace else result
-        if not has_proxy and not has_sym and name not in _NONDETERMINISTIC:
-            return func(*args, **kwargs)  # a constant: evaluated once, lifted if used later
+        if not has_proxy and (name.startswith("sym_") or (not has_sym and name not in _NONDETERMINISTIC)):
+            # size arithmetic (torch.sym_float ...) runs on the SymInts themselves; other
+            # calls without traced values are constants, evaluated once and lifted if used
+            return func(*args, **kwargs)
         return self.extern(func, nargs, nkwargs)
 
     def _inplace_twin(self, func: Any) -> Any:
@@ -368,7 +383,7 @@ class Tracer:
         kwargs_attr = _refs(kwargs, inputs, self)
         in_types = [v.type for v in inputs]
         try:
-            out_types, single = fake_call(
+            out_types, out_spec = fake_call(
                 self.ctx, func, in_types, args_attr, kwargs_attr, target, mutates, self.mirror
             )
         except FakeInferenceError as e:
@@ -379,7 +394,7 @@ class Tracer:
         handles = [self.wrap(v) for v in outs]
         if mutates is not None:
             return self.rebind(args[0], handles[0])
-        return handles[0] if single else tuple(handles)
+        return pytree.tree_unflatten(handles, out_spec)
 
     # -- result ---------------------------------------------------------------
     def graph(self, outputs: Sequence[Value]) -> Graph:

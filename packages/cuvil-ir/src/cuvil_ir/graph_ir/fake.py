@@ -91,12 +91,24 @@ def _plain_sympy(expr: Any) -> Any:
         (tf.CeilToInt, sympy.ceiling),
         (tf.TruncToInt, lambda a: sympy.sign(a) * sympy.floor(sympy.Abs(a))),
         (tf.ToFloat, lambda a: a),
+        (tf.FloatPow, lambda a, b: a**b),
+        (tf.FloatTrueDiv, lambda a, b: a / b),
+        (tf.OpaqueUnaryFn_sqrt, sympy.sqrt),
         (tf.Identity, lambda a: a),
     ]
     for cls, fn in table:
         if expr.has(cls):
             expr = expr.replace(cls, fn)
-    allowed = (sympy.floor, sympy.ceiling, sympy.Mod, sympy.Max, sympy.Min, sympy.Abs, sympy.sign)
+    allowed = (
+        sympy.floor,
+        sympy.ceiling,
+        sympy.Mod,
+        sympy.Max,
+        sympy.Min,
+        sympy.Abs,
+        sympy.sign,
+        sympy.Piecewise,
+    )
     for f in expr.atoms(sympy.Function):
         if not isinstance(f, allowed):
             raise FakeInferenceError(f"cannot represent the size expression {expr} (uses {type(f).__name__})")
@@ -170,12 +182,9 @@ class SymMirror:
         guards = self.env.guards
         for guard in guards[self._synced :]:
             fact = _plain_sympy(guard.expr).xreplace(self.theirs_to_ours)
-            if fact.free_symbols - set(self.ours_to_theirs) or fact == sympy.true:
+            if fact.free_symbols - set(self.ours_to_theirs):
                 continue
-            if fact not in self.ctx.assumptions:
-                self.ctx.assumptions.append(fact)
-                if reason:
-                    self.ctx.reasons.setdefault(fact, reason)
+            self.ctx.assume(fact, reason)
         self._synced = len(guards)
 
     def fake_tensor(self, t: TensorType) -> Any:
@@ -199,9 +208,9 @@ def fake_call(
     what: str,
     mutates: int | None = None,
     mirror: SymMirror | None = None,
-) -> tuple[list[Type], bool]:
+) -> tuple[list[Type], Any]:
     """Types of the flattened outputs of ``fn(*args, **kwargs)`` on inputs of ``inputs`` types,
-    and whether the call returned a single tensor (rather than a sequence)."""
+    and the output's pytree spec (a tensor, a tuple, a ``torch.return_types`` record ...)."""
     import torch
     from torch.utils import _pytree as pytree
 
@@ -227,7 +236,8 @@ def fake_call(
             ) from e
 
     types: list[Type] = []
-    for leaf in pytree.tree_leaves(out):
+    leaves, spec = pytree.tree_flatten(out)
+    for leaf in leaves:
         if isinstance(leaf, torch.Tensor):
             shape = tuple(m.ours(d, what) for d in leaf.shape)
             types.append(TensorType(DType.from_torch(leaf.dtype), shape, str(leaf.device)))
@@ -237,7 +247,7 @@ def fake_call(
                 "data-dependent values are not supported yet"
             )
     m.sync(f"assumed by torch's implementation of {what}")
-    return types, isinstance(out, torch.Tensor)
+    return types, spec
 
 
 __all__ = ["FakeInferenceError", "SymMirror", "fake_call", "materialize"]

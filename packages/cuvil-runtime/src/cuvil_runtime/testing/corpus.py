@@ -28,13 +28,17 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+# These programs stand for user code: Cuvil converts them from source (control flow
+# hooks, source locations) even though they live inside an installed package.
+__cuvil_convert__ = True
 
 # --------------------------------------------------------------------------------------
 # The data structure
@@ -60,7 +64,6 @@ class Program:
     make_kwargs: Callable[[int], dict[str, Any]] | None = None
     atol: float | None = None
     rtol: float | None = None
-    tags: tuple[str, ...] = field(default=())
 
     def __post_init__(self) -> None:
         if (self.atol is None) != (self.rtol is None):
@@ -110,20 +113,52 @@ def _register(p: Program) -> None:
     PROGRAMS.append(p)
 
 
+Sizes = Sequence["int | tuple[int, ...]"]
+
+
+@dataclass(frozen=True)
+class _Inputs:
+    """``make_inputs`` of a registered program: ``build(generator, *sizes[i])`` for variant ``i``.
+
+    Each variant draws from its own seeded generator, so its tensors never depend
+    on which other variants (or programs) were built before.
+    """
+
+    build: Callable[..., tuple[Any, ...]]
+    sizes: tuple[tuple[int, ...], ...]
+
+    def __call__(self, variant: int) -> tuple[Any, ...]:
+        return self.build(_gen(variant), *self.sizes[variant])
+
+
+def _variants(
+    inputs: Callable[..., tuple[Any, ...]], sizes: Sizes, kwargs: Sequence[dict[str, Any]] | None
+) -> tuple[_Inputs, int, Callable[[int], dict[str, Any]] | None]:
+    norm = tuple(s if isinstance(s, tuple) else (s,) for s in sizes)
+    if kwargs is not None and len(kwargs) != len(norm):
+        raise ValueError("one kwargs dict per shape variant")
+    make_kwargs = None if kwargs is None else (lambda i, kw=tuple(kwargs): dict(kw[i]))
+    return _Inputs(inputs, norm), len(norm), make_kwargs
+
+
 def program(
-    inputs: Callable[[int], tuple[Any, ...]],
+    inputs: Callable[..., tuple[Any, ...]],
     *,
+    sizes: Sizes,
     name: str | None = None,
-    variants: int = 2,
-    kwargs: Callable[[int], dict[str, Any]] | None = None,
+    kwargs: Sequence[dict[str, Any]] | None = None,
     atol: float | None = None,
     rtol: float | None = None,
-    tags: tuple[str, ...] = (),
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Register a function (used as a decorator; the function is returned unchanged)."""
+    """Register a function (a decorator; the function is returned unchanged).
+
+    ``inputs(generator, *sizes[i])`` builds the positional arguments of variant
+    ``i``; ``kwargs[i]``, when given, its keyword arguments.
+    """
 
     def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
-        _register(Program(name or fn.__name__, fn, inputs, False, variants, kwargs, atol, rtol, tags))
+        make, n, make_kwargs = _variants(inputs, sizes, kwargs)
+        _register(Program(name or fn.__name__, fn, make, False, n, make_kwargs, atol, rtol))
         return fn
 
     return deco
@@ -131,18 +166,18 @@ def program(
 
 def module(
     name: str,
-    inputs: Callable[[int], tuple[Any, ...]],
+    inputs: Callable[..., tuple[Any, ...]],
     *,
-    variants: int = 2,
-    kwargs: Callable[[int], dict[str, Any]] | None = None,
+    sizes: Sizes,
+    kwargs: Sequence[dict[str, Any]] | None = None,
     atol: float | None = None,
     rtol: float | None = None,
-    tags: tuple[str, ...] = (),
 ) -> Callable[[Callable[[], nn.Module]], Callable[[], nn.Module]]:
-    """Register a module factory (used as a decorator)."""
+    """Register a module factory (a decorator); ``inputs`` and ``sizes`` as for :func:`program`."""
 
     def deco(factory: Callable[[], nn.Module]) -> Callable[[], nn.Module]:
-        _register(Program(name, factory, inputs, True, variants, kwargs, atol, rtol, tags))
+        make, n, make_kwargs = _variants(inputs, sizes, kwargs)
+        _register(Program(name, factory, make, True, n, make_kwargs, atol, rtol))
         return factory
 
     return deco
@@ -153,12 +188,12 @@ def module(
 # --------------------------------------------------------------------------------------
 
 
-def _gen(variant: int, salt: int = 0) -> torch.Generator:
-    return torch.Generator().manual_seed(1000 * variant + 17 + salt)
+def _gen(variant: int) -> torch.Generator:
+    return torch.Generator().manual_seed(1000 * variant + 17)
 
 
-def _randn(g: torch.Generator, *shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    return torch.randn(*shape, generator=g).to(dtype)
+def _randn(g: torch.Generator, *shape: int) -> torch.Tensor:
+    return torch.randn(*shape, generator=g)
 
 
 def _rand(g: torch.Generator, *shape: int) -> torch.Tensor:
@@ -181,27 +216,23 @@ def _ready(m: nn.Module) -> nn.Module:
     return m.eval().requires_grad_(False)
 
 
-def _pick(i: int, *choices: Any) -> Any:
-    return choices[i]
-
-
 # --------------------------------------------------------------------------------------
 # Elementwise math, comparisons, broadcasting, type promotion
 # --------------------------------------------------------------------------------------
 
 
-@program(lambda i: (lambda g, b: (_randn(g, b, 8), _randn(g, 8)))(_gen(i), _pick(i, 2, 5)))
+@program(lambda g, b: (_randn(g, b, 8), _randn(g, 8)), sizes=[2, 5])
 def ew_arith(x, y):
     a = x * y + x / (y.abs() + 1.0) - 0.5 * x**2
     return a - y + 3 * x - 1 / (x.abs() + 2) + (-x)
 
 
-@program(lambda i: (lambda g, b, s: (_randn(g, b, 1, 6), _randn(g, 1, s, 6), _randn(g, s, 1)))(_gen(i), _pick(i, 2, 3), _pick(i, 4, 7)))
+@program(lambda g, b, s: (_randn(g, b, 1, 6), _randn(g, 1, s, 6), _randn(g, s, 1)), sizes=[(2, 4), (3, 7)])
 def ew_broadcast_3d(x, y, z):
     return torch.maximum(x - y, z) * torch.minimum(x, y) + (x * y) / (z.abs() + 1)
 
 
-@program(lambda i: (lambda g, n: (_randint(g, -5, 20, n, 4), _randn(g, n, 4)))(_gen(i), _pick(i, 3, 6)))
+@program(lambda g, n: (_randint(g, -5, 20, n, 4), _randn(g, n, 4)), sizes=[3, 6])
 def int_float_promotion(ids, x):
     a = ids + 0.5  # int tensor + float scalar -> default float
     b = ids * 2  # stays int64
@@ -213,7 +244,7 @@ def int_float_promotion(ids, x):
     return a, b, c, d, e, f, g
 
 
-@program(lambda i: (lambda g, b: (_randn(g, b, 5), _rand(g, b, 5)))(_gen(i), _pick(i, 3, 7)))
+@program(lambda g, b: (_randn(g, b, 5), _rand(g, b, 5)), sizes=[3, 7])
 def bool_mask_ops(x, y):
     mask = x > 0
     both = mask & (y < 0.5)
@@ -224,12 +255,12 @@ def bool_mask_ops(x, y):
     return both, either ^ both, kept + mask.float(), filled, torch.logical_or(mask, both), inv.sum(-1)
 
 
-@program(lambda i: (lambda g, b: (_randn(g, b, 6), _randn(g, b, 6)))(_gen(i), _pick(i, 2, 4)))
+@program(lambda g, b: (_randn(g, b, 6), _randn(g, b, 6)), sizes=[2, 4])
 def comparisons(x, y):
     return (x == y, x != y, x >= y, x <= 0.25, x < y, torch.eq(x, x), torch.gt(x, 0), torch.maximum(x, y))
 
 
-@program(lambda i: (lambda g, b: (_randn(g, b, 7), _randn(g, b, 7)))(_gen(i), _pick(i, 3, 5)))
+@program(lambda g, b: (_randn(g, b, 7), _randn(g, b, 7)), sizes=[3, 5])
 def where_select(x, y):
     a = torch.where(x > 0, x, y * 2)
     b = torch.where(y > x, 0.0, x)  # scalar branch
@@ -237,7 +268,7 @@ def where_select(x, y):
     return a + b * c
 
 
-@program(lambda i: (lambda g, b: (_randn(g, b, 6) * 2, _randn(g, 6)))(_gen(i), _pick(i, 2, 6)))
+@program(lambda g, b: (_randn(g, b, 6) * 2, _randn(g, 6)), sizes=[2, 6])
 def clamp_ops(x, lo):
     a = x.clamp(-0.5, 0.5)
     b = torch.clamp(x, min=0.0)
@@ -247,7 +278,7 @@ def clamp_ops(x, lo):
     return a + b + c + d + e
 
 
-@program(lambda i: (lambda g, b: (_randn(g, b, 8), _randint(g, 0, 9, b, 8)))(_gen(i), _pick(i, 2, 5)))
+@program(lambda g, b: (_randn(g, b, 8), _randint(g, 0, 9, b, 8)), sizes=[2, 5])
 def casts(x, ids):
     h = x.to(torch.float16)
     back = h.float()  # round trip through half
@@ -259,7 +290,7 @@ def casts(x, ids):
     return back, i32 * 2, as_float / 3, asd, flags, t + x.long(), h * 2
 
 
-@program(lambda i: (lambda g, b: (_randn(g, b, 9),))(_gen(i), _pick(i, 2, 5)))
+@program(lambda g, b: (_randn(g, b, 9),), sizes=[2, 5])
 def unary_math(x):
     a = torch.exp(x) + torch.log(x.abs() + 1) + torch.sqrt(x.abs()) + torch.rsqrt(x.abs() + 1)
     b = torch.erf(x) + x.tanh() + x.sigmoid() + x.abs() + x.neg() + (x.abs() + 0.5).reciprocal()
@@ -267,7 +298,7 @@ def unary_math(x):
     return a, b, c, x.sign(), torch.floor(x * 3), x.round(), x.trunc()
 
 
-@program(lambda i: (lambda g, b: (_randn(g, b, 10) * 3,))(_gen(i), _pick(i, 2, 5)))
+@program(lambda g, b: (_randn(g, b, 10) * 3,), sizes=[2, 5])
 def activations(x):
     return (
         F.relu(x),
@@ -291,7 +322,7 @@ def activations(x):
 # --------------------------------------------------------------------------------------
 
 
-@program(lambda i: (lambda g, b, s: (_randn(g, b, s, 6),))(_gen(i), _pick(i, 2, 3), _pick(i, 4, 9)))
+@program(lambda g, b, s: (_randn(g, b, s, 6),), sizes=[(2, 4), (3, 9)])
 def reductions_sum_mean(x):
     return (
         x.sum(-1),
@@ -304,7 +335,7 @@ def reductions_sum_mean(x):
     )
 
 
-@program(lambda i: (lambda g, b, s: (_randn(g, b, s),))(_gen(i), _pick(i, 3, 5), _pick(i, 4, 11)))
+@program(lambda g, b, s: (_randn(g, b, s),), sizes=[(3, 4), (5, 11)])
 def reductions_minmax(x):
     return (
         x.amax(-1),
@@ -318,7 +349,7 @@ def reductions_minmax(x):
     )
 
 
-@program(lambda i: (lambda g, b, s: (_randn(g, b, s),))(_gen(i), _pick(i, 3, 6), _pick(i, 5, 8)))
+@program(lambda g, b, s: (_randn(g, b, s),), sizes=[(3, 5), (6, 8)])
 def var_std(x):
     return (
         x.var(-1),
@@ -330,7 +361,7 @@ def var_std(x):
     )
 
 
-@program(lambda i: (lambda g, b, s: (_randn(g, b, s, 8),))(_gen(i), _pick(i, 2, 3), _pick(i, 5, 7)))
+@program(lambda g, b, s: (_randn(g, b, s, 8),), sizes=[(2, 5), (3, 7)])
 def softmax_family(x):
     return (
         torch.softmax(x, dim=-1),
@@ -341,7 +372,7 @@ def softmax_family(x):
     )
 
 
-@program(lambda i: (lambda g, b, s: (_randn(g, b, s, 12), _randn(g, 12), _randn(g, 12)))(_gen(i), _pick(i, 2, 4), _pick(i, 3, 8)))
+@program(lambda g, b, s: (_randn(g, b, s, 12), _randn(g, 12), _randn(g, 12)), sizes=[(2, 3), (4, 8)])
 def layer_norm_fn(x, w, b):
     a = F.layer_norm(x, (12,), w, b, eps=1e-5)
     c = F.layer_norm(x, x.shape[-1:])  # no affine, normalized shape from the input
@@ -349,13 +380,23 @@ def layer_norm_fn(x, w, b):
     return a, c, d
 
 
-@program(lambda i: (lambda g, b: (_randn(g, b, 16), _randn(g, 16)))(_gen(i), _pick(i, 3, 7)))
+@program(lambda g, b: (_randn(g, b, 16), _randn(g, 16)), sizes=[3, 7])
 def rms_norm_manual(x, w, eps: float = 1e-6):
     var = x.pow(2).mean(-1, keepdim=True)
     return x * torch.rsqrt(var + eps) * w
 
 
-@program(lambda i: (lambda g, b, c: (_randn(g, b, c, 5, 6), _randn(g, c), _randn(g, c), _rand(g, c) + 0.5, _randn(g, c), _randn(g, c)))(_gen(i), _pick(i, 2, 3), _pick(i, 4, 4)))
+@program(
+    lambda g, b, c: (
+        _randn(g, b, c, 5, 6),
+        _randn(g, c),
+        _randn(g, c),
+        _rand(g, c) + 0.5,
+        _randn(g, c),
+        _randn(g, c),
+    ),
+    sizes=[(2, 4), (3, 4)],
+)
 def batch_norm_inference(x, mean, bias, var, weight, shift):
     y = F.batch_norm(x, mean, var, weight, bias, training=False, momentum=0.1, eps=1e-5)
     z = F.batch_norm(x, mean, var, training=False)
@@ -367,7 +408,7 @@ def batch_norm_inference(x, mean, bias, var, weight, shift):
 # --------------------------------------------------------------------------------------
 
 
-@program(lambda i: (lambda g, b, s: (_randn(g, b, s, 8), _randn(g, 8, 5), _randn(g, 8)))(_gen(i), _pick(i, 2, 3), _pick(i, 3, 6)))
+@program(lambda g, b, s: (_randn(g, b, s, 8), _randn(g, 8, 5), _randn(g, 8)), sizes=[(2, 3), (3, 6)])
 def matmul_variants(x, w, v):
     a = x @ w  # batched x 2-D
     b = torch.matmul(x, v)  # matrix-vector
@@ -377,7 +418,7 @@ def matmul_variants(x, w, v):
     return a, b, c, d, e, v @ v
 
 
-@program(lambda i: (lambda g, b: (_randn(g, b, 12), _randn(g, 6, 12), _randn(g, 6)))(_gen(i), _pick(i, 3, 8)))
+@program(lambda g, b: (_randn(g, b, 12), _randn(g, 6, 12), _randn(g, 6)), sizes=[3, 8])
 def linear_addmm(x, w, b):
     a = F.linear(x, w, b)
     c = torch.addmm(b, x, w.t())
@@ -386,17 +427,22 @@ def linear_addmm(x, w, b):
     return a, c, d, e
 
 
-@program(lambda i: (lambda g, b, s: (_randn(g, b, s, 4), _randn(g, b, 4, 5), _randn(g, b, s, 5)))(_gen(i), _pick(i, 2, 3), _pick(i, 3, 7)))
+@program(lambda g, b, s: (_randn(g, b, s, 4), _randn(g, b, 4, 5), _randn(g, b, s, 5)), sizes=[(2, 3), (3, 7)])
 def bmm_baddbmm(a, b, c):
     return torch.bmm(a, b), torch.baddbmm(c, a, b), torch.baddbmm(c, a, b, beta=0.0, alpha=0.5)
 
 
-@program(lambda i: (lambda g, b, h: (_randn(g, b, 3, h, h + 1), _randn(g, 8, 3, 3, 3), _randn(g, 8)))(_gen(i), _pick(i, 1, 2), _pick(i, 6, 9)))
+@program(
+    lambda g, b, h: (_randn(g, b, 3, h, h + 1), _randn(g, 8, 3, 3, 3), _randn(g, 8)), sizes=[(1, 6), (2, 9)]
+)
 def conv2d_basic(x, w, b):
     return F.conv2d(x, w, b, stride=1, padding=1), F.conv2d(x, w)
 
 
-@program(lambda i: (lambda g, b, h: (_randn(g, b, 4, h, h), _randn(g, 6, 2, 3, 3), _randn(g, 4, 1, 3, 3)))(_gen(i), _pick(i, 1, 2), _pick(i, 8, 11)))
+@program(
+    lambda g, b, h: (_randn(g, b, 4, h, h), _randn(g, 6, 2, 3, 3), _randn(g, 4, 1, 3, 3)),
+    sizes=[(1, 8), (2, 11)],
+)
 def conv2d_strided_grouped(x, w, dw):
     a = F.conv2d(x, w, None, stride=2, padding=1, groups=2)
     b = F.conv2d(x, dw, stride=(1, 2), padding=(1, 0), groups=4)  # depthwise
@@ -404,7 +450,7 @@ def conv2d_strided_grouped(x, w, dw):
     return a, b, c
 
 
-@program(lambda i: (lambda g, b, h: (_randn(g, b, 3, h, h + 2),))(_gen(i), _pick(i, 1, 2), _pick(i, 6, 9)))
+@program(lambda g, b, h: (_randn(g, b, 3, h, h + 2),), sizes=[(1, 6), (2, 9)])
 def pooling(x):
     return (
         F.max_pool2d(x, 2),
@@ -422,7 +468,7 @@ def pooling(x):
 # --------------------------------------------------------------------------------------
 
 
-@program(lambda i: (lambda g, b, s: (_randint(g, 0, 20, b, s), _randn(g, 20, 8)))(_gen(i), _pick(i, 2, 3), _pick(i, 5, 9)))
+@program(lambda g, b, s: (_randint(g, 0, 20, b, s), _randn(g, 20, 8)), sizes=[(2, 5), (3, 9)])
 def embedding_lookup(ids, table):
     a = F.embedding(ids, table)
     b = F.embedding(ids, table, padding_idx=0)
@@ -430,7 +476,7 @@ def embedding_lookup(ids, table):
     return a + b, c.sum(1)
 
 
-@program(lambda i: (lambda g, b: (_randn(g, b, 10),))(_gen(i), _pick(i, 3, 6)))
+@program(lambda g, b: (_randn(g, b, 10),), sizes=[3, 6])
 def dropout_eval(x):
     a = F.dropout(x, p=0.5, training=False)
     b = torch.dropout(x, 0.2, False)
@@ -438,7 +484,7 @@ def dropout_eval(x):
     return a + b, c
 
 
-@program(lambda i: (lambda g, b, h: (_randn(g, b, 2, h, h + 1),))(_gen(i), _pick(i, 1, 2), _pick(i, 4, 6)))
+@program(lambda g, b, h: (_randn(g, b, 2, h, h + 1),), sizes=[(1, 4), (2, 6)])
 def interpolate_nearest(x):
     a = F.interpolate(x, scale_factor=2, mode="nearest")
     b = F.interpolate(x, size=(x.shape[-2] * 2, x.shape[-1] + 3), mode="nearest")
@@ -446,7 +492,7 @@ def interpolate_nearest(x):
     return a, b, c
 
 
-@program(lambda i: (lambda g, b, h: (_randn(g, b, 2, h, h + 2),))(_gen(i), _pick(i, 1, 2), _pick(i, 4, 7)))
+@program(lambda g, b, h: (_randn(g, b, 2, h, h + 2),), sizes=[(1, 4), (2, 7)])
 def interpolate_bilinear(x):
     a = F.interpolate(x, size=(6, 9), mode="bilinear", align_corners=False)
     b = F.interpolate(x, scale_factor=2.0, mode="bilinear", align_corners=True)
@@ -459,7 +505,7 @@ def interpolate_bilinear(x):
 # --------------------------------------------------------------------------------------
 
 
-@program(lambda i: (lambda g, b, s: (_randn(g, b, s, 6),))(_gen(i), _pick(i, 2, 4), _pick(i, 3, 5)))
+@program(lambda g, b, s: (_randn(g, b, s, 6),), sizes=[(2, 3), (4, 5)])
 def view_reshape(x):
     a = x.view(x.shape[0], -1)
     b = x.reshape(-1)
@@ -470,7 +516,7 @@ def view_reshape(x):
     return a * 2, b + 1, c, d, e, f.unflatten(1, (2, 3))
 
 
-@program(lambda i: (lambda g, b, s: (_randn(g, b, s, 5),))(_gen(i), _pick(i, 2, 3), _pick(i, 4, 7)))
+@program(lambda g, b, s: (_randn(g, b, s, 5),), sizes=[(2, 4), (3, 7)])
 def permute_transpose(x):
     a = x.permute(0, 2, 1)
     b = x.transpose(-1, -2).contiguous()
@@ -480,7 +526,7 @@ def permute_transpose(x):
     return a + 1, b * 2, c, d, e, x.mT
 
 
-@program(lambda i: (lambda g, b, s: (_randn(g, b, s), _randn(g, b, 1, s)))(_gen(i), _pick(i, 2, 5), _pick(i, 3, 4)))
+@program(lambda g, b, s: (_randn(g, b, s), _randn(g, b, 1, s)), sizes=[(2, 3), (5, 4)])
 def unsqueeze_squeeze_expand(x, y):
     a = x.unsqueeze(1)
     b = y.squeeze(1)
@@ -491,7 +537,7 @@ def unsqueeze_squeeze_expand(x, y):
     return a * 2, b + x, c.sum(-1), d + e, f, x.unsqueeze(0).repeat(2, 1, 1)
 
 
-@program(lambda i: (lambda g, b, s: (_randn(g, b, s, 6),))(_gen(i), _pick(i, 4, 6), _pick(i, 5, 8)))
+@program(lambda g, b, s: (_randn(g, b, s, 6),), sizes=[(4, 5), (6, 8)])
 def slicing(x):
     a = x[:, 1:]
     b = x[..., :-1]
@@ -506,7 +552,7 @@ def slicing(x):
     return a * 1, b * 1, c * 1, d * 1, e * 1, f * 1, g * 1, h * 1, k * 1, m * 1
 
 
-@program(lambda i: (lambda g, b, s: (_randn(g, b, s), _randn(g, b, 3), _randn(g, b, s)))(_gen(i), _pick(i, 2, 4), _pick(i, 5, 6)))
+@program(lambda g, b, s: (_randn(g, b, s), _randn(g, b, 3), _randn(g, b, s)), sizes=[(2, 5), (4, 6)])
 def cat_stack(x, y, z):
     a = torch.cat([x, y], dim=1)
     b = torch.stack([x, z], 0)
@@ -516,7 +562,7 @@ def cat_stack(x, y, z):
     return a, b, c, d, e
 
 
-@program(lambda i: (lambda g, b: (_randn(g, b, 12),))(_gen(i), _pick(i, 2, 5)))
+@program(lambda g, b: (_randn(g, b, 12),), sizes=[2, 5])
 def split_chunk(x):
     a, b, c = x.chunk(3, dim=1)
     parts = x.split(5, dim=-1)  # 5, 5, 2
@@ -525,7 +571,7 @@ def split_chunk(x):
     return a * b + c, [t.sum(-1) for t in parts], p.sum(1) + q.sum(1), rows[0] + rows[-1]
 
 
-@program(lambda i: (lambda g, b, s: (_randn(g, b, s),))(_gen(i), _pick(i, 2, 3), _pick(i, 4, 7)))
+@program(lambda g, b, s: (_randn(g, b, s),), sizes=[(2, 4), (3, 7)])
 def factories(x):
     n = x.shape[1]
     pos = torch.arange(n)
@@ -546,18 +592,19 @@ def factories(x):
 # --------------------------------------------------------------------------------------
 
 
-def _qkv(i: int, heads: int = 2, dim: int = 8) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    g = _gen(i, 5)
-    b, s = _pick(i, 2, 3), _pick(i, 7, 12)
+def _qkv(g: torch.Generator, b: int, s: int, heads: int = 2, dim: int = 8) -> tuple[torch.Tensor, ...]:
     return _randn(g, b, heads, s, dim), _randn(g, b, heads, s, dim), _randn(g, b, heads, s, dim)
 
 
-@program(lambda i: _qkv(i))
+_QKV_SIZES = [(2, 7), (3, 12)]  # (batch, sequence)
+
+
+@program(_qkv, sizes=_QKV_SIZES)
 def sdpa_basic(q, k, v):
     return F.scaled_dot_product_attention(q, k, v)
 
 
-@program(lambda i: _qkv(i))
+@program(_qkv, sizes=_QKV_SIZES)
 def sdpa_causal(q, k, v):
     a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
     s = q.shape[-2]
@@ -566,13 +613,13 @@ def sdpa_causal(q, k, v):
     return a, b
 
 
-@program(lambda i: _qkv(i) + ((lambda g, b, s: _rand(g, b, 1, 1, s) > 0.3)(_gen(i, 9), _pick(i, 2, 3), _pick(i, 7, 12)),))
+@program(lambda g, b, s: (*_qkv(g, b, s), _rand(g, b, 1, 1, s) > 0.3), sizes=_QKV_SIZES)
 def sdpa_padding_mask(q, k, v, keep):
     bias = torch.zeros(keep.shape, dtype=q.dtype).masked_fill(~keep, -1e4)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
 
 
-@program(lambda i: _qkv(i))
+@program(_qkv, sizes=_QKV_SIZES)
 def manual_attention_masked(q, k, v):
     s = q.shape[-2]
     scores = q @ k.transpose(-2, -1) * q.size(-1) ** -0.5
@@ -586,7 +633,7 @@ def manual_attention_masked(q, k, v):
 # --------------------------------------------------------------------------------------
 
 
-@program(lambda i: (lambda g, b: (_randn(g, b, 3, 4), _randn(g, 12, 5)))(_gen(i), _pick(i, 2, 6)))
+@program(lambda g, b: (_randn(g, b, 3, 4), _randn(g, 12, 5)), sizes=[2, 6])
 def size_arithmetic_view(x, w):
     flat = x.view(x.shape[0], -1)
     scale = x.size(-1) ** -0.5
@@ -594,14 +641,14 @@ def size_arithmetic_view(x, w):
     return (flat @ w) * scale, flat[:, :half], flat.reshape(x.size(0) * 2, -1)
 
 
-@program(lambda i: (lambda g, b, s: (_randn(g, b, s, 16), _randn(g, b, s, 16)))(_gen(i), _pick(i, 2, 3), _pick(i, 4, 6)))
+@program(lambda g, b, s: (_randn(g, b, s, 16), _randn(g, b, s, 16)), sizes=[(2, 4), (3, 6)])
 def math_sqrt_scale(q, k):
     d = q.shape[-1]
     scores = q @ k.transpose(-2, -1) / math.sqrt(d)
     return scores.softmax(-1), scores * (1.0 / math.sqrt(q.size(-1)))
 
 
-@program(lambda i: (lambda g, b: (_randn(g, b, 4), _randn(g, b, 4)))(_gen(i), _pick(i, 3, 5)))
+@program(lambda g, b: (_randn(g, b, 4), _randn(g, b, 4)), sizes=[3, 5])
 def tuple_dict_outputs(x, y):
     return {
         "sum": x + y,
@@ -612,8 +659,9 @@ def tuple_dict_outputs(x, y):
 
 
 @program(
-    lambda i: (lambda g, b: (_randn(g, b, 6),))(_gen(i), _pick(i, 2, 4)),
-    kwargs=lambda i: _pick(i, {}, {"scale": 3.0, "dim": 0, "bias": torch.linspace(-1, 1, 6)}),
+    lambda g, b: (_randn(g, b, 6),),
+    sizes=[2, 4],
+    kwargs=[{}, {"scale": 3.0, "dim": 0, "bias": torch.linspace(-1, 1, 6)}],
 )
 def kwargs_defaults(x, bias=None, scale: float = 2.0, *, dim: int = -1, eps: float = 1e-5):
     y = x * scale
@@ -622,14 +670,14 @@ def kwargs_defaults(x, bias=None, scale: float = 2.0, *, dim: int = -1, eps: flo
     return y / (y.abs().sum(dim, keepdim=True) + eps)
 
 
-@program(lambda i: (lambda g, b: (_randn(g, b, 12), _pick(i, 3, 4)))(_gen(i), _pick(i, 2, 5)))
+@program(lambda g, b, groups: (_randn(g, b, 12), groups), sizes=[(2, 3), (5, 4)])
 def python_int_arg(x, groups: int):
     g = x.reshape(x.shape[0], groups, -1)
     g = g - g.mean(-1, keepdim=True)
     return g.reshape(x.shape) * groups + groups // 2
 
 
-@program(lambda i: (lambda g, b: (_randn(g, b, 8), _randn(g, 3, 8, 8) * 0.3, _randn(g, 3, 8)))(_gen(i), _pick(i, 2, 5)))
+@program(lambda g, b: (_randn(g, b, 8), _randn(g, 3, 8, 8) * 0.3, _randn(g, 3, 8)), sizes=[2, 5])
 def loop_range(x, ws, bs):
     h = x
     for layer in range(3):
@@ -640,7 +688,7 @@ def loop_range(x, ws, bs):
     return acc
 
 
-@program(lambda i: (lambda g, b: (_randn(g, b, 5),))(_gen(i), _pick(i, 3, 7)))
+@program(lambda g, b: (_randn(g, b, 5),), sizes=[3, 7])
 def loop_python_list(x):
     acc = x
     for s, shift in [(0.5, 1.0), (1.5, -2.0), (2.0, 0.0)]:
@@ -651,7 +699,7 @@ def loop_python_list(x):
     return acc, torch.stack(outs, -1)
 
 
-@program(lambda i: (lambda g, b: ([_randn(g, b, 4) for _ in range(3)],))(_gen(i), _pick(i, 2, 6)))
+@program(lambda g, b: ([_randn(g, b, 4) for _ in range(3)],), sizes=[2, 6])
 def list_comprehension(xs):
     doubled = [t * 2 for t in xs]
     norms = [t.pow(2).sum(-1, keepdim=True).sqrt() for t in doubled]
@@ -671,7 +719,7 @@ def _mlp_step(x, w1, w2):
     return _gelu_tanh(x @ w1) @ w2
 
 
-@program(lambda i: (lambda g, b: (_randn(g, b, 6), _randn(g, 6, 10), _randn(g, 10, 6)))(_gen(i), _pick(i, 2, 4)))
+@program(lambda g, b: (_randn(g, b, 6), _randn(g, 6, 10), _randn(g, 10, 6)), sizes=[2, 4])
 def helper_chain(x, w1, w2):
     return _mlp_step(x, w1, w2) + _gelu_tanh(x)
 
@@ -684,12 +732,12 @@ def _apply_tables(x):
     return x * _SCALE_TABLE + _BIAS_TABLE
 
 
-@program(lambda i: (lambda g, b: (_randn(g, b, 8),))(_gen(i), _pick(i, 3, 5)))
+@program(lambda g, b: (_randn(g, b, 8),), sizes=[3, 5])
 def global_const_tensor(x):
     return _apply_tables(x) - _SCALE_TABLE.sum(), x @ _SCALE_TABLE
 
 
-@program(lambda i: (lambda g, b: (_randn(g, b, 6),))(_gen(i), _pick(i, 2, 5)))
+@program(lambda g, b: (_randn(g, b, 6),), sizes=[2, 5])
 def inplace_intermediate(x):
     y = x * 2
     y.add_(1)
@@ -702,7 +750,7 @@ def inplace_intermediate(x):
     return y, z
 
 
-@program(lambda i: (lambda g, b, s: (_randn(g, b, s),))(_gen(i), _pick(i, 3, 5), _pick(i, 4, 6)))
+@program(lambda g, b, s: (_randn(g, b, s),), sizes=[(3, 4), (5, 6)])
 def extern_ops(x):
     # ops without a Graph IR declaration today: captured as extern nodes
     return (
@@ -715,7 +763,9 @@ def extern_ops(x):
     )
 
 
-@program(lambda i: (lambda g, b, s: (_randn(g, b, s, 6), _randint(g, 0, 6, b, s, 2), _randn(g, 6, 4)))(_gen(i), _pick(i, 2, 3), _pick(i, 4, 5)))
+@program(
+    lambda g, b, s: (_randn(g, b, s, 6), _randint(g, 0, 6, b, s, 2), _randn(g, 6, 4)), sizes=[(2, 4), (3, 5)]
+)
 def long_tail(x, idx, w):
     a = torch.einsum("bsd,de->bse", x, w)
     b = torch.gather(x, -1, idx)
@@ -732,7 +782,7 @@ def long_tail(x, idx, w):
     return a, b, c, vals, inds, srt, p, pc, n, oh, lerp, acm, glu, torch.outer(w[:, 0], w[0])
 
 
-@program(lambda i: (lambda g, b, s: (_randn(g, b, s, 8), _rand(g, b, s) > 0.3))(_gen(i), _pick(i, 2, 4), _pick(i, 5, 9)))
+@program(lambda g, b, s: (_randn(g, b, s, 8), _rand(g, b, s) > 0.3), sizes=[(2, 5), (4, 9)])
 def masked_mean_pool(x, mask):
     m = mask.unsqueeze(-1).to(x.dtype)
     total = (x * m).sum(1)
@@ -745,7 +795,7 @@ def _rotate_half(x):
     return torch.cat((-x2, x1), dim=-1)
 
 
-@program(lambda i: (lambda g, b, s: (_randn(g, b, 2, s, 8),))(_gen(i), _pick(i, 1, 2), _pick(i, 6, 10)))
+@program(lambda g, b, s: (_randn(g, b, 2, s, 8),), sizes=[(1, 6), (2, 10)])
 def rotary_embedding(x, base: float = 10000.0):
     seq, dim = x.shape[-2], x.shape[-1]
     inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
@@ -755,14 +805,14 @@ def rotary_embedding(x, base: float = 10000.0):
     return x * emb.cos() + _rotate_half(x) * emb.sin()
 
 
-@program(lambda i: (lambda g, n, m: (_randn(g, n, 4), _randn(g, m, 4)))(_gen(i), _pick(i, 3, 5), _pick(i, 4, 6)))
+@program(lambda g, n, m: (_randn(g, n, 4), _randn(g, m, 4)), sizes=[(3, 4), (5, 6)])
 def pairwise_distances(x, y):
     d2 = (x.unsqueeze(1) - y.unsqueeze(0)).pow(2).sum(-1)
     dist = d2.clamp_min(1e-12).sqrt()
     return dist, torch.linalg.vector_norm(x, dim=-1), x.norm(dim=-1, keepdim=True), (-dist).softmax(-1)
 
 
-@program(lambda i: (lambda g, b: (_randn(g, b, 10), _randint(g, 0, 10, b)))(_gen(i), _pick(i, 3, 6)))
+@program(lambda g, b: (_randn(g, b, 10), _randint(g, 0, 10, b)), sizes=[3, 6])
 def classification_head(logits, labels):
     logp = F.log_softmax(logits, dim=-1)
     picked = logp.gather(1, labels.unsqueeze(1)).squeeze(1)
@@ -773,7 +823,7 @@ def classification_head(logits, labels):
     return -picked.mean(), correct, nll, ce
 
 
-@program(lambda i: (lambda g, b, s: (_randn(g, b, s, 8), _randn(g, 8)))(_gen(i), _pick(i, 2, 3), _pick(i, 3, 5)))
+@program(lambda g, b, s: (_randn(g, b, s, 8), _randn(g, 8)), sizes=[(2, 3), (3, 5)])
 def half_precision_roundtrip(x, w):
     xh = x.to(torch.float16)
     wh = w.half()
@@ -782,7 +832,7 @@ def half_precision_roundtrip(x, w):
     return y, z, (xh.float() - x).abs().amax()
 
 
-@program(lambda i: (lambda g, b: (_randn(g, b, 6), _randint(g, 0, 4, b)))(_gen(i), _pick(i, 3, 5)))
+@program(lambda g, b: (_randn(g, b, 6), _randint(g, 0, 4, b)), sizes=[3, 5])
 def integer_ops(x, labels):
     idx = labels * 2 + 1
     shifted = torch.bitwise_and(labels, 1) + (labels << 1) - (labels >> 1)
@@ -790,13 +840,13 @@ def integer_ops(x, labels):
     return idx, shifted, counts, x[torch.arange(x.shape[0]), labels], labels.max(), labels.float().mean()
 
 
-@program(lambda i: (lambda g, b, c: (_randn(g, b, c, 5, 5),))(_gen(i), _pick(i, 1, 2), _pick(i, 6, 6)))
+@program(lambda g, b, c: (_randn(g, b, c, 5, 5),), sizes=[(1, 6), (2, 6)])
 def group_norm_fn(x):
     w = torch.linspace(0.5, 1.5, x.shape[1])
     return F.group_norm(x, 2, w, torch.zeros(x.shape[1])), F.instance_norm(x), F.local_response_norm(x, 2)
 
 
-@program(lambda i: (lambda g, b, s: (_randn(g, b, s, 6), _randn(g, b, 6)))(_gen(i), _pick(i, 2, 3), _pick(i, 4, 6)))
+@program(lambda g, b, s: (_randn(g, b, s, 6), _randn(g, b, 6)), sizes=[(2, 4), (3, 6)])
 def scalar_tensor_constants(x, y):
     two = torch.tensor(2.0)
     eps = torch.tensor([1e-3])
@@ -820,16 +870,18 @@ class MLP(nn.Module):
         return self.fc2(self.act(self.fc1(x)))
 
 
-@module("mlp", lambda i: (_randn(_gen(i), _pick(i, 2, 5), 16),))
+@module("mlp", lambda g, b: (_randn(g, b, 16),), sizes=[2, 5])
 def _mlp() -> nn.Module:
     with _seeded(1):
         return _ready(MLP())
 
 
-@module("mlp_sequential_3d", lambda i: (_randn(_gen(i), 2, _pick(i, 3, 7), 16),))
+@module("mlp_sequential_3d", lambda g, s: (_randn(g, 2, s, 16),), sizes=[3, 7])
 def _mlp_sequential() -> nn.Module:
     with _seeded(2):
-        return _ready(nn.Sequential(nn.Linear(16, 24), nn.SiLU(), nn.Dropout(0.1), nn.Linear(24, 4), nn.Tanh()))
+        return _ready(
+            nn.Sequential(nn.Linear(16, 24), nn.SiLU(), nn.Dropout(0.1), nn.Linear(24, 4), nn.Tanh())
+        )
 
 
 class ConvBlock(nn.Module):
@@ -855,7 +907,7 @@ def _randomize_bn(m: nn.Module) -> None:
             bn.bias.data.copy_(torch.randn(n) * 0.1)
 
 
-@module("conv_block", lambda i: (_randn(_gen(i), _pick(i, 1, 2), 3, _pick(i, 8, 12), 10),))
+@module("conv_block", lambda g, b, h: (_randn(g, b, 3, h, 10),), sizes=[(1, 8), (2, 12)])
 def _conv_block() -> nn.Module:
     with _seeded(3):
         m = ConvBlock()
@@ -895,13 +947,13 @@ class AttentionBlock(nn.Module):
         return self.norm(x + self.out(o))
 
 
-@module("attention_block_sdpa", lambda i: (_randn(_gen(i), _pick(i, 2, 3), _pick(i, 5, 9), 16),))
+@module("attention_block_sdpa", lambda g, b, s: (_randn(g, b, s, 16),), sizes=[(2, 5), (3, 9)])
 def _attention_sdpa() -> nn.Module:
     with _seeded(4):
         return _ready(AttentionBlock(use_sdpa=True))
 
 
-@module("attention_block_manual_causal", lambda i: (_randn(_gen(i), _pick(i, 2, 3), _pick(i, 5, 9), 16),))
+@module("attention_block_manual_causal", lambda g, b, s: (_randn(g, b, s, 16),), sizes=[(2, 5), (3, 9)])
 def _attention_manual() -> nn.Module:
     with _seeded(4):
         return _ready(AttentionBlock(use_sdpa=False, causal=True))
@@ -920,7 +972,7 @@ class BufferModule(nn.Module):
         return y * self.steps, self.scale.sum() + self.offset.mean()
 
 
-@module("buffers", lambda i: (_randn(_gen(i), _pick(i, 2, 4), 8),))
+@module("buffers", lambda g, b: (_randn(g, b, 8),), sizes=[2, 4])
 def _buffers() -> nn.Module:
     with _seeded(5):
         return _ready(BufferModule())
@@ -961,7 +1013,7 @@ class Nested(nn.Module):
         return {name: head(x) for name, head in self.heads.items()}
 
 
-@module("nested_modules", lambda i: (_randn(_gen(i), _pick(i, 2, 5), 8),))
+@module("nested_modules", lambda g, b: (_randn(g, b, 8),), sizes=[2, 5])
 def _nested() -> nn.Module:
     with _seeded(6):
         return _ready(Nested())
@@ -981,7 +1033,7 @@ class HelperForward(nn.Module):
         return _squash(self.lin(x)) + _gelu_tanh(x)
 
 
-@module("helper_forward", lambda i: (_randn(_gen(i), _pick(i, 3, 6), 6),))
+@module("helper_forward", lambda g, b: (_randn(g, b, 6),), sizes=[3, 6])
 def _helper_forward() -> nn.Module:
     with _seeded(7):
         return _ready(HelperForward())
@@ -1016,14 +1068,12 @@ class EncoderLayer(nn.Module):
         return x + self.drop(self.ff2(F.gelu(self.ff1(self.ln2(x)), approximate="tanh")))
 
 
-def _encoder_inputs(i: int) -> tuple[Any, ...]:
-    g = _gen(i)
-    b, s = _pick(i, 2, 3), _pick(i, 6, 10)
+def _encoder_inputs(g: torch.Generator, b: int, s: int) -> tuple[Any, ...]:
     pad = torch.arange(s)[None, :] >= torch.tensor([s, s - 2, s - 1][:b])[:, None]
     return _randn(g, b, s, 16), pad
 
 
-@module("encoder_layer", _encoder_inputs)
+@module("encoder_layer", _encoder_inputs, sizes=[(2, 6), (3, 10)])
 def _encoder_layer() -> nn.Module:
     with _seeded(8):
         return _ready(EncoderLayer())
@@ -1040,7 +1090,9 @@ class BasicBlock(nn.Module):
         self.bn2 = nn.BatchNorm2d(c_out)
         self.downsample: nn.Module | None = None
         if stride != 1 or c_in != c_out:
-            self.downsample = nn.Sequential(nn.Conv2d(c_in, c_out, 1, stride=stride, bias=False), nn.BatchNorm2d(c_out))
+            self.downsample = nn.Sequential(
+                nn.Conv2d(c_in, c_out, 1, stride=stride, bias=False), nn.BatchNorm2d(c_out)
+            )
 
     def forward(self, x):
         identity = x
@@ -1052,7 +1104,7 @@ class BasicBlock(nn.Module):
         return F.relu(out)
 
 
-@module("resnet_basic_block", lambda i: (_randn(_gen(i), _pick(i, 1, 2), 4, _pick(i, 8, 11), _pick(i, 8, 7)),))
+@module("resnet_basic_block", lambda g, b, h, w: (_randn(g, b, 4, h, w),), sizes=[(1, 8, 8), (2, 11, 7)])
 def _basic_block() -> nn.Module:
     with _seeded(9):
         m = BasicBlock()
@@ -1075,7 +1127,7 @@ class EmbedPositional(nn.Module):
         return self.norm(h)
 
 
-@module("embedding_positional", lambda i: (_randint(_gen(i), 0, 30, _pick(i, 2, 3), _pick(i, 5, 11)),))
+@module("embedding_positional", lambda g, b, s: (_randint(g, 0, 30, b, s),), sizes=[(2, 5), (3, 11)])
 def _embed_positional() -> nn.Module:
     with _seeded(10):
         return _ready(EmbedPositional())
@@ -1096,7 +1148,7 @@ class TiedLM(nn.Module):
         return self.head(h), F.linear(h, self.embed.weight).log_softmax(-1)
 
 
-@module("tied_weights", lambda i: (_randint(_gen(i), 0, 24, _pick(i, 2, 4), _pick(i, 3, 6)),))
+@module("tied_weights", lambda g, b, s: (_randint(g, 0, 24, b, s),), sizes=[(2, 3), (4, 6)])
 def _tied() -> nn.Module:
     with _seeded(11):
         return _ready(TiedLM())
@@ -1123,7 +1175,7 @@ class SmallCNN(nn.Module):
         return self.fc(x)
 
 
-@module("small_cnn_classifier", lambda i: (_randn(_gen(i), _pick(i, 1, 3), 3, _pick(i, 8, 12), _pick(i, 8, 12)),))
+@module("small_cnn_classifier", lambda g, b, h: (_randn(g, b, 3, h, h),), sizes=[(1, 8), (3, 12)])
 def _small_cnn() -> nn.Module:
     with _seeded(12):
         m = SmallCNN()
@@ -1146,7 +1198,8 @@ class UpsampleDecoder(nn.Module):
 
 @module(
     "upsample_decoder",
-    lambda i: (lambda g, b, h: (_randn(g, b, 4, h, h), _randn(g, b, 4, h + 3, h + 1)))(_gen(i), _pick(i, 1, 2), _pick(i, 4, 6)),
+    lambda g, b, h: (_randn(g, b, 4, h, h), _randn(g, b, 4, h + 3, h + 1)),
+    sizes=[(1, 4), (2, 6)],
 )
 def _upsample_decoder() -> nn.Module:
     with _seeded(13):

@@ -7,8 +7,9 @@ from typing import Any
 
 import sympy
 
+from cuvil_ir.graph_ir.registry import NotCaptured
 from cuvil_ir.graph_ir.types import DType, ScalarKind, ScalarType, TensorType, Type
-from cuvil_ir.symbolic import Dim, Shape, ShapeContext
+from cuvil_ir.symbolic import Dim, Shape, ShapeContext, as_dim
 
 
 class ShapeError(ValueError):
@@ -42,27 +43,37 @@ def norm_dims(dims: int | Sequence[int] | None, rank: int) -> tuple[int, ...]:
 
 
 def broadcast_shapes(ctx: ShapeContext, *shapes: Shape) -> Shape:
-    """Numpy broadcasting over symbolic dims; facts that need deciding become assumptions."""
+    """Numpy broadcasting over symbolic dims; facts that need deciding become assumptions.
+
+    Equal dims never need a decision; otherwise the example sizes choose between
+    "equal" and "one side is 1", preferring equality so that a dimension that
+    happens to be 1 in the example is not specialised when it need not be.
+    """
     rank = max((len(s) for s in shapes), default=0)
     out: list[Dim] = []
     for i in range(rank):
-        dims = [s[len(s) - rank + i] for s in shapes if len(s) - rank + i >= 0]
         result: Dim = 1
-        for d in dims:
-            if _is_one(ctx, result):
-                result = d
-            elif _is_one(ctx, d):
-                continue
-            elif not ctx.equal(result, d, "broadcast"):
-                raise ShapeError(f"shapes {[tuple(map(str, s)) for s in shapes]} do not broadcast")
+        for s in shapes:
+            if len(s) - rank + i >= 0:
+                result = _broadcast_dim(ctx, result, s[len(s) - rank + i], shapes)
         out.append(result)
     return tuple(out)
 
 
-def _is_one(ctx: ShapeContext, d: Dim) -> bool:
-    if isinstance(d, int):
-        return d == 1
-    return ctx.decide(sympy.Eq(d, 1), "broadcast of a possibly size-1 dimension")
+def _broadcast_dim(ctx: ShapeContext, a: Dim, b: Dim, shapes: tuple[Shape, ...]) -> Dim:
+    if a == b or b == 1:
+        return a
+    if a == 1:
+        return b
+    if isinstance(a, int) and isinstance(b, int):
+        raise ShapeError(f"shapes {[tuple(map(str, s)) for s in shapes]} do not broadcast")
+    if ctx.equal(a, b, "broadcast of equal dimensions"):
+        return a
+    if ctx.decide(sympy.Eq(b, 1), "broadcast of a size-1 dimension"):
+        return a
+    if ctx.decide(sympy.Eq(a, 1), "broadcast of a size-1 dimension"):
+        return b
+    raise ShapeError(f"shapes {[tuple(map(str, s)) for s in shapes]} do not broadcast")
 
 
 def _probe(t: Type) -> Any:
@@ -113,3 +124,143 @@ def numel(shape: Shape) -> Dim:
     for d in shape:
         n = n * d
     return n if isinstance(n, int) else sympy.expand(n)
+
+
+# -- sizes --------------------------------------------------------------------
+def static_int(d: Any) -> int | None:
+    """``d`` as an int when it is one (an int or a sympy Integer), else None."""
+    if isinstance(d, bool):
+        return None
+    if isinstance(d, int):
+        return d
+    if isinstance(d, sympy.Basic) and d.is_Integer:
+        return int(d)
+    return None
+
+
+def floordiv(a: Dim, b: Dim) -> Dim:
+    """``a // b`` on sizes; written ``floor(a/b)`` as the frontend writes ``//``."""
+    if isinstance(a, int) and isinstance(b, int):
+        return a // b
+    return as_dim(sympy.floor(sympy.sympify(a) / b))
+
+
+def ceildiv(a: Dim, b: Dim) -> Dim:
+    """``ceil(a / b)`` for ``b > 0``, in the ``floor((a + b - 1)/b)`` form torch's kernels use,
+    so that our sizes and the sizes of torch's fake kernels compare equal term by term."""
+    return floordiv(a + b - 1, b)
+
+
+def is_one(ctx: ShapeContext, d: Dim, reason: str = "size-1 dimension") -> bool:
+    if isinstance(d, int):
+        return d == 1
+    return ctx.decide(sympy.Eq(d, 1), reason)
+
+
+def check_equal(ctx: ShapeContext, a: Dim, b: Dim, what: str) -> None:
+    if not ctx.equal(a, b, what):
+        raise ShapeError(f"{what}: {a} != {b}")
+
+
+def check_divisible(ctx: ShapeContext, n: Dim, k: Dim, what: str) -> None:
+    if isinstance(n, int) and isinstance(k, int):
+        ok = k != 0 and n % k == 0
+    else:
+        ok = ctx.decide(sympy.Eq(sympy.Mod(n, k), 0), what)
+    if not ok:
+        raise ShapeError(f"{what}: {n} is not divisible by {k}")
+
+
+def same_dtype(what: str, *types: TensorType) -> DType:
+    """Library kernels (matmul, conv ...) take operands of one dtype, without promotion."""
+    dtypes = {t.dtype for t in types}
+    if len(dtypes) != 1:
+        raise ShapeError(f"{what}: operands have different dtypes {sorted(d.value for d in dtypes)}")
+    return types[0].dtype
+
+
+# -- capture-side argument handling (unusual arguments fall back to extern) ----
+def size_args(args: Sequence[Any]) -> tuple[Any, ...]:
+    """Sizes passed either as varargs (``x.view(2, 3)``) or as one sequence (``x.view((2, 3))``)."""
+    if len(args) == 1 and isinstance(args[0], (tuple, list)):
+        return tuple(args[0])
+    return tuple(args)
+
+
+def size_arg(v: Any) -> Dim:
+    """A size argument (int or size expression) as a canonical `Dim`."""
+    if isinstance(v, bool) or not isinstance(v, (int, sympy.Basic)):
+        raise NotCaptured(f"size argument {v!r} is not an int or a size expression")
+    d = as_dim(v)
+    if isinstance(d, sympy.Basic) and d.is_integer is False:
+        raise NotCaptured(f"size argument {v!r} is not an integer")
+    return d
+
+
+def int_arg(v: Any, what: str = "argument") -> int:
+    """An argument that must be a static int (a dim index, a group count ...)."""
+    i = static_int(v)
+    if i is None:
+        raise NotCaptured(f"{what} must be a static int, got {v!r}")
+    return i
+
+
+def dim_arg(v: Any, rank: int) -> int:
+    """A dim argument, normalised into [0, rank)."""
+    try:
+        return norm_dim(int_arg(v, "dim"), rank)
+    except ShapeError as e:
+        raise NotCaptured(str(e)) from None
+
+
+def dims_arg(v: Any, rank: int) -> tuple[int, ...]:
+    """Reduction dims (None, int or sequence; empty means all), normalised and sorted."""
+    if v is None:
+        return tuple(range(rank))
+    seq = tuple(v) if isinstance(v, (tuple, list)) else (v,)
+    ints = [int_arg(d, "dim") for d in seq]
+    try:
+        return norm_dims(ints, rank)
+    except ShapeError as e:
+        raise NotCaptured(str(e)) from None
+
+
+def dtype_arg(v: Any) -> DType | None:
+    import torch
+
+    if v is None:
+        return None
+    if isinstance(v, DType):
+        return v
+    if isinstance(v, torch.dtype):
+        try:
+            return DType.from_torch(v)
+        except TypeError as e:
+            raise NotCaptured(str(e)) from None
+    raise NotCaptured(f"dtype argument {v!r} is not a torch.dtype")
+
+
+def device_arg(v: Any) -> str | None:
+    import torch
+
+    if v is None:
+        return None
+    if isinstance(v, (str, torch.device)) or (isinstance(v, int) and not isinstance(v, bool)):
+        return str(torch.device(v) if not isinstance(v, int) else torch.device("cuda", v))
+    raise NotCaptured(f"device argument {v!r} is not a device")
+
+
+def no_out(out: Any) -> None:
+    if out is not None:
+        raise NotCaptured("out= is not captured")
+
+
+def ntuple(v: Any, n: int, what: str) -> tuple[Any, ...]:
+    """torch's ``_pair``/``_triple``: one value for every spatial dim, or one each."""
+    if isinstance(v, (tuple, list)):
+        if len(v) == 1:
+            return tuple(v) * n
+        if len(v) != n:
+            raise NotCaptured(f"{what} must have {n} elements, got {len(v)}")
+        return tuple(v)
+    return (v,) * n

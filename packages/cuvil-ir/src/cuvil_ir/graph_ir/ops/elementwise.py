@@ -13,7 +13,17 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from cuvil_ir.graph_ir.ops._rules import broadcast_shapes, device_of, float_dtype, result_dtype, tensor_of
+from cuvil_ir.graph_ir.ops._rules import (
+    ShapeError,
+    broadcast_shapes,
+    device_arg,
+    device_of,
+    dtype_arg,
+    float_dtype,
+    result_dtype,
+    size_arg,
+    tensor_of,
+)
 from cuvil_ir.graph_ir.registry import Emitter, NotCaptured, Op
 from cuvil_ir.graph_ir.types import DType, ScalarType, TensorType, Type
 from cuvil_ir.symbolic import ShapeContext
@@ -110,13 +120,33 @@ def _where_capture(b: Emitter, condition: Any, input: Any, other: Any, *, out: A
     return b.emit("where", [condition, input, other])
 
 
+def _masked_fill_capture(b: Emitter, input: Any, mask: Any, value: Any) -> Any:
+    x = tensor_of(b.type_of(input))
+    m = tensor_of(b.type_of(mask))
+    if m.dtype != DType.bool:
+        raise NotCaptured("masked_fill needs a bool mask")
+    if broadcast_shapes(b.ctx, x.shape, m.shape) != x.shape:
+        raise NotCaptured("the mask of masked_fill must broadcast to the filled tensor")
+    filled = b.emit("where", [mask, value, input])
+    if tensor_of(b.type_of(filled)).dtype != x.dtype:
+        filled = b.emit("cast", [filled], dtype=x.dtype)
+    return filled
+
+
 class Where(Op):
     name = "where"
     traits = frozenset({"elementwise", "pure"})
 
     @staticmethod
     def torch() -> tuple[Any, ...]:
-        return (torch.where, T.where)
+        return (
+            torch.where,
+            # x.where(cond, y) is where(cond, x, y): self is the value, not the condition
+            (T.where, lambda b, self, condition, y: _where_capture(b, condition, self, y)),
+            # masked_fill is a where that keeps the dtype of the filled tensor
+            (torch.masked_fill, _masked_fill_capture),
+            (T.masked_fill, _masked_fill_capture),
+        )
 
     @staticmethod
     def capture(b: Emitter, condition: Any, input: Any = None, other: Any = None, **kw: Any) -> Any:
@@ -136,8 +166,12 @@ class Where(Op):
 
 # -- binary arithmetic and comparisons ------------------------------------
 binary("add", lambda: (torch.add, T.add, T.__add__), torch.add, reflected=lambda: (T.__radd__,))
-binary("sub", lambda: (torch.sub, torch.subtract, T.sub, T.__sub__), torch.sub, reflected=lambda: (T.__rsub__,))
-binary("mul", lambda: (torch.mul, torch.multiply, T.mul, T.__mul__), torch.mul, reflected=lambda: (T.__rmul__,))
+binary(
+    "sub", lambda: (torch.sub, torch.subtract, T.sub, T.__sub__), torch.sub, reflected=lambda: (T.__rsub__,)
+)
+binary(
+    "mul", lambda: (torch.mul, torch.multiply, T.mul, T.__mul__), torch.mul, reflected=lambda: (T.__rmul__,)
+)
 binary(
     "div",
     lambda: (torch.div, torch.true_divide, T.div, T.__truediv__),
@@ -170,3 +204,247 @@ unary("sigmoid", lambda: (torch.sigmoid, T.sigmoid, F.sigmoid), torch.sigmoid, f
 unary("relu", lambda: (torch.relu, T.relu, F.relu), torch.relu)
 unary("silu", lambda: (F.silu,), F.silu, floating=True)
 unary("logical_not", lambda: (torch.logical_not, T.logical_not), torch.logical_not, to_bool=True)
+binary(
+    "floor_divide",
+    lambda: (torch.floor_divide, T.floor_divide, T.__floordiv__),
+    torch.floor_divide,
+    reflected=lambda: (T.__rfloordiv__,),
+)
+binary(
+    "remainder",
+    lambda: (torch.remainder, T.remainder, T.__mod__),
+    torch.remainder,
+    reflected=lambda: (T.__rmod__,),
+)
+binary("fmod", lambda: (torch.fmod, T.fmod), torch.fmod)
+binary("atan2", lambda: (torch.atan2, torch.arctan2, T.atan2, T.arctan2), torch.atan2, true_div=True)
+binary(
+    "bitwise_and",
+    lambda: (torch.bitwise_and, T.bitwise_and, T.__and__),
+    torch.bitwise_and,
+    reflected=lambda: (T.__rand__,),
+)
+binary(
+    "bitwise_or",
+    lambda: (torch.bitwise_or, T.bitwise_or, T.__or__),
+    torch.bitwise_or,
+    reflected=lambda: (T.__ror__,),
+)
+binary(
+    "bitwise_xor",
+    lambda: (torch.bitwise_xor, T.bitwise_xor, T.__xor__),
+    torch.bitwise_xor,
+    reflected=lambda: (T.__rxor__,),
+)
+binary("logical_xor", lambda: (torch.logical_xor, T.logical_xor), torch.logical_xor, compare=True)
+
+unary("sin", lambda: (torch.sin, T.sin), torch.sin, floating=True)
+unary("cos", lambda: (torch.cos, T.cos), torch.cos, floating=True)
+unary("tan", lambda: (torch.tan, T.tan), torch.tan, floating=True)
+unary("atan", lambda: (torch.atan, torch.arctan, T.atan, T.arctan), torch.atan, floating=True)
+unary("log1p", lambda: (torch.log1p, T.log1p, torch.special.log1p), torch.log1p, floating=True)
+unary("log2", lambda: (torch.log2, T.log2), torch.log2, floating=True)
+unary("expm1", lambda: (torch.expm1, T.expm1, torch.special.expm1), torch.expm1, floating=True)
+unary("reciprocal", lambda: (torch.reciprocal, T.reciprocal), torch.reciprocal, floating=True)
+# rounding keeps integer dtypes (an exact copy), unlike the float-valued math above
+unary("floor", lambda: (torch.floor, T.floor), torch.floor)
+unary("ceil", lambda: (torch.ceil, T.ceil), torch.ceil)
+unary("trunc", lambda: (torch.trunc, torch.fix, T.trunc, T.fix), torch.trunc)
+unary("sign", lambda: (torch.sign, T.sign), torch.sign)
+unary("bitwise_not", lambda: (torch.bitwise_not, T.bitwise_not, T.__invert__), torch.bitwise_not)
+unary("hardswish", lambda: (F.hardswish,), F.hardswish)
+unary("hardsigmoid", lambda: (F.hardsigmoid,), F.hardsigmoid)
+unary("mish", lambda: (F.mish,), F.mish)
+unary("logsigmoid", lambda: (F.logsigmoid,), F.logsigmoid)
+
+
+class Square(Op):
+    """``x * x``; bool squares to int64 (torch computes it as ``pow(x, 2)``)."""
+
+    name = "square"
+    traits = frozenset({"elementwise", "pure"})
+
+    @staticmethod
+    def torch() -> tuple[Any, ...]:
+        return (torch.square, T.square)
+
+    @staticmethod
+    def capture(b: Emitter, input: Any, *, out: Any = None) -> Any:
+        if out is not None:
+            raise NotCaptured("out=")
+        return b.emit("square", [input])
+
+    @staticmethod
+    def infer(ctx: ShapeContext, x: Type) -> Type:
+        t = tensor_of(x)
+        return t.replace(dtype=DType.i64) if t.dtype == DType.bool else t
+
+    @staticmethod
+    def reference(x: Any) -> Any:
+        return torch.square(x)
+
+
+class Round(Op):
+    name = "round"
+    traits = frozenset({"elementwise", "pure"})
+
+    @staticmethod
+    def torch() -> tuple[Any, ...]:
+        return (torch.round, T.round)
+
+    @staticmethod
+    def capture(b: Emitter, input: Any, *, decimals: Any = 0, out: Any = None) -> Any:
+        if out is not None or not isinstance(decimals, int):
+            raise NotCaptured("only round(x) and round(x, decimals=<int>) are captured")
+        return b.emit("round", [input], decimals=decimals)
+
+    @staticmethod
+    def infer(ctx: ShapeContext, x: Type, *, decimals: int) -> Type:
+        t = tensor_of(x)
+        if decimals and not t.dtype.is_floating:
+            raise ShapeError("round with decimals takes float tensors")
+        return t
+
+    @staticmethod
+    def reference(x: Any, *, decimals: int) -> Any:
+        # the decimals overload has no integer kernels
+        return torch.round(x, decimals=decimals) if decimals else torch.round(x)
+
+
+class Cast(Op):
+    """Elementwise conversion to ``dtype`` (``x.to(dtype)``, ``x.float()`` ...).
+
+    Conversions that change nothing are not recorded: torch returns the tensor
+    itself for them, so the capture returns its input.
+    """
+
+    name = "cast"
+    traits = frozenset({"elementwise", "pure"})
+
+    @staticmethod
+    def torch() -> tuple[Any, ...]:
+        methods = {
+            T.float: torch.float32,
+            T.double: torch.float64,
+            T.half: torch.float16,
+            T.bfloat16: torch.bfloat16,
+            T.long: torch.int64,
+            T.int: torch.int32,
+            T.short: torch.int16,
+            T.char: torch.int8,
+            T.byte: torch.uint8,
+            T.bool: torch.bool,
+        }
+        return (
+            (T.to, _to_capture),
+            (T.type_as, _type_as_capture),
+            (T.type, _type_capture),
+            (T.cpu, _cpu_capture),
+            *((m, _method_capture(d)) for m, d in methods.items()),
+        )
+
+    @staticmethod
+    def infer(ctx: ShapeContext, x: Type, *, dtype: DType) -> Type:
+        return tensor_of(x).replace(dtype=dtype)
+
+    @staticmethod
+    def reference(x: Any, *, dtype: DType) -> Any:
+        return x.to(dtype.torch)
+
+
+def _cast(b: Emitter, x: Any, dtype: DType | None, device: str | None = None, copy: bool = False) -> Any:
+    t = tensor_of(b.type_of(x))
+    if device is not None and device != t.device:
+        # moving data between devices is the runtime's business; "cuda" without an
+        # index may or may not be the tensor's device, so it is not decided here
+        raise NotCaptured(f"a transfer from {t.device} to {device} is not captured")
+    if (dtype is None or dtype == t.dtype) and not copy:
+        return x
+    return b.emit("cast", [x], dtype=dtype or t.dtype)
+
+
+def _method_capture(dtype: Any) -> Any:
+    def capture(b: Emitter, self: Any, memory_format: Any = None) -> Any:
+        # memory formats only choose strides; Graph IR values have none
+        return _cast(b, self, DType.from_torch(dtype))
+
+    return capture
+
+
+def _to_capture(b: Emitter, self: Any, *args: Any, **kwargs: Any) -> Any:
+    dtype: Any = kwargs.pop("dtype", None)
+    device: Any = kwargs.pop("device", None)
+    copy = bool(kwargs.pop("copy", False))
+    kwargs.pop("non_blocking", None)
+    kwargs.pop("memory_format", None)
+    if kwargs:
+        raise NotCaptured(f"Tensor.to does not take {sorted(kwargs)}")
+    bools = []
+    for a in args:
+        if isinstance(a, torch.dtype):
+            dtype = a
+        elif isinstance(a, bool):
+            bools.append(a)  # non_blocking, then copy
+        elif isinstance(a, (str, torch.device, int)):
+            device = a
+        elif b.is_value(a):
+            other = tensor_of(b.type_of(a))
+            dtype, device = other.dtype, other.device
+        else:
+            raise NotCaptured(f"Tensor.to({a!r})")
+    if len(bools) > 1:
+        copy = copy or bools[1]
+    return _cast(b, self, dtype_arg(dtype), device_arg(device), copy)
+
+
+def _type_as_capture(b: Emitter, self: Any, other: Any) -> Any:
+    o = tensor_of(b.type_of(other))
+    return _cast(b, self, o.dtype, o.device)
+
+
+def _type_capture(b: Emitter, self: Any, dtype: Any = None, non_blocking: bool = False, **kwargs: Any) -> Any:
+    if not isinstance(dtype, torch.dtype):
+        raise NotCaptured("Tensor.type() with a type name or without a dtype")
+    return _cast(b, self, dtype_arg(dtype))
+
+
+def _cpu_capture(b: Emitter, self: Any, memory_format: Any = None) -> Any:
+    return _cast(b, self, None, "cpu")
+
+
+class Triangle(Op):
+    """Shared rule of ``tril``/``triu``: zero the elements outside a band of the last two dims.
+
+    Not ``elementwise``: whether an element is kept depends on its position.
+    """
+
+    traits = frozenset({"pure"})
+
+    @staticmethod
+    def infer(ctx: ShapeContext, x: Type, *, diagonal: Any) -> Type:
+        t = tensor_of(x)
+        if t.rank < 2:
+            raise ShapeError(f"tril/triu need at least 2 dimensions, got {t.rank}")
+        return t
+
+
+def _triangle(name: str, fn: Any, method: Any) -> type[Op]:
+    def capture(b: Emitter, input: Any, diagonal: Any = 0, *, out: Any = None) -> Any:
+        if out is not None:
+            raise NotCaptured("out=")
+        return b.emit(name, [input], diagonal=size_arg(diagonal))
+
+    def reference(x: Any, *, diagonal: int) -> Any:
+        return fn(x, diagonal)
+
+    ns = {
+        "name": name,
+        "torch": staticmethod(lambda: (fn, method)),
+        "capture": staticmethod(capture),
+        "reference": staticmethod(reference),
+    }
+    return type(name.title(), (Triangle,), ns)
+
+
+_triangle("tril", torch.tril, T.tril)
+_triangle("triu", torch.triu, T.triu)

@@ -1,0 +1,151 @@
+"""The program corpus end to end: compile, run every shape variant, compare with eager.
+
+For every program in :mod:`cuvil_runtime.testing.corpus` (a fresh compile per
+test, ``fallback="error"``): each shape variant's result equals eager PyTorch
+(values within the program's tolerance, same dtypes, same output structure), no
+call falls back, and at most one compile happens per variant. The first
+captured graph verifies, survives print -> parse -> print (with and without
+source locations), and its canonical text matches a golden file in
+``tests/golden/<program>.txt``.
+
+Regenerate the golden files (after an op declaration or the printer changes,
+review the diff before committing)::
+
+    .venv/bin/python -m pytest packages/cuvil-core/tests/test_corpus.py -q -p no:logging --update-golden
+
+(``--update-golden`` is registered in the repository root ``conftest.py``.)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch.utils import _pytree as pytree
+
+import cuvil as cu
+import cuvil_ir
+from cuvil_runtime.testing import PROGRAMS, Program, instantiate
+
+GOLDEN = Path(__file__).parent / "golden"
+UPDATE_CMD = "pytest packages/cuvil-core/tests/test_corpus.py --update-golden"
+
+# Known Cuvil bugs, each described with a minimal repro.
+#: program name -> reason, for programs a known Cuvil bug keeps from compiling.
+#: Strict, and only for CompileError: once the bug is fixed the test fails (an
+#: unexpected pass, or the missing golden file) until the entry goes.
+XFAIL: dict[str, str] = {}
+
+
+def _params() -> list[Any]:
+    out = []
+    for p in PROGRAMS:
+        marks = []
+        if p.name in XFAIL:
+            marks.append(pytest.mark.xfail(reason=XFAIL[p.name], strict=True, raises=cu.CompileError))
+        out.append(pytest.param(p, id=p.name, marks=marks))
+    return out
+
+
+def assert_same(actual: Any, expected: Any, program: Program, variant: int) -> None:
+    """Same pytree structure, and leaf by leaf: same dtype and values (or equal non-tensors)."""
+    a_leaves, a_spec = pytree.tree_flatten(actual)
+    e_leaves, e_spec = pytree.tree_flatten(expected)
+    where = f"{program.name}, variant {variant}"
+    assert a_spec == e_spec, f"{where}: output structure differs:\n  compiled {a_spec}\n  eager    {e_spec}"
+    for k, (a, e) in enumerate(zip(a_leaves, e_leaves)):
+        if isinstance(e, torch.Tensor):
+            assert isinstance(a, torch.Tensor), (
+                f"{where}: output leaf {k} is a {type(a).__name__}, not a tensor"
+            )
+            assert a.dtype == e.dtype, f"{where}: output leaf {k} has dtype {a.dtype}, eager {e.dtype}"
+            torch.testing.assert_close(
+                a, e, **program.tolerance, equal_nan=True, msg=lambda m, k=k: f"{where}, output leaf {k}: {m}"
+            )
+        else:
+            assert type(a) is type(e) and a == e, f"{where}: output leaf {k} is {a!r}, eager {e!r}"
+
+
+def check_golden(graph: cuvil_ir.Graph, name: str, update: bool) -> None:
+    path = GOLDEN / f"{name}.txt"
+    text = graph.text
+    if update:
+        GOLDEN.mkdir(exist_ok=True)
+        if not path.exists() or path.read_text() != text:
+            path.write_text(text)
+        return
+    if not path.exists():
+        pytest.fail(f"no golden file {path.name} for {name}: run `{UPDATE_CMD}` to create it")
+    golden = path.read_text()
+    assert text == golden, (
+        f"the captured graph of {name} differs from {path.name} "
+        f"(if the change is intended, run `{UPDATE_CMD}` and review the diff)"
+    )
+
+
+@pytest.mark.parametrize("program", _params())
+def test_program(program: Program, request: pytest.FixtureRequest, record_property: Any) -> None:
+    fn = instantiate(program)
+    compiled = cu.compile(fn, fallback="error")
+    for variant in range(program.num_variants):
+        args, kwargs = program.call_args(variant)
+        expected = fn(*args, **kwargs)
+        args, kwargs = program.call_args(variant)  # fresh inputs: eager must not leak into compiled
+        actual = compiled(*args, **kwargs)
+        assert_same(actual, expected, program, variant)
+    stats = compiled.stats
+    record_property("compiles", stats.compiles)
+    assert stats.fallbacks == 0, stats.fallback_reasons
+    assert 1 <= stats.compiles <= program.num_variants, stats.recompile_reasons
+
+    # a variant seen before runs its artifact again
+    args, kwargs = program.call_args(0)
+    assert_same(compiled(*args, **kwargs), fn(*args, **kwargs), program, 0)
+    assert compiled.stats.compiles == stats.compiles
+
+    graph = compiled.graphs[0]
+    cuvil_ir.verify(graph)
+    with_locs = str(graph)
+    reparsed = cuvil_ir.parse_graph(with_locs)
+    assert str(reparsed) == with_locs
+    cuvil_ir.verify(reparsed)
+    canonical = graph.text
+    assert cuvil_ir.parse_graph(canonical).text == canonical
+    assert reparsed.text == canonical and reparsed.hash == graph.hash
+    check_golden(graph, program.name, request.config.getoption("--update-golden", default=False))
+
+
+def test_corpus_shape():
+    names = [p.name for p in PROGRAMS]
+    assert len(names) == len(set(names))
+    assert sum(not p.is_module for p in PROGRAMS) >= 44
+    assert sum(p.is_module for p in PROGRAMS) >= 8
+    for p in PROGRAMS:
+        shapes = []
+        for i in range(p.num_variants):
+            args, kwargs = p.call_args(i)
+            leaves = pytree.tree_leaves((args, kwargs))
+            shapes.append(tuple(tuple(x.shape) for x in leaves if isinstance(x, torch.Tensor)))
+        assert len(set(shapes)) == p.num_variants, f"{p.name}: shape variants must differ in size"
+        a, b = p.call_args(0), p.call_args(0)
+        for x, y in zip(pytree.tree_leaves(a), pytree.tree_leaves(b)):
+            if isinstance(x, torch.Tensor):
+                assert torch.equal(x, y), f"{p.name}: inputs are not deterministic"
+
+
+def test_no_stale_golden_files():
+    names = {p.name for p in PROGRAMS}
+    stale = sorted(f.name for f in GOLDEN.glob("*.txt") if f.stem not in names)
+    assert not stale, f"golden files without a corpus program: {stale}"
+
+
+def test_corpus_programs_are_captured_as_user_code():
+    from cuvil_runtime.testing import get_program
+
+    p = get_program("helper_chain")
+    compiled = cu.compile(p.fn, fallback="error")
+    args, kwargs = p.call_args(0)
+    compiled(*args, **kwargs)
+    assert "corpus.py" in str(compiled.graphs[0])
