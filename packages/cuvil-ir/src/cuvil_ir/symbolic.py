@@ -67,7 +67,7 @@ def as_dim(value: object) -> Dim:
         expr = sympy.sympify(value)
         if expr.is_Integer:
             return int(expr)
-        return expr  # type: ignore[no-any-return]
+        return expr
     raise TypeError(f"not a dimension: {value!r}")
 
 
@@ -87,7 +87,7 @@ def dim_str(dim: Dim) -> str:
     """Canonical text of a dimension (deterministic across processes)."""
     if isinstance(dim, int):
         return str(dim)
-    return sympy.sstr(dim, order="lex")
+    return str(sympy.sstr(dim, order="lex"))
 
 
 def parse_dim(text: str) -> Dim:
@@ -102,7 +102,8 @@ def parse_expr(text: str) -> sympy.Basic:
             names[tok] = _FUNCTIONS[tok]
         else:
             names[tok] = symbol(tok)
-    return sympy.parse_expr(text, local_dict=names, evaluate=True)  # type: ignore[no-any-return]
+    expr: sympy.Basic = sympy.parse_expr(text, local_dict=names, evaluate=True)
+    return expr
 
 
 _FUNCTIONS: dict[str, object] = {

@@ -28,7 +28,7 @@ def _source_class() -> type:
     from torch._guards import GuardSource, Source
 
     @dataclasses.dataclass(frozen=True)
-    class SymbolSource(Source):  # type: ignore[misc]
+    class SymbolSource(Source):
         label: str = ""
 
         @property
@@ -42,7 +42,7 @@ def _source_class() -> type:
     return SymbolSource
 
 
-_SOURCE: type | None = None
+_SOURCE: Any = None
 
 
 def materialize(value: AttrValue, refs: Sequence[Any], size: Callable[[Any], Any] | None = None) -> Any:
@@ -144,7 +144,7 @@ class SymMirror:
         theirs = self.env.create_symbol(
             self.ctx.hint(s),
             _SOURCE(label=s.name),
-            dynamic_dim=DimDynamic.DYNAMIC,  # type: ignore[misc]
+            dynamic_dim=DimDynamic.DYNAMIC,
             positive=None,
             do_not_specialize_zero_one=True,
         )
@@ -157,11 +157,11 @@ class SymMirror:
         if isinstance(d, int):
             return d
         for s in sorted(d.free_symbols - set(self.ours_to_theirs), key=lambda x: x.name):
-            self._add(s)  # type: ignore[arg-type]
+            self._add(s)
         theirs = d.xreplace(self.ours_to_theirs)
         if d.is_Relational or isinstance(d, sympy.logic.boolalg.BooleanFunction):
             return self.env.create_symboolnode(theirs)
-        return self.env.create_symintnode(theirs, hint=self.ctx.hint(d))  # type: ignore[arg-type]
+        return self.env.create_symintnode(theirs, hint=self.ctx.hint(d))
 
     def ours(self, value: Any, what: str = "") -> Any:
         """Our sympy expression for a ``torch.SymInt``/``SymBool``/``SymFloat`` (or plain value)."""

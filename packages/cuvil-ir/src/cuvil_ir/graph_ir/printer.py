@@ -49,7 +49,7 @@ def format_attr(v: AttrValue) -> str:
     if isinstance(v, tuple):
         return "[" + ", ".join(format_attr(x) for x in v) + "]"
     if isinstance(v, sympy.Basic):
-        return f"<{dim_str(v)}>"  # type: ignore[arg-type]
+        return f"<{dim_str(v)}>"  # type: ignore[arg-type, unused-ignore]
     raise TypeError(f"cannot print attribute value {v!r} of type {type(v).__name__}")
 
 

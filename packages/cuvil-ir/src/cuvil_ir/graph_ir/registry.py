@@ -56,36 +56,43 @@ class Emitter(Protocol):
 CaptureRule = Callable[..., Any]
 
 
+def _no_torch() -> tuple[()]:
+    return ()
+
+
+def _no_capture(b: Emitter, *args: Any, **kwargs: Any) -> Any:
+    raise NotCaptured("no capture rule")
+
+
 class Op:
+    """Base of op declarations; subclasses define the class attributes below
+    (``infer`` and ``reference`` as staticmethods), and register on definition."""
+
     name: ClassVar[str]
     traits: ClassVar[frozenset[str]] = frozenset()
     attr_names: ClassVar[tuple[str, ...]] = ()
     #: number of outputs when fixed; ``None`` when an attribute decides it
     num_outputs: ClassVar[int | None] = 1
 
-    @staticmethod
-    def torch() -> Iterable[Callable[..., Any] | tuple[Callable[..., Any], CaptureRule]]:
-        """Torch callables this op captures; a ``(callable, rule)`` pair overrides
-        :meth:`capture` for that callable (e.g. reflected operators)."""
-        return ()
-
-    @staticmethod
-    def capture(b: Emitter, *args: Any, **kwargs: Any) -> Any:
-        raise NotCaptured("no capture rule")
-
-    @staticmethod
-    def infer(ctx: ShapeContext, *inputs: Type, **attrs: Any) -> Type | tuple[Type, ...]:
-        raise NotImplementedError
-
-    @staticmethod
-    def reference(*inputs: Any, **attrs: Any) -> Any:
-        raise NotImplementedError
+    #: the torch callables this op captures; a ``(callable, rule)`` pair overrides
+    #: :attr:`capture` for that callable (e.g. reflected operators)
+    torch: ClassVar[Callable[[], Iterable[Callable[..., Any] | tuple[Callable[..., Any], CaptureRule]]]]
+    #: ``capture(b, *torch_args, **torch_kwargs)``: record one torch call through ``b``
+    capture: ClassVar[CaptureRule]
+    #: ``infer(ctx, *input_types, **attrs)``: the symbolic shape/dtype rule
+    infer: ClassVar[Callable[..., Type | tuple[Type, ...]]]
+    #: ``reference(*inputs, **attrs)``: the eager torch implementation
+    reference: ClassVar[Callable[..., Any]]
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         if "name" not in cls.__dict__:
             return  # an abstract family base
         sig = inspect.signature(cls.infer)
+        if "torch" not in cls.__dict__ and not hasattr(cls, "torch"):
+            cls.torch = _no_torch
+        if not hasattr(cls, "capture"):
+            cls.capture = _no_capture
         cls.attr_names = tuple(
             p.name for p in sig.parameters.values() if p.kind is inspect.Parameter.KEYWORD_ONLY
         )

@@ -7,6 +7,7 @@ Text forms (printed by the printer, read by the parser):
 
 from __future__ import annotations
 
+import builtins
 import enum
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Union
@@ -15,6 +16,7 @@ from cuvil_ir.symbolic import Dim, Shape, as_dim, dim_str
 
 if TYPE_CHECKING:
     import torch
+    import torch as _torch  # DType.torch shadows the module name inside the class
 
 
 class DType(enum.Enum):
@@ -34,13 +36,14 @@ class DType(enum.Enum):
     c128 = "c128"
 
     @property
-    def torch(self) -> torch.dtype:
+    def torch(self) -> _torch.dtype:
         import torch
 
-        return getattr(torch, _TORCH_NAMES[self])  # type: ignore[no-any-return]
+        dtype: _torch.dtype = getattr(torch, _TORCH_NAMES[self])
+        return dtype
 
     @staticmethod
-    def from_torch(dtype: torch.dtype) -> DType:
+    def from_torch(dtype: _torch.dtype) -> DType:
         name = str(dtype).removeprefix("torch.")
         for k, v in _TORCH_NAMES.items():
             if v == name:
@@ -48,15 +51,15 @@ class DType(enum.Enum):
         raise TypeError(f"dtype {dtype} is not supported by Cuvil")
 
     @property
-    def is_floating(self) -> bool:
+    def is_floating(self) -> builtins.bool:
         return self in (DType.f16, DType.bf16, DType.f32, DType.f64)
 
     @property
-    def is_complex(self) -> bool:
+    def is_complex(self) -> builtins.bool:
         return self in (DType.c64, DType.c128)
 
     @property
-    def is_integer(self) -> bool:
+    def is_integer(self) -> builtins.bool:
         return self in (DType.u8, DType.i8, DType.i16, DType.i32, DType.i64)
 
 

@@ -35,7 +35,7 @@ def verify(g: Graph) -> Graph:
     """Raise :class:`VerifyError` describing the first problem; return ``g``."""
     defined: set[Value] = set()
     names: set[str] = set()
-    bound = set()
+    bound: set[sympy.Symbol] = set()
     for v in g.inputs:
         _define(v, defined, names, "graph input")
         if isinstance(v.type, TensorType):

@@ -250,11 +250,6 @@ def device_arg(v: Any) -> str | None:
     raise NotCaptured(f"device argument {v!r} is not a device")
 
 
-def no_out(out: Any) -> None:
-    if out is not None:
-        raise NotCaptured("out= is not captured")
-
-
 def ntuple(v: Any, n: int, what: str) -> tuple[Any, ...]:
     """torch's ``_pair``/``_triple``: one value for every spatial dim, or one each."""
     if isinstance(v, (tuple, list)):
