@@ -199,7 +199,11 @@ def prove(cond: sympy.Basic) -> bool | None:
 def canonical(fact: sympy.Basic) -> sympy.Basic:
     """The form a fact takes after printing and re-reading (the IR text's form), so
     facts recorded while tracing and facts read back from text compare equal."""
-    return parse_expr(sympy.sstr(sympy.sympify(fact), order="lex"))
+    fact = parse_expr(sympy.sstr(sympy.sympify(fact), order="lex"))
+    if isinstance(fact, (sympy.Eq, sympy.Ne)):  # symmetric: one order only
+        lhs, rhs = sorted(fact.args, key=lambda a: (bool(a.is_Number), sympy.default_sort_key(a)))
+        fact = type(fact)(lhs, rhs, evaluate=False)
+    return fact
 
 
 class ShapeContext:
@@ -209,7 +213,7 @@ class ShapeContext:
     without hints (verification) only recorded assumptions and proofs answer.
     """
 
-    __slots__ = ("hints", "assumptions", "reasons")
+    __slots__ = ("hints", "assumptions", "reasons", "_known")
 
     def __init__(
         self,
@@ -219,10 +223,23 @@ class ShapeContext:
         self.hints: dict[sympy.Symbol, int] | None = dict(hints) if hints is not None else None
         self.assumptions: list[sympy.Basic] = list(assumptions)
         self.reasons: dict[sympy.Basic, str] = {}
+        #: symbols an assumption pins to a value (``Eq(x_1, 16)``): substituted before
+        #: proving, so facts that follow from them need no assumption of their own
+        self._known: dict[sympy.Symbol, int] = {}
+        for fact in self.assumptions:
+            self._learn(fact)
+
+    def _learn(self, fact: sympy.Basic) -> None:
+        if isinstance(fact, sympy.Eq):
+            for a, b in ((fact.lhs, fact.rhs), (fact.rhs, fact.lhs)):
+                if isinstance(a, sympy.Symbol) and b.is_Integer:
+                    self._known[a] = int(b)
 
     def decide(self, cond: sympy.Basic, reason: str = "") -> bool:
         cond = canonical(cond)
         proved = prove(cond)
+        if proved is None and self._known:
+            proved = prove(sympy.sympify(cond.xreplace(self._known)))
         if proved is not None:
             return proved
         if cond in self.assumptions:
@@ -245,6 +262,7 @@ class ShapeContext:
         if fact == sympy.false:
             raise UndecidableError("contradictory size assumptions")
         self.assumptions.append(fact)
+        self._learn(fact)
         if reason:
             self.reasons.setdefault(fact, reason)
 

@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Union
 from cuvil_ir.symbolic import Dim, Shape, as_dim, dim_str
 
 if TYPE_CHECKING:
-    import torch
     import torch as _torch  # DType.torch shadows the module name inside the class
 
 

@@ -79,12 +79,16 @@ def binary(
     reflected: Callable[[], tuple[Any, ...]] = tuple,
     compare: bool = False,
     true_div: bool = False,
+    tensors_only: bool = False,
 ) -> type[Op]:
-    """Declare ``name(a, b)`` with broadcasting; ``reflected`` callables swap operands."""
+    """Declare ``name(a, b)`` with broadcasting; ``reflected`` callables swap operands;
+    ``tensors_only`` ops (torch.maximum ...) take no Python scalar operand."""
 
     def infer(ctx: ShapeContext, a: Type, b: Type) -> Type:
         if isinstance(a, ScalarType) and isinstance(b, ScalarType):
             raise ValueError(f"{name}: at least one operand must be a tensor")
+        if tensors_only and (isinstance(a, ScalarType) or isinstance(b, ScalarType)):
+            raise ValueError(f"{name}: both operands must be tensors")
         dtype = result_dtype(a, b)
         if compare:
             dtype = DType.bool
@@ -95,6 +99,8 @@ def binary(
     def capture(b: Emitter, input: Any, other: Any, *, alpha: Any = 1, out: Any = None) -> Any:
         if out is not None or alpha != 1:
             raise NotCaptured("only the plain form is captured")
+        if tensors_only and not (b.is_value(input) and b.is_value(other)):
+            raise NotCaptured(f"torch.{name} takes tensors only; torch reports the error")
         return b.emit(name, [input, other])
 
     def capture_reflected(b: Emitter, input: Any, other: Any) -> Any:
@@ -180,16 +186,24 @@ binary(
     true_div=True,
 )
 binary("pow", lambda: (torch.pow, T.pow, T.__pow__), torch.pow, reflected=lambda: (T.__rpow__,))
-binary("maximum", lambda: (torch.maximum, T.maximum), torch.maximum)
-binary("minimum", lambda: (torch.minimum, T.minimum), torch.minimum)
+binary("maximum", lambda: (torch.maximum, T.maximum), torch.maximum, tensors_only=True)
+binary("minimum", lambda: (torch.minimum, T.minimum), torch.minimum, tensors_only=True)
 binary("eq", lambda: (torch.eq, T.eq, T.__eq__), torch.eq, compare=True)
 binary("ne", lambda: (torch.ne, T.ne, T.__ne__), torch.ne, compare=True)
 binary("lt", lambda: (torch.lt, T.lt, T.__lt__), torch.lt, compare=True)
 binary("le", lambda: (torch.le, T.le, T.__le__), torch.le, compare=True)
 binary("gt", lambda: (torch.gt, T.gt, T.__gt__), torch.gt, compare=True)
 binary("ge", lambda: (torch.ge, T.ge, T.__ge__), torch.ge, compare=True)
-binary("logical_and", lambda: (torch.logical_and, T.logical_and), torch.logical_and, compare=True)
-binary("logical_or", lambda: (torch.logical_or, T.logical_or), torch.logical_or, compare=True)
+binary(
+    "logical_and",
+    lambda: (torch.logical_and, T.logical_and),
+    torch.logical_and,
+    compare=True,
+    tensors_only=True,
+)
+binary(
+    "logical_or", lambda: (torch.logical_or, T.logical_or), torch.logical_or, compare=True, tensors_only=True
+)
 
 # -- unary math -------------------------------------------------------------
 unary("neg", lambda: (torch.neg, T.neg, T.__neg__), torch.neg)
@@ -236,7 +250,13 @@ binary(
     torch.bitwise_xor,
     reflected=lambda: (T.__rxor__,),
 )
-binary("logical_xor", lambda: (torch.logical_xor, T.logical_xor), torch.logical_xor, compare=True)
+binary(
+    "logical_xor",
+    lambda: (torch.logical_xor, T.logical_xor),
+    torch.logical_xor,
+    compare=True,
+    tensors_only=True,
+)
 
 unary("sin", lambda: (torch.sin, T.sin), torch.sin, floating=True)
 unary("cos", lambda: (torch.cos, T.cos), torch.cos, floating=True)
