@@ -901,6 +901,7 @@ def _randomize_bn(m: nn.Module) -> None:
     for bn in m.modules():
         if isinstance(bn, nn.modules.batchnorm._BatchNorm):
             n = bn.num_features
+            assert bn.running_mean is not None and bn.running_var is not None
             bn.running_mean.copy_(torch.randn(n) * 0.1)
             bn.running_var.copy_(torch.rand(n) + 0.5)
             bn.weight.data.copy_(torch.rand(n) + 0.5)
