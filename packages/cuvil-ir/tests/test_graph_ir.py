@@ -1,0 +1,173 @@
+"""Graph IR core: printing, parsing, verification, hashing, symbolic facts."""
+
+from __future__ import annotations
+
+import pytest
+import sympy
+
+import cuvil_ir as ir
+from cuvil_ir.graph_ir.nodes import KV, Block, Ref
+from cuvil_ir.symbolic import ShapeContext, UndecidableError, canonical, parse_expr, symbol
+
+X0, X1 = symbol("x_0"), symbol("x_1")
+F32 = ir.DType.f32
+
+
+def t(*shape, dtype=F32):
+    return ir.TensorType(dtype, shape)
+
+
+def small_graph(const=1.0, assumptions=()):
+    x = ir.Value("x", t(X0, 4))
+    c = ir.Value("c", ir.ScalarType(ir.ScalarKind.float))
+    a = ir.Value("a", t(X0, 4))
+    b = ir.Value("b", t(X0, 4))
+    nodes = (
+        ir.Node("const", (), (c,), (("value", const),)),
+        ir.Node("add", (x, c), (a,), loc=ir.Loc("f.py", 3, 5)),
+        ir.Node("relu", (a,), (b,)),
+    )
+    return ir.Graph("f", (x,), nodes, (b,), tuple(assumptions))
+
+
+def test_print_is_canonical_and_round_trips():
+    g = small_graph()
+    text = str(g)
+    assert 'loc("f.py":3:5)' in text
+    assert "%0 = const() {value = 1.0} : Scalar[float]" in text
+    assert ir.parse_graph(text).text == g.text
+    assert str(ir.parse_graph(text)) == text
+    assert "loc(" not in g.text
+
+
+def test_value_names_do_not_change_the_hash_but_constants_do():
+    g = small_graph()
+    assert ir.parse_graph(g.text.replace("%0", "%k")).text == g.text  # intermediates are renumbered
+    assert ir.parse_graph(g.text.replace("%0", "%k")).hash == g.hash
+    assert small_graph(2.0).hash != g.hash
+
+
+def test_attribute_values_round_trip():
+    values = [
+        None,
+        True,
+        -3,
+        1e-05,
+        float("inf"),
+        float("-inf"),
+        'a "quoted" string',
+        ir.DType.bf16,
+        (1, (2, 3), ()),
+        KV.of({"b": 1, "a": Ref(0)}),
+        KV((("__slice__", (None, X0 * 2, 1)),)),
+        sympy.floor(X0 * X1 / 4),
+    ]
+    x = ir.Value("x", t(X0, X1))
+    y = ir.Value("y", t(X0, X1))
+    for v in values:
+        node = ir.Node(
+            "extern", (x,), (y,), (("args", v), ("kwargs", KV(())), ("mutates", None), ("target", "t"))
+        )
+        g = ir.Graph("g", (x,), (node,), (y,))
+        back = ir.parse_graph(g.text)
+        assert back.nodes[0].attr("args") == v, v
+        assert back.text == g.text
+
+
+def test_nan_and_regions_print_and_parse():
+    x = ir.Value("x", t(4))
+    inner = ir.Value("i", t(4))
+    arg = ir.Value("arg", t(4))
+    outer = ir.Value("o", t(4))
+    region = Block((arg,), (ir.Node("relu", (arg,), (inner,)),), (inner,))
+    node = ir.Node(
+        "extern",
+        (x,),
+        (outer,),
+        (("args", float("nan")), ("kwargs", KV(())), ("mutates", None), ("target", "t")),
+        regions=(region,),
+    )
+    g = ir.Graph("g", (x,), (node,), (outer,))
+    text = g.text
+    assert "^0(%1: Tensor[f32, (4,), cpu]) {" in text and "yield %2" in text
+    back = ir.parse_graph(text)
+    assert back.text == text
+    assert back.nodes[0].regions[0].nodes[0].op == "relu"
+
+
+def test_parse_errors_point_at_the_problem():
+    text = small_graph().text.replace("add(%x, %0)", "add(%x, %9)")
+    with pytest.raises(ir.ParseError, match=r"line \d+:\d+: use of undefined value %9"):
+        ir.parse_graph(text)
+    with pytest.raises(ir.ParseError, match="defined twice"):
+        ir.parse_graph(small_graph().text.replace("%2 = relu(%1)", "%1 = relu(%1)"))
+
+
+def test_verifier_accepts_good_graph_and_rejects_bad_ones():
+    ir.verify(small_graph())
+    g = small_graph()
+    # wrong result type
+    bad = g.replace(nodes=(*g.nodes[:2], g.nodes[2].replace(outputs=(ir.Value("b", t(X0, 5)),))))
+    with pytest.raises(ir.VerifyError, match="do not match the op's rule"):
+        ir.verify(bad.replace(outputs=bad.nodes[2].outputs))
+    # use before definition
+    with pytest.raises(ir.VerifyError, match="does not dominate"):
+        ir.verify(g.replace(nodes=(g.nodes[1], g.nodes[0], g.nodes[2])))
+    # unknown attribute
+    with pytest.raises(ir.VerifyError, match="not declared"):
+        ir.verify(g.replace(nodes=(g.nodes[0], g.nodes[1].replace(attrs=(("alpha", 2),)), g.nodes[2])))
+    # undefined output
+    with pytest.raises(ir.VerifyError, match="not defined"):
+        ir.verify(g.replace(outputs=(ir.Value("nope", t(4)),)))
+    # unknown op
+    with pytest.raises(ir.VerifyError, match="unknown Graph IR op"):
+        ir.verify(g.replace(nodes=(*g.nodes[:2], g.nodes[2].replace(op="frobnicate"))))
+
+
+def test_verifier_replays_shape_rules_under_the_recorded_assumptions():
+    x = ir.Value("x", t(X0))
+    y = ir.Value("y", t(X1))
+    z = ir.Value("z", t(X0))
+    node = ir.Node("add", (x, y), (z,))
+    g = ir.Graph("g", (x, y), (node,), (z,))
+    with pytest.raises(ir.VerifyError, match="missing assume line"):
+        ir.verify(g)
+    ir.verify(g.replace(assumptions=(sympy.Eq(X0, X1),)))
+    assert "assume Eq(x_0, x_1)" in g.replace(assumptions=(sympy.Eq(X0, X1),)).text
+    with pytest.raises(ir.VerifyError, match="unbound symbols"):
+        ir.verify(g.replace(assumptions=(sympy.Eq(symbol("q"), 3),)))
+
+
+def test_shape_context_records_facts_from_hints_and_replays_them():
+    ctx = ShapeContext({X0: 8, X1: 8})
+    assert ctx.equal(X0, X1, "why") is True
+    assert ctx.decide(sympy.Eq(X0, 1)) is False
+    assert ctx.assumptions == [canonical(sympy.Eq(X0, X1)), canonical(sympy.Ne(X0, 1))]
+    replay = ShapeContext(None, ctx.assumptions)
+    assert replay.equal(X1, X0) is True and replay.decide(sympy.Eq(X0, 1)) is False
+    with pytest.raises(UndecidableError):
+        replay.decide(sympy.Gt(X0, 3))
+    # provable facts are never recorded
+    assert ctx.decide(sympy.Ge(X0 + 1, 1)) is True and len(ctx.assumptions) == 2
+
+
+def test_pinned_symbols_make_derived_facts_provable():
+    ctx = ShapeContext({X0: 16})
+    ctx.decide(sympy.Eq(X0, 16))
+    assert ctx.decide(sympy.Eq(sympy.floor(X0 / 4), 4)) is True
+    assert len(ctx.assumptions) == 1
+
+
+def test_canonical_facts_survive_printing():
+    fact = sympy.Le(sympy.floor(X0 / 2), X0)  # sympy simplifies this when re-read
+    assert canonical(fact) == sympy.true
+    assert canonical(sympy.Eq(16, X0)) == canonical(sympy.Eq(X0, 16))
+    assert str(canonical(sympy.Eq(16, X0))) == "Eq(x_0, 16)"
+    assert parse_expr("floor(x_0*x_1/4)") == sympy.floor(X0 * X1 / 4)
+
+
+def test_reserved_symbol_names_are_refused():
+    with pytest.raises(ValueError):
+        symbol("f32")
+    with pytest.raises(ValueError):
+        symbol("1x")
