@@ -18,9 +18,10 @@ graph relies on is visible in its text.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Union
+from typing import Any, Union
 
 import sympy
+from sympy.printing.str import StrPrinter
 
 Dim = Union[int, sympy.Expr]
 Shape = tuple[Dim, ...]
@@ -83,11 +84,28 @@ def free_symbols(dims: Iterable[Dim]) -> frozenset[sympy.Symbol]:
     return frozenset(out)
 
 
+class _Printer(StrPrinter):  # type: ignore[misc]
+    """sympy's str form, but relations as calls (``Gt(x_0, 1)``), so an expression
+    never contains ``<``/``>`` and can sit inside ``<...>`` in IR text."""
+
+    def _print_Relational(self, expr: Any) -> str:
+        name = {">": "Gt", ">=": "Ge", "<": "Lt", "<=": "Le", "==": "Eq", "!=": "Ne"}[expr.rel_op]
+        return f"{name}({self._print(expr.lhs)}, {self._print(expr.rhs)})"
+
+
+_PRINTER = _Printer({"order": "lex"})
+
+
+def expr_str(expr: sympy.Basic | int) -> str:
+    """Canonical text of a size expression or fact (deterministic across processes)."""
+    if isinstance(expr, int):
+        return str(expr)
+    return str(_PRINTER.doprint(expr))
+
+
 def dim_str(dim: Dim) -> str:
-    """Canonical text of a dimension (deterministic across processes)."""
-    if isinstance(dim, int):
-        return str(dim)
-    return str(sympy.sstr(dim, order="lex"))
+    """Canonical text of a dimension."""
+    return expr_str(dim)
 
 
 def parse_dim(text: str) -> Dim:
@@ -114,6 +132,10 @@ _FUNCTIONS: dict[str, object] = {
     "Min": sympy.Min,
     "Eq": sympy.Eq,
     "Ne": sympy.Ne,
+    "Gt": sympy.Gt,
+    "Ge": sympy.Ge,
+    "Lt": sympy.Lt,
+    "Le": sympy.Le,
     "Abs": sympy.Abs,
     "Piecewise": sympy.Piecewise,
     "And": sympy.And,
@@ -161,7 +183,7 @@ def evaluate_bool(cond: sympy.Basic, bindings: Mapping[sympy.Symbol, int]) -> bo
     value = sympy.simplify(value)
     if value in (sympy.true, sympy.false):
         return bool(value)
-    raise ValueError(f"condition {sympy.sstr(cond)} did not evaluate to a bool ({value})")
+    raise ValueError(f"condition {expr_str(cond)} did not evaluate to a bool ({value})")
 
 
 def negate(cond: sympy.Basic) -> sympy.Basic:
@@ -199,7 +221,7 @@ def prove(cond: sympy.Basic) -> bool | None:
 def canonical(fact: sympy.Basic) -> sympy.Basic:
     """The form a fact takes after printing and re-reading (the IR text's form), so
     facts recorded while tracing and facts read back from text compare equal."""
-    fact = parse_expr(sympy.sstr(sympy.sympify(fact), order="lex"))
+    fact = parse_expr(expr_str(sympy.sympify(fact)))
     if isinstance(fact, (sympy.Eq, sympy.Ne)):  # symmetric: one order only
         lhs, rhs = sorted(fact.args, key=lambda a: (bool(a.is_Number), sympy.default_sort_key(a)))
         fact = type(fact)(lhs, rhs, evaluate=False)
@@ -248,7 +270,7 @@ class ShapeContext:
         if neg in self.assumptions:
             return False
         if self.hints is None:
-            raise UndecidableError(f"cannot decide {sympy.sstr(cond)} without an assumption")
+            raise UndecidableError(f"cannot decide {expr_str(cond)} without an assumption")
         value = evaluate_bool(cond, self.hints)
         self.assume(cond if value else neg, reason)
         return value

@@ -22,7 +22,7 @@ import sympy
 
 from cuvil_ir.graph_ir.nodes import KV, AttrValue, Block, Graph, Node, Ref, Value
 from cuvil_ir.graph_ir.types import DType, Type
-from cuvil_ir.symbolic import dim_str
+from cuvil_ir.symbolic import dim_str, expr_str
 
 
 def format_attr(v: AttrValue) -> str:
@@ -84,7 +84,7 @@ def print_graph(g: Graph, *, locations: bool = True, canonical: bool = True) -> 
     params = ", ".join(f"{namer.define(v, keep=True)}: {format_type(v.type)}" for v in g.inputs)
     lines = [f"graph @{g.name}({params}) {{"]
     for a in g.assumptions:
-        lines.append(f"  assume {sympy.sstr(a, order='lex')}")
+        lines.append(f"  assume {expr_str(a)}")
     _print_nodes(g.nodes, namer, lines, "  ", locations)
     lines.append("  return " + ", ".join(namer.use(v) for v in g.outputs))
     lines.append("}")

@@ -1,19 +1,46 @@
-"""Shared pieces of shape/dtype rules: broadcasting, promotion, dim handling."""
+"""Shared pieces of op declarations: family declaration, broadcasting, promotion, dim handling,
+and the capture-side handling of torch's arguments."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import sympy
 
-from cuvil_ir.graph_ir.registry import NotCaptured
+from cuvil_ir.graph_ir.registry import CaptureRule, NotCaptured, Op
 from cuvil_ir.graph_ir.types import DType, ScalarKind, ScalarType, TensorType, Type
 from cuvil_ir.symbolic import Dim, Shape, ShapeContext, as_dim
 
 
 class ShapeError(ValueError):
     """Operands whose shapes or dtypes the op cannot accept."""
+
+
+def declare(
+    name: str,
+    *,
+    torch: Callable[[], Iterable[Any]],
+    reference: Callable[..., Any],
+    infer: Callable[..., Any] | None = None,
+    capture: CaptureRule | None = None,
+    traits: Iterable[str] | None = None,
+    base: type[Op] = Op,
+    **attrs: Any,
+) -> type[Op]:
+    """Declare op ``name`` from functions, as the family factories (``unary``, ``reduction`` ...) do.
+
+    The class is named after the op (``log_softmax``: ``LogSoftmax``) and belongs to the
+    module that defines ``reference``; ``infer``, ``capture`` and ``traits`` left out are
+    inherited from ``base``; ``attrs`` are further class attributes (``num_outputs``).
+    """
+    ns: dict[str, Any] = {"__module__": reference.__module__, "name": name, **attrs}
+    if traits is not None:
+        ns["traits"] = frozenset(traits)
+    for key, fn in (("torch", torch), ("capture", capture), ("infer", infer), ("reference", reference)):
+        if fn is not None:
+            ns[key] = staticmethod(fn)
+    return type(name.title().replace("_", ""), (base,), ns)
 
 
 def tensor_of(t: Type, what: str = "operand") -> TensorType:
