@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cuvil.api import CompiledFunction, CuvilFallbackWarning, Stats, compile
+from cuvil.api import CompiledFunction, CuvilFallbackWarning, Stats, compile, explain
 from cuvil.errors import CompileError, SourceLoc
 
 __version__ = "0.1.0"
@@ -32,4 +32,5 @@ __all__ = [
     "Stats",
     "backends",
     "compile",
+    "explain",
 ]

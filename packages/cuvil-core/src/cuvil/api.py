@@ -14,7 +14,8 @@ from torch.utils import _pytree as pytree
 
 from cuvil.errors import CompileError
 from cuvil.frontend.capture import Captured, capture, module_state
-from cuvil.guards import explain_structure, leaf_key
+from cuvil.guards import describe_leaf, explain_structure, leaf_key
+from cuvil_ir.symbolic import expr_str, symbol
 from cuvil_runtime.target import CompileOptions, Executable
 
 FALLBACKS = ("eager", "error")
@@ -63,6 +64,7 @@ class CompiledFunction:
         opt_level: int,
         dynamic: bool,
         fallback: str,
+        dims: dict[str, dict[int, str]] | None = None,
     ) -> None:
         if fallback not in FALLBACKS:
             raise ValueError(f"fallback must be one of {FALLBACKS}, got {fallback!r}")
@@ -78,6 +80,7 @@ class CompiledFunction:
         self.opt_level = opt_level
         self.dynamic = dynamic
         self.fallback = fallback
+        self.dims = _check_dims(dims)
         self.stats = Stats()
         self.artifacts: list[_Artifact] = []
         self._warned: set[str] = set()
@@ -90,6 +93,14 @@ class CompiledFunction:
             params = list(sig.parameters.values())[1:]  # drop self
             sig = sig.replace(parameters=params)
         self._sig = sig
+        if sig is not None and self.dims:
+            unknown = sorted(set(self.dims) - set(sig.parameters))
+            if unknown:
+                raise ValueError(
+                    f"dims names {unknown}, which are not parameters of {getattr(fn, '__qualname__', fn)} "
+                    f"(parameters: {list(sig.parameters)})"
+                )
+        self._last: _Artifact | None = None
         self.__name__ = getattr(fn, "__name__", type(fn).__name__)
         self.__qualname__ = getattr(fn, "__qualname__", self.__name__)
         self.__doc__ = getattr(fn, "__doc__", None)
@@ -171,6 +182,7 @@ class CompiledFunction:
                 and _lifted_ok(art)
                 and (art.captured is None or art.captured.check.holds(leaves))
             ):
+                self._last = art
                 if art.captured is None:
                     return self._eager(art.reason or "", args, kwargs)
                 self.stats.cache_hits += 1
@@ -181,6 +193,7 @@ class CompiledFunction:
             self.stats.recompile_reasons.append(self._why_miss(key, extra, leaves, names))
         art = self._compile(key, extra, leaves, names, spec, args, kwargs)
         self.artifacts.append(art)
+        self._last = art
         if art.captured is None:
             return self._eager(art.reason or "", args, kwargs)
         return _run(art, leaves)
@@ -220,7 +233,9 @@ class CompiledFunction:
     ) -> _Artifact:
         self.stats.compiles += 1
         try:
-            captured = capture(self.__name__, self.fn, self.module, leaves, names, spec, self.dynamic)
+            captured = capture(
+                self.__name__, self.fn, self.module, leaves, names, spec, self.dynamic, self.dims
+            )
             target_name = self._pick_target(leaves)
             from cuvil_runtime.registry import get_target
 
@@ -301,6 +316,26 @@ def _leaf_name(path: tuple[Any, ...], names: list[str]) -> str:
     return "_".join(parts)
 
 
+def _check_dims(dims: Any) -> dict[str, dict[int, str]]:
+    if dims is None:
+        return {}
+    if not isinstance(dims, dict):
+        raise TypeError('dims must be a dict like {"x": {0: "B"}, "y": {0: "B"}}')
+    out: dict[str, dict[int, str]] = {}
+    for arg, axes in dims.items():
+        if not isinstance(axes, dict) or not all(isinstance(a, int) for a in axes):
+            raise TypeError(f"dims[{arg!r}] must map axis numbers to names, e.g. {{0: 'B'}}")
+        for name in axes.values():
+            try:
+                symbol(name)
+            except ValueError:
+                raise ValueError(
+                    f"dims[{arg!r}]: {name!r} is not a valid size name (an identifier)"
+                ) from None
+        out[str(arg)] = dict(axes)
+    return out
+
+
 def compile(
     fn_or_module: Any = None,
     *,
@@ -308,6 +343,7 @@ def compile(
     opt_level: int = 2,
     dynamic: bool = True,
     fallback: str = "eager",
+    dims: dict[str, dict[int, str]] | None = None,
 ) -> Any:
     """Compile a function or ``nn.Module`` for inference; usable bare or with arguments.
 
@@ -316,14 +352,54 @@ def compile(
     ``dynamic=True`` makes every input size symbolic (one artifact for all
     shapes that satisfy the graph's size guards); ``fallback="eager"`` runs the
     original code (with a warning, counted in ``stats``) when compiling fails,
-    ``"error"`` raises :class:`CompileError` instead.
+    ``"error"`` raises :class:`CompileError` instead. ``dims`` names sizes
+    (``{"x": {0: "B"}, "y": {0: "B"}}``): one name is one symbol, so those sizes
+    are known equal (a call where they differ is refused by the guards).
     """
 
     def wrap(f: Any) -> CompiledFunction:
         if not callable(f):
             raise TypeError(f"cuvil.compile expects a function or nn.Module, got {type(f).__name__}")
-        return CompiledFunction(f, target=target, opt_level=opt_level, dynamic=dynamic, fallback=fallback)
+        return CompiledFunction(
+            f, target=target, opt_level=opt_level, dynamic=dynamic, fallback=fallback, dims=dims
+        )
 
     if fn_or_module is None:
         return wrap
     return wrap(fn_or_module)
+
+
+def explain(fn: Any, *args: Any, **kwargs: Any) -> str:
+    """Compile (or reuse) ``fn`` for these arguments and say what was captured and why:
+    the Graph IR, the size symbols and where they come from, the guards a later
+    call must pass (with the reason for each), and every recompile so far."""
+    cf = fn if isinstance(fn, CompiledFunction) else compile(fn)
+    cf(*args, **kwargs)
+    art = cf._last
+    assert art is not None
+    lines = [f"{cf.__qualname__}: {cf.stats}"]
+    if art.captured is None:
+        lines.append(f"runs eagerly: {art.reason}")
+        return "\n".join(lines) + "\n"
+    c = art.captured
+    lines.append(f"target: {art.target}")
+    lines.append("symbols:")
+    for slot in c.check.slots:
+        lines.append(f"  {slot.symbol} = {slot.leaf_name}.shape[{slot.axis}]")
+    lines.append("guards:")
+    names = cf._leaf_names(*cf._bind(args, kwargs))
+    for name, key in zip(names, art.key[1]):
+        lines.append(
+            f"  {name}: {describe_leaf(key)}" + (" (any sizes)" if key[0] == "tensor" and cf.dynamic else "")
+        )
+    if cf.module is not None:
+        lines.append("  module: training flags and parameter/buffer dtypes and shapes as now")
+    for fact in c.graph.assumptions:
+        why = c.check.reasons.get(fact)
+        lines.append(f"  {expr_str(fact)}" + (f"    <- {why}" if why else ""))
+    if cf.stats.recompile_reasons:
+        lines.append("recompiles:")
+        lines += [f"  {r}" for r in cf.stats.recompile_reasons]
+    lines.append("graph:")
+    lines += ["  " + x for x in str(c.graph).rstrip("\n").split("\n")]
+    return "\n".join(lines) + "\n"

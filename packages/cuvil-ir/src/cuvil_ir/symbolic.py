@@ -222,6 +222,8 @@ def canonical(fact: sympy.Basic) -> sympy.Basic:
     """The form a fact takes after printing and re-reading (the IR text's form), so
     facts recorded while tracing and facts read back from text compare equal."""
     fact = parse_expr(expr_str(sympy.sympify(fact)))
+    if isinstance(fact, (sympy.StrictGreaterThan, sympy.GreaterThan)):  # one orientation: Lt/Le
+        fact = fact.reversed
     if isinstance(fact, (sympy.Eq, sympy.Ne)):  # symmetric: one order only
         lhs, rhs = sorted(fact.args, key=lambda a: (bool(a.is_Number), sympy.default_sort_key(a)))
         fact = type(fact)(lhs, rhs, evaluate=False)
@@ -235,7 +237,7 @@ class ShapeContext:
     without hints (verification) only recorded assumptions and proofs answer.
     """
 
-    __slots__ = ("hints", "assumptions", "reasons", "_known")
+    __slots__ = ("hints", "assumptions", "reasons", "_known", "local_symbols", "path")
 
     def __init__(
         self,
@@ -248,6 +250,13 @@ class ShapeContext:
         #: symbols an assumption pins to a value (``Eq(x_1, 16)``): substituted before
         #: proving, so facts that follow from them need no assumption of their own
         self._known: dict[sympy.Symbol, int] = {}
+        #: symbols bound inside a region (a loop index) -> (first, last) value: a fact
+        #: about one must hold over that whole range, or it cannot be used
+        self.local_symbols: dict[sympy.Symbol, tuple[Any, Any]] = {}
+        #: conditions of the branches being traced or verified: they hold here, and a
+        #: fact learnt here is recorded as ``Or(Not(And(*path)), fact)``, so a branch
+        #: traced with example sizes on its other side cannot over-constrain the graph
+        self.path: list[sympy.Basic] = []
         for fact in self.assumptions:
             self._learn(fact)
 
@@ -262,12 +271,18 @@ class ShapeContext:
         proved = prove(cond)
         if proved is None and self._known:
             proved = prove(sympy.sympify(cond.xreplace(self._known)))
+        if proved is None and cond.free_symbols & set(self.local_symbols):
+            proved = self._prove_over_ranges(cond)
         if proved is not None:
             return proved
-        if cond in self.assumptions:
+        neg = canonical(sympy.Not(cond))
+        if cond in self.path:
             return True
-        neg = sympy.Not(cond)
-        if neg in self.assumptions:
+        if neg in self.path:
+            return False
+        if self._under_path(cond) in self.assumptions:
+            return True
+        if self._under_path(neg) in self.assumptions:
             return False
         if self.hints is None:
             raise UndecidableError(f"cannot decide {expr_str(cond)} without an assumption")
@@ -275,12 +290,37 @@ class ShapeContext:
         self.assume(cond if value else neg, reason)
         return value
 
+    def _under_path(self, fact: sympy.Basic) -> sympy.Basic:
+        """``fact``, conditional on the branch conditions in force (see ``path``)."""
+        if not self.path:
+            return fact
+        return canonical(sympy.Or(sympy.Not(sympy.And(*self.path)), fact))
+
+    def _prove_over_ranges(self, cond: sympy.Basic) -> bool | None:
+        """Decide ``cond`` for every value of the loop indices in it, by writing each
+        index as ``first + k`` and as ``last - k`` (k >= 0): a fact that is monotone in
+        the index is proved by one of the two."""
+        k = sympy.Symbol("_k", integer=True, nonnegative=True)
+        for var, (first, last) in self.local_symbols.items():
+            if var not in cond.free_symbols:
+                continue
+            for repl in (first + k, last - k):
+                got = prove(sympy.sympify(cond.xreplace({var: repl})))
+                if got is not None:
+                    cond = sympy.true if got else sympy.false
+                    break
+        return prove(cond) if not (cond.free_symbols & set(self.local_symbols)) else None
+
     def assume(self, fact: sympy.Basic, reason: str = "") -> None:
-        """Record ``fact`` in the canonical form the printer/parser round-trip keeps
-        (re-reading can simplify it, even to True, which is then not recorded)."""
-        fact = canonical(fact)
+        """Record ``fact`` (conditional on the ``path``) in the canonical form the
+        printer/parser round-trip keeps."""
+        fact = self._under_path(canonical(fact))
         if fact == sympy.true or fact in self.assumptions:
             return
+        local = fact.free_symbols & set(self.local_symbols)
+        if local:
+            names = ", ".join(sorted(str(s) for s in local))
+            raise UndecidableError(f"this needs a fact about the loop index ({names}): {expr_str(fact)}")
         if fact == sympy.false:
             raise UndecidableError("contradictory size assumptions")
         self.assumptions.append(fact)

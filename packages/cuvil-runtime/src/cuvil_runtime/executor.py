@@ -10,6 +10,10 @@ steps.
 Size symbols are bound from the input tensors' sizes on every call; attribute
 size expressions and the graph's assumptions are evaluated once per distinct
 binding and memoised, since a program usually runs at a handful of sizes.
+
+Control flow (``if``, ``for``, ``while``; see :mod:`cuvil_ir.graph_ir.ops.control`)
+runs its regions' steps in the same environment. Attributes that use a ``for``
+loop's index are evaluated per iteration (memoised by the values of their symbols).
 """
 
 from __future__ import annotations
@@ -24,12 +28,14 @@ import torch
 from cuvil_ir.graph_ir.nodes import KV, AttrValue, Graph, Node, Value
 from cuvil_ir.graph_ir.registry import REGISTRY
 from cuvil_ir.graph_ir.types import ScalarKind, ScalarType, TensorType
-from cuvil_ir.symbolic import dim_str, evaluate, evaluate_bool
+from cuvil_ir.symbolic import dim_str, evaluate, evaluate_bool, symbol
 
 Bindings = Mapping[sympy.Symbol, int]
 
 #: distinct size bindings whose evaluated attributes are remembered per interpreter
 _MEMO_SIZE = 64
+#: attributes evaluated per loop iteration (and binding) remembered per interpreter
+_LOOP_MEMO_SIZE = 4096
 
 _SCALAR_KINDS: dict[ScalarKind, tuple[type, ...]] = {
     ScalarKind.bool: (bool,),
@@ -123,70 +129,164 @@ class _Step:
     symbolic_attrs: tuple[tuple[str, AttrValue], ...]
     #: slots whose last use is this step (freed right after it, to bound memory)
     frees: tuple[int, ...]
+    #: position among all steps, nested ones included (indexes per-binding attributes)
+    index: int
+    #: when an attribute uses a loop index: every symbol the attributes use, whose
+    #: values key the attributes evaluated per iteration
+    loop_symbols: tuple[sympy.Symbol, ...]
+    #: control-flow ops: ``control(operands, frame)`` runs the regions, returns the results
+    control: Callable[[list[Any], _Frame], tuple[Any, ...]] | None
+
+
+@dataclass(frozen=True, slots=True)
+class _Block:
+    """A region, prepared: its steps and the slots of its arguments and results."""
+
+    steps: tuple[_Step, ...]
+    args: tuple[int, ...]
+    results: tuple[int, ...]
+
+
+class _Frame:
+    """One call's state while running steps: the environment, the attributes evaluated
+    for this binding, the size bindings, and the loop indices in scope."""
+
+    __slots__ = ("env", "attrs", "bindings", "loop")
+
+    def __init__(
+        self, env: list[Any], attrs: list[dict[str, Any]], bindings: Bindings, loop: dict[sympy.Symbol, int]
+    ) -> None:
+        self.env = env
+        self.attrs = attrs
+        self.bindings = bindings
+        self.loop = loop
+
+    def with_index(self, var: sympy.Symbol, value: int) -> _Frame:
+        return _Frame(self.env, self.attrs, self.bindings, {**self.loop, var: value})
+
+
+def _uses(node: Node) -> list[Value]:
+    """The values ``node`` reads: operands, and whatever its regions read or yield."""
+    out = list(node.inputs)
+    for r in node.regions:
+        out.extend(r.results)
+        for n in r.nodes:
+            out.extend(_uses(n))
+    return out
 
 
 class Interpreter:
-    """``Interpreter(graph)(*inputs) -> tuple`` of the graph's outputs, computed eagerly."""
+    """``Interpreter(graph)(*inputs) -> tuple`` of the graph's outputs, computed eagerly.
+
+    Control-flow ops (``if``, ``for``, ``while``) run their regions here: a region's
+    steps live in the same environment as the graph's (every value has one slot),
+    so a block reads the values of the blocks around it directly.
+    """
 
     def __init__(self, graph: Graph) -> None:
         self.graph = graph
-        for node in graph.walk():
-            if node.regions:
-                raise NotImplementedError(
-                    f"graph @{graph.name}: {_where(node)} has regions; control-flow ops are not "
-                    "supported by this executor yet"
-                )
         self._inputs = tuple(self._input_spec(i, v) for i, v in enumerate(graph.inputs))
         self._symbols = graph.symbols
         self._static_only = not self._symbols
-
+        self._all_steps: list[_Step] = []
         # Every value gets a slot in a flat environment list: inputs first, then
-        # node outputs in program order.
-        slot: dict[Value, int] = {v: i for i, v in enumerate(graph.inputs)}
+        # node outputs (and block arguments) in program order.
+        self._num_slots = 0
+        top = self._block(graph.inputs, graph.nodes, graph.outputs, {}, frozenset(), f"graph @{graph.name}")
+        self._steps = top.steps
+        self._outputs = top.results
+        self._symbolic_steps = tuple(
+            s.index for s in self._all_steps if s.symbolic_attrs and not s.loop_symbols
+        )
+        self._memo: dict[tuple[int, ...], list[dict[str, Any]]] = {}
+        self._loop_memo: dict[tuple[int, ...], dict[str, Any]] = {}
+
+    def _block(
+        self,
+        args: tuple[Value, ...],
+        nodes: tuple[Node, ...],
+        results: tuple[Value, ...],
+        outer: dict[Value, int],
+        loop_vars: frozenset[sympy.Symbol],
+        what: str,
+    ) -> _Block:
+        """Prepare one block (the graph itself is the outermost one)."""
+        scope = dict(outer)
+        local: set[int] = set()
+        for v in args:
+            scope[v] = local_slot = self._num_slots
+            self._num_slots += 1
+            local.add(local_slot)
+        arg_slots = tuple(scope[v] for v in args)
         last_use: dict[int, int] = {}
-        for k, node in enumerate(graph.nodes):
+        prepared: list[tuple[Node, tuple[_Block, ...], frozenset[sympy.Symbol]]] = []
+        for k, node in enumerate(nodes):
             for v in node.inputs:
-                if v not in slot:
-                    raise ValueError(
-                        f"graph @{graph.name}: {_where(node)} uses %{v.name} before it is defined"
-                    )
-                last_use[slot[v]] = k
+                if v not in scope:
+                    raise ValueError(f"{what}: {_where(node)} uses %{v.name} before it is defined")
+            inner = loop_vars
+            if node.op == "for" and isinstance(node.attr("var"), str):
+                inner = loop_vars | {symbol(str(node.attr("var")))}
+            regions = tuple(
+                self._block(r.args, r.nodes, r.results, scope, inner, f"{what}: a region of {_where(node)}")
+                for r in node.regions
+            )
+            for v in _uses(node):
+                if v in scope and scope[v] in local:
+                    last_use[scope[v]] = k
             for v in node.outputs:
-                slot[v] = len(slot)
-                last_use[slot[v]] = k  # an output nobody reads dies where it is made
-        undefined = [v for v in graph.outputs if v not in slot]
+                scope[v] = out_slot = self._num_slots
+                self._num_slots += 1
+                local.add(out_slot)
+                last_use[out_slot] = k  # an output nobody reads dies where it is made
+            prepared.append((node, regions, inner))
+        undefined = [v for v in results if v not in scope]
         if undefined:
-            raise ValueError(f"graph @{graph.name} returns %{undefined[0].name}, which no node defines")
-        self._outputs = tuple(slot[v] for v in graph.outputs)
+            verb = "yields" if outer else "returns"
+            raise ValueError(f"{what} {verb} %{undefined[0].name}, which no node defines")
+        result_slots = tuple(scope[v] for v in results)
         frees: dict[int, list[int]] = {}
         for s, k in last_use.items():
-            if s not in self._outputs:
+            if s not in result_slots:
                 frees.setdefault(k, []).append(s)
-        self._steps = tuple(
-            self._step(node, slot, tuple(frees.get(k, ()))) for k, node in enumerate(graph.nodes)
+        steps = tuple(
+            self._step(node, scope, tuple(frees.get(k, ())), regions, loop_vars, inner)
+            for k, (node, regions, inner) in enumerate(prepared)
         )
-        self._num_slots = len(slot)
-        self._symbolic_steps = tuple(k for k, s in enumerate(self._steps) if s.symbolic_attrs)
-        self._memo: dict[tuple[int, ...], list[dict[str, Any]]] = {}
+        return _Block(steps, arg_slots, result_slots)
 
-    def _step(self, node: Node, slot: dict[Value, int], frees: tuple[int, ...]) -> _Step:
+    def _step(
+        self,
+        node: Node,
+        slot: dict[Value, int],
+        frees: tuple[int, ...],
+        regions: tuple[_Block, ...],
+        loop_vars: frozenset[sympy.Symbol],
+        inner_vars: frozenset[sympy.Symbol],
+    ) -> _Step:
         op = REGISTRY.get(node.op)
         static: dict[str, Any] = {}
         symbolic: list[tuple[str, AttrValue]] = []
+        used: set[sympy.Symbol] = set()
         for name, value in node.attrs:
             if not _has_symbols(value):
                 # Constant size expressions (sympy Integers) still reach the op as ints.
                 static[name] = _evaluate_attr(value, {})
                 continue
-            unbound = _free_symbols(value) - set(self._symbols)
+            syms = _free_symbols(value)
+            unbound = syms - set(self._symbols) - loop_vars
             if unbound:
                 names = ", ".join(sorted(s.name for s in unbound))
                 raise ValueError(
                     f"graph @{self.graph.name}: attribute {name!r} of {_where(node)} uses size symbols "
                     f"{names}, which no graph input binds"
                 )
+            used |= syms
             symbolic.append((name, value))
-        return _Step(
+        control: Callable[[list[Any], _Frame], tuple[Any, ...]] | None = None
+        if node.regions:
+            control = self._control(node, regions, inner_vars - loop_vars)
+        step = _Step(
             node=node,
             fn=op.reference,
             inputs=tuple(slot[v] for v in node.inputs),
@@ -194,7 +294,67 @@ class Interpreter:
             static_attrs=static,
             symbolic_attrs=tuple(symbolic),
             frees=frees,
+            index=len(self._all_steps),
+            loop_symbols=tuple(sorted(used, key=lambda s: s.name)) if used & loop_vars else (),
+            control=control,
         )
+        self._all_steps.append(step)
+        return step
+
+    # -- control flow ----------------------------------------------------------
+    def _control(
+        self, node: Node, regions: tuple[_Block, ...], new_vars: frozenset[sympy.Symbol]
+    ) -> Callable[[list[Any], _Frame], tuple[Any, ...]]:
+        where = f"graph @{self.graph.name}: {_where(node)}"
+        shape = (len(regions), len(node.inputs), len(node.outputs))
+        if node.op == "if" and shape[:2] == (2, 1) and all(len(r.results) == shape[2] for r in regions):
+            then, other = regions
+            return lambda operands, frame: self._run_if(then, other, operands, frame)
+        if node.op == "for" and len(new_vars) == 1 and shape[0] == 1 and shape[1] >= 3:
+            (body,) = regions
+            (var,) = new_vars
+            return lambda operands, frame: self._run_for(body, var, operands, frame)
+        if node.op == "while" and shape[0] == 2:
+            cond, body = regions
+            return lambda operands, frame: self._run_while(cond, body, operands, frame)
+        raise NotImplementedError(
+            f"{where} has {len(regions)} regions; this executor runs only well-formed if, for and while "
+            "(verify the graph)"
+        )
+
+    def _run_if(self, then: _Block, other: _Block, operands: list[Any], frame: _Frame) -> tuple[Any, ...]:
+        block = then if bool(operands[0]) else other
+        self._run(block.steps, frame)
+        env = frame.env
+        return tuple(env[s] for s in block.results)
+
+    def _run_for(
+        self, body: _Block, var: sympy.Symbol, operands: list[Any], frame: _Frame
+    ) -> tuple[Any, ...]:
+        start, stop, step = operands[:3]
+        carried = operands[3:]
+        env = frame.env
+        for i in range(start, stop, step):
+            for s, x in zip(body.args, carried):
+                env[s] = x
+            self._run(body.steps, frame.with_index(var, i))
+            carried = [env[s] for s in body.results]
+        return tuple(carried)
+
+    def _run_while(self, cond: _Block, body: _Block, operands: list[Any], frame: _Frame) -> tuple[Any, ...]:
+        carried = operands
+        env = frame.env
+        while True:
+            for s, x in zip(cond.args, carried):
+                env[s] = x
+            self._run(cond.steps, frame)
+            if not bool(env[cond.results[0]]):
+                break
+            for s, x in zip(body.args, carried):
+                env[s] = x
+            self._run(body.steps, frame)
+            carried = [env[s] for s in body.results]
+        return tuple(carried)
 
     @staticmethod
     def _input_spec(index: int, v: Value) -> _Input:
@@ -216,10 +376,21 @@ class Interpreter:
 
         env: list[Any] = [None] * self._num_slots
         env[: len(inputs)] = inputs
-        for k, step in enumerate(self._steps):
-            kwargs = attrs[k] if step.symbolic_attrs else step.static_attrs
+        self._run(self._steps, _Frame(env, attrs, bindings, {}))
+        return tuple(env[s] for s in self._outputs)
+
+    def _run(self, steps: tuple[_Step, ...], frame: _Frame) -> None:
+        env, attrs = frame.env, frame.attrs
+        for step in steps:
+            if step.loop_symbols:
+                kwargs = self._loop_attrs(step, frame)
+            else:
+                kwargs = attrs[step.index] if step.symbolic_attrs else step.static_attrs
             try:
-                result = step.fn(*[env[s] for s in step.inputs], **kwargs)
+                if step.control is None:
+                    result = step.fn(*[env[s] for s in step.inputs], **kwargs)
+                else:
+                    result = step.control([env[s] for s in step.inputs], frame)
             except Exception as e:
                 _add_note(
                     e, f"while running {_where(step.node)} in graph @{self.graph.name} (reference executor)"
@@ -241,7 +412,25 @@ class Interpreter:
                 )
             for s in step.frees:
                 env[s] = None
-        return tuple(env[s] for s in self._outputs)
+
+    def _loop_attrs(self, step: _Step, frame: _Frame) -> dict[str, Any]:
+        """The attributes of a step that uses a loop index, for the current iteration."""
+        loop, bindings = frame.loop, frame.bindings
+        values = tuple(loop[s] if s in loop else bindings[s] for s in step.loop_symbols)
+        key = (step.index, *values)
+        kwargs = self._loop_memo.get(key)
+        if kwargs is None:
+            exact = {s: sympy.Integer(v) for s, v in zip(step.loop_symbols, values)}
+            kwargs = dict(step.static_attrs)
+            for name, value in step.symbolic_attrs:
+                try:
+                    kwargs[name] = _evaluate_attr(value, exact)
+                except ValueError as e:
+                    raise ValueError(f"{_where(step.node)}: attribute {name!r}: {e}") from e
+            if len(self._loop_memo) >= _LOOP_MEMO_SIZE:
+                self._loop_memo.clear()
+            self._loop_memo[key] = kwargs
+        return kwargs
 
     def _bind(self, inputs: tuple[Any, ...]) -> dict[sympy.Symbol, int]:
         """Check each input against its type; bind size symbols from tensor sizes."""
@@ -309,9 +498,9 @@ class Interpreter:
                         f"graph @{self.graph.name} was built assuming {sympy.sstr(fact)}, which does not hold "
                         f"for these inputs ({sizes}); capture it again for these sizes"
                     )
-            attrs = [{} for _ in self._steps]
+            attrs = [{}] * len(self._all_steps)  # only symbolic steps read theirs
             for k in self._symbolic_steps:
-                step = self._steps[k]
+                step = self._all_steps[k]
                 kwargs = dict(step.static_attrs)
                 for name, value in step.symbolic_attrs:
                     try:

@@ -14,7 +14,7 @@ from cuvil_runtime.target import BackendSpec, Capabilities, CompileOptions, Exec
 CAPABILITIES = Capabilities(
     # Reference kernels are plain torch calls, so they run wherever torch does.
     devices=frozenset({"cpu", "cuda", "npu", "meta"}),
-    control_flow=False,
+    control_flow=True,
     extern_calls=True,
 )
 

@@ -23,6 +23,7 @@ from cuvil.errors import CompileError
 from cuvil.frontend import hooks
 from cuvil.frontend.convert import ConversionError, convert, is_user_function
 from cuvil.frontend.proxy import TensorProxy
+from cuvil.frontend.regions import Undefined
 from cuvil.frontend.tracer import Lifted, Tracer
 from cuvil.guards import AssumptionCheck, SymbolSlot
 from cuvil_ir.graph_ir.nodes import Graph, Value
@@ -125,6 +126,7 @@ def capture(
     leaf_names: Sequence[str],
     spec: pytree.TreeSpec,
     dynamic: bool,
+    dims: dict[str, dict[int, str]] | None = None,
 ) -> Captured:
     tracer = Tracer(name, _lift_sources(fn, module))
     plan: InputPlan = []
@@ -132,7 +134,7 @@ def capture(
     traced_leaves: list[Any] = []
     for i, (leaf, lname) in enumerate(zip(leaves, leaf_names)):
         if isinstance(leaf, torch.Tensor):
-            p = tracer.add_input(lname, leaf, symbolic=dynamic)
+            p = tracer.add_input(lname, leaf, symbolic=dynamic, dim_names=(dims or {}).get(lname))
             plan.append(("leaf", i))
             for axis, d in enumerate(p.ir_type.shape):
                 if not isinstance(d, int):
@@ -166,6 +168,8 @@ def capture(
     outputs: list[Value] = []
     out_plan: list[tuple[str, Any]] = []
     for leaf in out_leaves:
+        if isinstance(leaf, Undefined):
+            leaf._fail()
         if isinstance(leaf, torch.SymBool):
             out_plan.append(("const", bool(leaf)))
         elif isinstance(leaf, (torch.Tensor, torch.SymInt, torch.SymFloat)):

@@ -17,6 +17,15 @@ import torch
 from cuvil.errors import CompileError
 from cuvil.frontend.convert import SITES, ConversionError, convert, is_user_function
 from cuvil.frontend.proxy import TensorProxy
+from cuvil.frontend.regions import (
+    UNROLL_LIMIT,
+    SymRange,
+    Undefined,
+    capture_for,
+    capture_if,
+    capture_while,
+    static_truth,
+)
 
 _SUPPORTED_LATER = "control flow on tensor values is not supported yet"
 
@@ -68,8 +77,71 @@ def iterate(value: Any, site: int) -> Any:
 
 def call(site: int, fn: Any, *args: Any, **kwargs: Any) -> Any:
     """Call ``fn``, converting it first when it is user code (recursively)."""
+    if fn is range and any(isinstance(a, torch.SymInt) for a in args):
+        return SymRange(*args)
     target = _converted(fn)
     return target(*args, **kwargs)
+
+
+# -- structured control flow (statements rewritten by control_flow.py) -------------
+
+
+def load(scope: dict[str, Any], name: str, site: int) -> Any:
+    """The current value of a variable, or an :class:`Undefined` marker."""
+    if name in scope:
+        return scope[name]
+    return Undefined(name, SITES[site].loc)
+
+
+def _tracer() -> Any:
+    from cuvil.frontend.tracer import Tracer
+
+    return Tracer.active
+
+
+def if_(cond: Any, then_fn: Any, else_fn: Any, site: int, values: tuple[Any, ...]) -> Any:
+    """A converted ``if``: Python when the condition is a Python value, else one ``if`` op."""
+    tracer = _tracer()
+    if tracer is not None and isinstance(cond, (TensorProxy, torch.SymBool)):
+        if isinstance(cond, torch.SymBool):
+            tracer.sync()
+            decided = static_truth(tracer, cond)
+            if decided is not None:
+                return (then_fn if decided else else_fn)(*values)
+        return capture_if(tracer, cond, then_fn, else_fn, values, SITES[site].loc)
+    if isinstance(cond, TensorProxy):
+        raise _reject("if", site, "a tensor value")
+    return (then_fn if cond else else_fn)(*values)
+
+
+def while_(cond_fn: Any, body_fn: Any, site: int, names: tuple[str, ...], values: tuple[Any, ...]) -> Any:
+    """A converted ``while``: a Python loop, or one ``while`` op when the condition is a tensor."""
+    tracer = _tracer()
+    cond = cond_fn(*values)
+    if tracer is not None and isinstance(cond, (TensorProxy, torch.SymBool)):
+        if isinstance(cond, torch.SymBool) and static_truth(tracer, cond) is False:
+            return values
+        return capture_while(tracer, cond_fn, body_fn, values, names, SITES[site].loc)
+    while truth(cond, site):
+        values = body_fn(*values)
+        cond = cond_fn(*values)
+    return values
+
+
+def for_(iterable: Any, body_fn: Any, site: int, names: tuple[str, ...], values: tuple[Any, ...]) -> Any:
+    """A converted ``for``: unrolled in Python, or one ``for`` op over a symbolic or long range."""
+    tracer = _tracer()
+    if isinstance(iterable, TensorProxy):
+        raise _reject("for", site, "a tensor (iterating over its rows)")
+    if tracer is not None and isinstance(iterable, SymRange):
+        return capture_for(tracer, iterable, body_fn, values, names, SITES[site].loc)
+    if tracer is not None and isinstance(iterable, range) and len(iterable) > UNROLL_LIMIT and values:
+        # no silent unrolling after a failed attempt: the body may have had Python
+        # side effects, so a body that needs the index as a Python value is an error
+        return capture_for(tracer, iterable, body_fn, values, names, SITES[site].loc)
+    for item in iterable:
+        values = body_fn(item, *values)
+    return values
 
 
 def _converted(fn: Any) -> Any:

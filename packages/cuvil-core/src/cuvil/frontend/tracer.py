@@ -10,10 +10,11 @@ without a declaration use torch's fake kernels (extern nodes).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import sys
 import types
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,11 +27,11 @@ from cuvil.errors import CompileError, SourceLoc
 from cuvil.frontend.convert import is_user_frame
 from cuvil.frontend.proxy import TensorProxy
 from cuvil_ir.graph_ir.fake import FakeInferenceError, SymMirror, fake_call
-from cuvil_ir.graph_ir.nodes import KV, AttrValue, Graph, Loc, Node, Ref, Value
+from cuvil_ir.graph_ir.nodes import KV, AttrValue, Block, Graph, Loc, Node, Ref, Value
 from cuvil_ir.graph_ir.registry import REGISTRY, NotCaptured, infer_types
 from cuvil_ir.graph_ir.torch_names import qualname
 from cuvil_ir.graph_ir.types import DType, ScalarKind, ScalarType, TensorType, Type
-from cuvil_ir.symbolic import ShapeContext, symbol
+from cuvil_ir.symbolic import ShapeContext, UndecidableError, symbol
 
 # Calls without tensor arguments that must run on every call, not once at trace time.
 _SYM = (torch.SymInt, torch.SymBool, torch.SymFloat)
@@ -116,21 +117,60 @@ class Tracer:
         self._counter = 0
         self._positions: dict[types.CodeType, list[Any]] = {}
         self._keepalive: list[Any] = []
+        # [Note: region scoping] values defined inside a region (a branch or loop
+        # body) are visible only while it is open; _home maps each value to the
+        # region that defined it (0: the graph), _open lists the open regions.
+        self._home: dict[Value, int] = {}
+        self._open: list[int] = [0]
+        self._regions = 0
+        #: captured loops so far (each binds its own index symbol)
+        self.loops = 0
 
     # -- values --------------------------------------------------------------
     def _fresh(self, t: Type) -> Value:
         self._counter += 1
-        return Value(f"v{self._counter}", t)
+        v = Value(f"v{self._counter}", t)
+        self._home[v] = self._open[-1]
+        return v
 
-    def add_input(self, name: str, example: torch.Tensor, symbolic: bool) -> TensorProxy:
+    @contextlib.contextmanager
+    def region(self, arg_types: Sequence[Type] = ()) -> Iterator[Region]:
+        """Record the nodes of one block; see [Note: region scoping]."""
+        outer_nodes, outer_consts = self.nodes, self._consts
+        self.nodes, self._consts = [], dict(outer_consts)
+        self._regions += 1
+        self._open.append(self._regions)
+        region = Region(self, tuple(self._fresh(t) for t in arg_types))
+        try:
+            yield region
+        finally:
+            region.nodes = tuple(self.nodes)
+            self._open.pop()
+            self.nodes, self._consts = outer_nodes, outer_consts
+
+    def visible(self, v: Value) -> bool:
+        return self._home.get(v, 0) in self._open
+
+    def add_input(
+        self, name: str, example: torch.Tensor, symbolic: bool, dim_names: dict[int, str] | None = None
+    ) -> TensorProxy:
+        """A graph input; with ``symbolic`` each size is a symbol named ``<name>_<axis>``
+        unless ``dim_names`` names it (inputs sharing a name share the symbol)."""
         if name in self._names:
             raise ValueError(f"duplicate graph input name {name}")
         self._names.add(name)
+        assert self.ctx.hints is not None
+        named = {(a % example.dim() if example.dim() else a): n for a, n in (dim_names or {}).items()}
         shape: list[Any] = []
         for axis, size in enumerate(example.shape):
             if symbolic:
-                s = symbol(f"{_sanitize(name)}_{axis}")
-                self.ctx.hints[s] = int(size)  # type: ignore[index]
+                s = symbol(named.get(axis, f"{_sanitize(name)}_{axis}"))
+                if self.ctx.hints.get(s, int(size)) != int(size):
+                    raise CompileError(
+                        f"dims: {name}.shape[{axis}] is {int(size)} but another input's size named "
+                        f"{s} is {self.ctx.hints[s]}; sizes given one name must be equal"
+                    )
+                self.ctx.hints[s] = int(size)
                 shape.append(s)
             else:
                 shape.append(int(size))
@@ -181,6 +221,12 @@ class Tracer:
                 raise CompileError(
                     "a tensor from another compiled function leaked into this one", self.source_loc()
                 )
+            if not self.visible(h._cuvil_value):
+                raise CompileError(
+                    "a tensor computed inside a branch or loop body is used outside it",
+                    self.source_loc(),
+                    "return it from the branch (assign it in both branches) or carry it through the loop",
+                )
             return h._cuvil_value
         if isinstance(h, torch.Tensor):
             return self.lift(h)._cuvil_value
@@ -200,12 +246,18 @@ class Tracer:
         opdef = REGISTRY.get(op)
         vals = tuple(self.value_of(h) for h in inputs)
         norm = {k: _attr(v) for k, v in attrs.items()}
+        known = len(self.ctx.assumptions)
         try:
             out_types = infer_types(opdef, self.ctx, [v.type for v in vals], norm)
         except (CompileError, NotCaptured):
             raise
         except Exception as e:
             raise CompileError(f"{op}: {e}", self.source_loc()) from e
+        if len(self.ctx.assumptions) > known:
+            where = self.source_loc()
+            for fact in self.ctx.assumptions[known:]:
+                why = self.ctx.reasons.get(fact, "")
+                self.ctx.reasons[fact] = f"{where}: {op}" + (f" ({why})" if why else "")
         outs = tuple(self._fresh(t) for t in out_types)
         self.nodes.append(Node(op, vals, outs, tuple(norm.items()), loc=self.loc()))
         handles = [self.wrap(v) for v in outs]
@@ -250,6 +302,12 @@ class Tracer:
             raise CompileError(
                 f"in-place update changes the type {target.ir_type} to {result.ir_type}", self.source_loc()
             )
+        if self._home.get(target._cuvil_value, 0) != self._open[-1]:
+            raise CompileError(
+                "in-place update, inside a branch or loop body, of a tensor defined outside it",
+                self.source_loc(),
+                "assign a new value instead (`x = x + 1`): assignments are carried out of branches and loops",
+            )
         target._cuvil_value = result._cuvil_value
         return target
 
@@ -269,9 +327,14 @@ class Tracer:
         """Facts torch decided while user code computed with sizes become assumptions."""
         if self.mirror._synced < len(self.mirror.env.guards):
             loc = self.source_loc()
-            self.mirror.sync(
-                reason or (f"{loc}: Python code used a size" if loc else "Python code used a size")
-            )
+            try:
+                self.mirror.sync(
+                    reason or (f"{loc}: Python code used a size" if loc else "Python code used a size")
+                )
+            except UndecidableError as e:
+                raise CompileError(
+                    str(e), loc, "the loop index can be used in tensor ops and sizes, not as a Python value"
+                ) from None
 
     # -- locations ------------------------------------------------------------
     def source_loc(self) -> SourceLoc | None:
@@ -399,9 +462,50 @@ class Tracer:
     # -- result ---------------------------------------------------------------
     def graph(self, outputs: Sequence[Value]) -> Graph:
         self.sync()
-        return Graph(
-            self.name, tuple(self.inputs), tuple(self.nodes), tuple(outputs), tuple(self.ctx.assumptions)
-        )
+        nodes = _dead_code_elimination(tuple(self.nodes), set(outputs))
+        return Graph(self.name, tuple(self.inputs), nodes, tuple(outputs), tuple(self.ctx.assumptions))
+
+
+class Region:
+    """A block being recorded: its arguments (as handles) and, on finishing, its results."""
+
+    def __init__(self, tracer: Tracer, args: tuple[Value, ...]) -> None:
+        self.tracer = tracer
+        self.arg_values = args
+        self.args = [tracer.wrap(v) for v in args]
+        self.nodes: tuple[Node, ...] = ()
+        self.results: tuple[Value, ...] = ()
+
+    def finish(self, handles: Sequence[Any]) -> None:
+        """Set the block's results (call while the region is still open)."""
+        self.results = tuple(self.tracer.value_of(h) for h in handles)
+
+    @property
+    def block(self) -> Block:
+        return Block(self.arg_values, self.nodes, self.results)
+
+
+def _dead_code_elimination(nodes: tuple[Node, ...], live: set[Value]) -> tuple[Node, ...]:
+    """Drop pure nodes whose results nobody uses (conditions evaluated once in Python,
+    an aborted loop capture ...); opaque (extern) and control-flow nodes stay."""
+    kept: list[Node] = []
+    for node in reversed(nodes):
+        op = REGISTRY.get(node.op)
+        if "pure" in op.traits and not node.regions and not any(v in live for v in node.outputs):
+            continue
+        live.update(node.inputs)
+        for r in node.regions:
+            _block_uses(r, live)
+        kept.append(node)
+    return tuple(reversed(kept))
+
+
+def _block_uses(block: Block, live: set[Value]) -> None:
+    live.update(block.results)
+    for node in block.nodes:
+        live.update(node.inputs)
+        for r in node.regions:
+            _block_uses(r, live)
 
 
 def _identity(x: Any) -> Any:

@@ -83,6 +83,9 @@ class Op:
     infer: ClassVar[Callable[..., Type | tuple[Type, ...]]]
     #: ``reference(*inputs, **attrs)``: the eager torch implementation
     reference: ClassVar[Callable[..., Any]]
+    #: ``check_regions(node, checker)``: verifies the regions and result types of an op
+    #: that carries regions (see :class:`cuvil_ir.graph_ir.verifier.RegionChecker`)
+    check_regions: ClassVar[Callable[..., None] | None] = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

@@ -4,20 +4,33 @@ Types are checked by replaying each op's shape rule under the graph's recorded
 assumptions (no example values), and comparing symbolically with the recorded
 output types. Ops with the ``opaque`` trait (extern calls) keep the types that
 torch computed at capture time.
+
+Ops that carry regions (structured control flow) declare a ``check_regions``
+hook instead of a shape rule: it asks a :class:`RegionChecker` to verify each
+block (block arguments are defined in the block, and a block sees the values
+of the blocks that enclose it) and then checks the types the blocks yield.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
+from typing import Any
+
 import sympy
 
-from cuvil_ir.graph_ir.nodes import Block, Graph, Node, Value
+from cuvil_ir.graph_ir.nodes import KV, AttrValue, Block, Graph, Node, Value
 from cuvil_ir.graph_ir.registry import REGISTRY, infer_types
 from cuvil_ir.graph_ir.types import ScalarType, TensorType, Type
-from cuvil_ir.symbolic import ShapeContext, UndecidableError, free_symbols
+from cuvil_ir.symbolic import ShapeContext, UndecidableError, canonical, free_symbols
 
 
 class VerifyError(ValueError):
     pass
+
+
+def dims_equal(x: Any, y: Any) -> bool:
+    """Symbolic equality of two dimensions (``expand(x - y) == 0``)."""
+    return bool(x == y or sympy.expand(sympy.sympify(x) - sympy.sympify(y)) == 0)
 
 
 def types_equal(a: Type, b: Type) -> bool:
@@ -25,19 +38,46 @@ def types_equal(a: Type, b: Type) -> bool:
         return a == b
     if a.dtype != b.dtype or a.device != b.device or a.rank != b.rank:
         return False
-    for x, y in zip(a.shape, b.shape):
-        if x != y and sympy.expand(sympy.sympify(x) - sympy.sympify(y)) != 0:
-            return False
-    return True
+    return all(dims_equal(x, y) for x, y in zip(a.shape, b.shape))
+
+
+def attr_symbols(value: AttrValue) -> frozenset[sympy.Symbol]:
+    """The size symbols an attribute value mentions."""
+    if isinstance(value, sympy.Basic):
+        return frozenset(s for s in value.free_symbols if isinstance(s, sympy.Symbol))
+    if isinstance(value, tuple):
+        return frozenset().union(*(attr_symbols(v) for v in value))
+    if isinstance(value, KV):
+        return frozenset().union(*(attr_symbols(v) for _, v in value.items))
+    return frozenset()
+
+
+def _type_symbols(t: Type) -> frozenset[sympy.Symbol]:
+    return free_symbols(t.shape) if isinstance(t, TensorType) else frozenset()
+
+
+def block_symbols(b: Block) -> frozenset[sympy.Symbol]:
+    """The size symbols mentioned anywhere in ``b``: attributes and types, nested blocks included."""
+    out: set[sympy.Symbol] = set()
+    for v in b.args:
+        out |= _type_symbols(v.type)
+    for n in b.nodes:
+        for _, a in n.attrs:
+            out |= attr_symbols(a)
+        for v in n.outputs:
+            out |= _type_symbols(v.type)
+        for r in n.regions:
+            out |= block_symbols(r)
+    return frozenset(out)
 
 
 def verify(g: Graph) -> Graph:
     """Raise :class:`VerifyError` describing the first problem; return ``g``."""
+    state = _State()
     defined: set[Value] = set()
-    names: set[str] = set()
     bound: set[sympy.Symbol] = set()
     for v in g.inputs:
-        _define(v, defined, names, "graph input")
+        state.define(v, defined, "graph input")
         if isinstance(v.type, TensorType):
             for d in v.type.shape:
                 if not isinstance(d, (int, sympy.Symbol)):
@@ -48,33 +88,48 @@ def verify(g: Graph) -> Graph:
         if unbound:
             raise VerifyError(f"assumption {a} uses unbound symbols {sorted(map(str, unbound))}")
     ctx = ShapeContext(None, g.assumptions)
-    _verify_nodes(g.nodes, [defined], names, ctx, bound)
+    state.nodes(g.nodes, [defined], ctx, frozenset(bound))
     for v in g.outputs:
         if v not in defined:
             raise VerifyError(f"graph returns %{v.name}, which is not defined")
     return g
 
 
-def _define(v: Value, defined: set[Value], names: set[str], what: str) -> None:
-    if v.name in names:
-        raise VerifyError(f"{what} %{v.name} is defined twice")
-    names.add(v.name)
-    defined.add(v)
-
-
 def _visible(v: Value, scopes: list[set[Value]]) -> bool:
     return any(v in s for s in scopes)
 
 
-def _verify_nodes(
-    nodes: tuple[Node, ...],
-    scopes: list[set[Value]],
-    names: set[str],
-    ctx: ShapeContext,
-    bound: set[sympy.Symbol],
-) -> None:
-    for n in nodes:
-        where = f"{n.op} ({n.loc})" if n.loc else n.op
+def _where(n: Node) -> str:
+    return f"{n.op} ({n.loc})" if n.loc else n.op
+
+
+class _State:
+    """What is shared across one verification: value names and each value's producer."""
+
+    def __init__(self) -> None:
+        self.names: set[str] = set()
+        self.producers: dict[Value, Node] = {}
+
+    def define(self, v: Value, scope: set[Value], what: str) -> None:
+        if v.name in self.names:
+            raise VerifyError(f"{what} %{v.name} is defined twice")
+        self.names.add(v.name)
+        scope.add(v)
+
+    def nodes(
+        self,
+        nodes: tuple[Node, ...],
+        scopes: list[set[Value]],
+        ctx: ShapeContext,
+        bound: frozenset[sympy.Symbol],
+    ) -> None:
+        for n in nodes:
+            self.node(n, scopes, ctx, bound)
+
+    def node(
+        self, n: Node, scopes: list[set[Value]], ctx: ShapeContext, bound: frozenset[sympy.Symbol]
+    ) -> None:
+        where = _where(n)
         for v in n.inputs:
             if not _visible(v, scopes):
                 raise VerifyError(f"{where}: operand %{v.name} does not dominate its use")
@@ -88,18 +143,29 @@ def _verify_nodes(
             raise VerifyError(
                 f"{where}: attributes {sorted(extra)} are not declared, {sorted(missing)} are missing"
             )
-        for r in n.regions:
-            _verify_block(r, scopes, names, ctx, bound)
+        for k, a in n.attrs:
+            unbound = attr_symbols(a) - bound
+            if unbound:
+                raise VerifyError(
+                    f"{where}: attribute {k!r} uses unbound symbols {sorted(map(str, unbound))}"
+                )
         if op.num_outputs is not None and len(n.outputs) != op.num_outputs:
             raise VerifyError(f"{where}: expected {op.num_outputs} results, got {len(n.outputs)}")
         for v in n.outputs:
-            if isinstance(v.type, TensorType):
-                unbound = free_symbols(v.type.shape) - bound
-                if unbound:
-                    raise VerifyError(
-                        f"{where}: result type uses unbound symbols {sorted(map(str, unbound))}"
-                    )
-        if "opaque" not in op.traits and not n.regions:
+            unbound = _type_symbols(v.type) - bound
+            if unbound:
+                raise VerifyError(f"{where}: result type uses unbound symbols {sorted(map(str, unbound))}")
+        if op.check_regions is not None:
+            checker = RegionChecker(self, n, scopes, ctx, bound)
+            op.check_regions(n, checker)
+            unchecked = [i for i in range(len(n.regions)) if i not in checker.checked]
+            if unchecked:
+                raise VerifyError(
+                    f"{where}: region {unchecked[0]} was not verified by the op's check_regions"
+                )
+        elif n.regions:
+            raise VerifyError(f"{where}: {n.op} takes no regions, got {len(n.regions)}")
+        elif "opaque" not in op.traits:
             try:
                 expected = infer_types(op, ctx, [v.type for v in n.inputs], n.attr_dict)
             except UndecidableError as e:
@@ -113,16 +179,104 @@ def _verify_nodes(
                 want = ", ".join(str(t) for t in expected)
                 raise VerifyError(f"{where}: result types {got} do not match the op's rule: {want}")
         for v in n.outputs:
-            _define(v, scopes[-1], names, f"{n.op} result")
+            self.define(v, scopes[-1], f"{n.op} result")
+            self.producers[v] = n
+
+    def block(
+        self,
+        b: Block,
+        scopes: list[set[Value]],
+        ctx: ShapeContext,
+        bound: frozenset[sympy.Symbol],
+    ) -> None:
+        inner: set[Value] = set()
+        for v in b.args:
+            unbound = _type_symbols(v.type) - bound
+            if unbound:
+                raise VerifyError(
+                    f"block argument %{v.name}: type uses unbound symbols {sorted(map(str, unbound))}"
+                )
+            self.define(v, inner, "block argument")
+        self.nodes(b.nodes, [*scopes, inner], ctx, bound)
+        for v in b.results:
+            if not _visible(v, [*scopes, inner]):
+                raise VerifyError(f"block yields %{v.name}, which is not visible there")
 
 
-def _verify_block(
-    b: Block, scopes: list[set[Value]], names: set[str], ctx: ShapeContext, bound: set[sympy.Symbol]
-) -> None:
-    inner: set[Value] = set()
-    for v in b.args:
-        _define(v, inner, names, "block argument")
-    _verify_nodes(b.nodes, [*scopes, inner], names, ctx, bound)
-    for v in b.results:
-        if not _visible(v, [*scopes, inner]):
-            raise VerifyError(f"block yields %{v.name}, which is not visible there")
+class RegionChecker:
+    """What an op's ``check_regions(node, checker)`` hook may ask of the verifier.
+
+    The hook must call :meth:`block` once for each of the node's regions (the
+    verifier checks that it did), then compare the types the blocks take and
+    yield with the node's operands and results, raising :meth:`error`.
+    """
+
+    def __init__(
+        self,
+        state: _State,
+        node: Node,
+        scopes: list[set[Value]],
+        ctx: ShapeContext,
+        bound: frozenset[sympy.Symbol],
+    ) -> None:
+        self._state = state
+        self._scopes = scopes
+        self.node = node
+        #: the shape context of the node's own scope
+        self.ctx = ctx
+        #: the size symbols bound where the node is
+        self.bound = bound
+        #: indices of the regions verified so far
+        self.checked: list[int] = []
+
+    def error(self, msg: str) -> VerifyError:
+        return VerifyError(f"{_where(self.node)}: {msg}")
+
+    def producer(self, v: Value) -> Node | None:
+        """The node defining ``v`` (``None`` for graph inputs and block arguments)."""
+        return self._state.producers.get(v)
+
+    def block(
+        self,
+        b: Block,
+        *,
+        ranges: Mapping[sympy.Symbol, tuple[Any, Any] | None] | None = None,
+        facts: Iterable[sympy.Basic] = (),
+    ) -> None:
+        """Verify region ``b`` of the node.
+
+        ``ranges`` binds new size symbols inside the block (a loop index), each with
+        its (lowest, highest) value when known; ``facts`` hold throughout the block
+        (a branch condition). Both extend what shape rules inside may rely on.
+        """
+        index = next((i for i, r in enumerate(self.node.regions) if r is b and i not in self.checked), None)
+        if index is None:
+            raise self.error(
+                "check_regions verified a block that is not one of the node's (unverified) regions"
+            )
+        self.checked.append(index)
+        ranges = ranges or {}
+        shadowed = set(ranges) & self.bound
+        if shadowed:
+            names = ", ".join(sorted(map(str, shadowed)))
+            raise self.error(f"the block binds size symbols {names}, which are already bound here")
+        path = [canonical(f) for f in facts]
+        ctx = self.ctx
+        local = {s: r for s, r in ranges.items() if r is not None}
+        if path or local:
+            ctx = ShapeContext(None, self.ctx.assumptions)
+            ctx.local_symbols.update(self.ctx.local_symbols)
+            ctx.local_symbols.update(local)
+            ctx.path = [*self.ctx.path, *(f for f in path if f not in (sympy.true, sympy.false))]
+        self._state.block(b, self._scopes, ctx, self.bound | frozenset(ranges))
+
+
+__all__ = [
+    "RegionChecker",
+    "VerifyError",
+    "attr_symbols",
+    "block_symbols",
+    "dims_equal",
+    "types_equal",
+    "verify",
+]

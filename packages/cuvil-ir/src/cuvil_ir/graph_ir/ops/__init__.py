@@ -2,6 +2,7 @@
 
 from cuvil_ir.graph_ir.ops import (
     activation,  # noqa: F401
+    control,  # noqa: F401
     conv,  # noqa: F401
     core,  # noqa: F401
     elementwise,  # noqa: F401

@@ -8,13 +8,17 @@ from typing import Any
 
 import sympy
 
-from cuvil_ir.graph_ir.registry import CaptureRule, NotCaptured, Op
+from cuvil_ir.graph_ir.registry import CaptureRule, Emitter, NotCaptured, Op
 from cuvil_ir.graph_ir.types import DType, ScalarKind, ScalarType, TensorType, Type
 from cuvil_ir.symbolic import Dim, Shape, ShapeContext, as_dim
 
 
 class ShapeError(ValueError):
     """Operands whose shapes or dtypes the op cannot accept."""
+
+
+#: the traits of ops whose output aliases (part of) their first input
+VIEW = frozenset({"view", "pure"})
 
 
 def declare(
@@ -46,6 +50,14 @@ def declare(
 def tensor_of(t: Type, what: str = "operand") -> TensorType:
     if not isinstance(t, TensorType):
         raise ShapeError(f"{what} must be a tensor, got {t}")
+    return t
+
+
+def float_tensor(x: Type, what: str) -> TensorType:
+    """An operand of an op that torch runs on float tensors only."""
+    t = tensor_of(x)
+    if not t.dtype.is_floating:
+        raise ShapeError(f"{what} of a {t.dtype.value} tensor (torch takes float tensors)")
     return t
 
 
@@ -204,6 +216,42 @@ def same_dtype(what: str, *types: TensorType) -> DType:
     if len(dtypes) != 1:
         raise ShapeError(f"{what}: operands have different dtypes {sorted(d.value for d in dtypes)}")
     return types[0].dtype
+
+
+# -- optional tensor inputs (a bias, affine parameters, a mask) -----------------
+# They follow the required inputs, only when present; a ``has_<name>`` attribute per
+# optional input says which ones are there, since a lone one could be either.
+def optional_inputs(b: Emitter, **named: Any) -> tuple[list[Any], dict[str, bool]]:
+    """The given ones of ``named`` (each a tensor or None), and their ``has_<name>`` attributes."""
+    for k, v in named.items():
+        if v is not None and not b.is_value(v):
+            raise NotCaptured(f"{k} must be a tensor")
+    return [v for v in named.values() if v is not None], {f"has_{k}": v is not None for k, v in named.items()}
+
+
+def check_optional(
+    ctx: ShapeContext,
+    inputs: Sequence[Type],
+    flags: Sequence[bool],
+    shape: Sequence[Dim],
+    what: str,
+    noun: str = "parameter",
+) -> None:
+    """One input per set flag, each a tensor of ``shape``."""
+    if len(inputs) != sum(flags):
+        raise ShapeError(f"{what}: {len(inputs)} {noun} inputs for flags {tuple(flags)}")
+    for p in inputs:
+        t = tensor_of(p, f"{what} {noun}")
+        if t.rank != len(shape):
+            raise ShapeError(f"{what}: {noun} of rank {t.rank}, expected {len(shape)}")
+        for a, e in zip(t.shape, shape):
+            check_equal(ctx, a, e, f"{what} {noun} size")
+
+
+def optional_args(inputs: Sequence[Any], **flags: bool) -> dict[str, Any]:
+    """A reference's keyword arguments: the optional inputs by name, in order; None for absent ones."""
+    it = iter(inputs)
+    return {k: next(it) if flag else None for k, flag in flags.items()}
 
 
 # -- capture-side argument handling (unusual arguments fall back to extern) ----

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from cuvil_ir.graph_ir.ops._rules import ShapeError, result_dtype, tensor_of
+from cuvil_ir.graph_ir.ops._rules import float_tensor, result_dtype, tensor_of
 from cuvil_ir.graph_ir.registry import Emitter, NotCaptured, Op
 from cuvil_ir.graph_ir.types import ScalarKind, ScalarType, Type
 from cuvil_ir.symbolic import ShapeContext
@@ -99,13 +99,6 @@ class _FloatActivation(Op):
 
     traits = frozenset({"elementwise", "pure"})
 
-    @staticmethod
-    def _check(x: Type) -> Type:
-        t = tensor_of(x)
-        if not t.dtype.is_floating:
-            raise ShapeError(f"activation of a {t.dtype.value} tensor (torch takes float tensors)")
-        return t
-
 
 class Gelu(_FloatActivation):
     name = "gelu"
@@ -122,7 +115,7 @@ class Gelu(_FloatActivation):
 
     @staticmethod
     def infer(ctx: ShapeContext, x: Type, *, approximate: str) -> Type:
-        return Gelu._check(x)
+        return float_tensor(x, "activation")
 
     @staticmethod
     def reference(x: Any, *, approximate: str) -> Any:
@@ -143,7 +136,7 @@ class LeakyRelu(_FloatActivation):
 
     @staticmethod
     def infer(ctx: ShapeContext, x: Type, *, negative_slope: float) -> Type:
-        return LeakyRelu._check(x)
+        return float_tensor(x, "activation")
 
     @staticmethod
     def reference(x: Any, *, negative_slope: float) -> Any:
@@ -164,7 +157,7 @@ class Elu(_FloatActivation):
 
     @staticmethod
     def infer(ctx: ShapeContext, x: Type, *, alpha: float) -> Type:
-        return Elu._check(x)
+        return float_tensor(x, "activation")
 
     @staticmethod
     def reference(x: Any, *, alpha: float) -> Any:
@@ -189,7 +182,7 @@ class Softplus(_FloatActivation):
 
     @staticmethod
     def infer(ctx: ShapeContext, x: Type, *, beta: float, threshold: float) -> Type:
-        return Softplus._check(x)
+        return float_tensor(x, "activation")
 
     @staticmethod
     def reference(x: Any, *, beta: float, threshold: float) -> Any:
@@ -228,10 +221,7 @@ class Dropout(Op):
 
     @staticmethod
     def infer(ctx: ShapeContext, x: Type, *, p: float) -> Type:
-        t = tensor_of(x)
-        if not t.dtype.is_floating:
-            raise ShapeError("dropout of a non-float tensor")
-        return t
+        return float_tensor(x, "dropout")
 
     @staticmethod
     def reference(x: Any, *, p: float) -> Any:

@@ -9,6 +9,7 @@ Output sizes use torch's formula ``floor((in + 2p - d(k-1) - 1) / s) + 1``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import sympy
@@ -18,10 +19,13 @@ from cuvil_ir.graph_ir.ops._rules import (
     ShapeError,
     check_divisible,
     check_equal,
+    check_optional,
+    declare,
     device_of,
     floordiv,
     int_arg,
     ntuple,
+    optional_inputs,
     same_dtype,
     size_arg,
     tensor_of,
@@ -47,8 +51,24 @@ def _spatial(t: TensorType, n: int, what: str) -> tuple[tuple[Dim, ...], tuple[D
     return t.shape[: t.rank - n], t.shape[t.rank - n :]
 
 
+def window_sizes(
+    ctx: ShapeContext,
+    spatial: Sequence[Dim],
+    kernel: Sequence[Dim],
+    stride: Ints,
+    padding: Ints,
+    dilation: Ints,
+    ceil_mode: bool,
+) -> tuple[Dim, ...]:
+    """The output sizes of a window sliding over each spatial dim (conv and pooling)."""
+    return tuple(
+        window_size(ctx, size, k, s, p, d, ceil_mode)
+        for size, k, s, p, d in zip(spatial, kernel, stride, padding, dilation)
+    )
+
+
 def window_size(ctx: ShapeContext, size: Dim, k: Dim, s: int, p: int, d: int, ceil_mode: bool) -> Dim:
-    """Positions of a window sliding over ``size`` (conv and pooling); ceil mode as torch's
+    """Positions of a window sliding over ``size``; ceil mode as torch's
     ``pooling_output_shape``: round up, but never start a window in the right padding."""
     span = size + 2 * p - d * (k - 1) - 1
     out = floordiv(span + (s - 1 if ceil_mode else 0), s) + 1
@@ -67,23 +87,13 @@ def window_size(ctx: ShapeContext, size: Dim, k: Dim, s: int, p: int, d: int, ce
 
 
 # -- convolution ------------------------------------------------------------------------
-def _conv_args(b: Emitter, input: Any, weight: Any, bias: Any) -> tuple[list[Any], int]:
-    if bias is not None and not b.is_value(bias):
-        raise NotCaptured("a non-tensor bias")
+def _conv_args(b: Emitter, input: Any, weight: Any, bias: Any) -> tuple[list[Any], dict[str, bool], int]:
+    """(inputs, the ``has_bias`` attribute, the number of spatial dims)."""
+    bias_input, flags = optional_inputs(b, bias=bias)
     n = tensor_of(b.type_of(weight)).rank - 2
     if n not in _CONV:
         raise NotCaptured(f"convolution with a weight of rank {n + 2}")
-    return [input, weight, *([bias] if bias is not None else [])], n
-
-
-def _check_bias(ctx: ShapeContext, bias: tuple[Type, ...], has_bias: bool, channels: Dim, what: str) -> None:
-    if len(bias) != int(has_bias):
-        raise ShapeError(f"{what}: {len(bias)} bias inputs with has_bias={has_bias}")
-    for t in bias:
-        tb = tensor_of(t)
-        if tb.rank != 1:
-            raise ShapeError(f"{what}: bias of rank {tb.rank}")
-        check_equal(ctx, tb.shape[0], channels, f"{what} bias size")
+    return [input, weight, *bias_input], flags, n
 
 
 class Conv(Op):
@@ -110,7 +120,7 @@ class Conv(Op):
         dilation: Any = 1,
         groups: Any = 1,
     ) -> Any:
-        inputs, n = _conv_args(b, input, weight, bias)
+        inputs, flags, n = _conv_args(b, input, weight, bias)
         if padding == "valid":
             padding = 0
         pad: Any = padding if padding == "same" else _ints(padding, n, "padding")
@@ -121,7 +131,7 @@ class Conv(Op):
             padding=pad,
             dilation=_ints(dilation, n, "dilation"),
             groups=int_arg(groups, "groups"),
-            has_bias=bias is not None,
+            **flags,
         )
 
     @staticmethod
@@ -146,15 +156,11 @@ class Conv(Op):
         dtype = same_dtype("conv", tx, tw, *(tensor_of(t) for t in bias))
         check_equal(ctx, lead[-1], tw.shape[1] * groups, "conv input channels")
         check_divisible(ctx, tw.shape[0], groups, "conv output channels divisible by groups")
-        _check_bias(ctx, bias, has_bias, tw.shape[0], "conv")
-        kernel = tw.shape[2:]
+        check_optional(ctx, bias, (has_bias,), (tw.shape[0],), "conv", "bias")
         if isinstance(padding, str):  # "same"
             out = spatial
         else:
-            out = tuple(
-                window_size(ctx, size, k, s, p, d, False)
-                for size, k, s, p, d in zip(spatial, kernel, stride, padding, dilation)
-            )
+            out = window_sizes(ctx, spatial, tw.shape[2:], stride, padding, dilation, False)
         return TensorType(dtype, (*lead[:-1], tw.shape[0], *out), device_of(tx, tw))
 
     @staticmethod
@@ -193,7 +199,7 @@ class ConvTranspose(Op):
         groups: Any = 1,
         dilation: Any = 1,
     ) -> Any:
-        inputs, n = _conv_args(b, input, weight, bias)
+        inputs, flags, n = _conv_args(b, input, weight, bias)
         return b.emit(
             "conv_transpose",
             inputs,
@@ -202,7 +208,7 @@ class ConvTranspose(Op):
             output_padding=_ints(output_padding, n, "output_padding"),
             groups=int_arg(groups, "groups"),
             dilation=_ints(dilation, n, "dilation"),
-            has_bias=bias is not None,
+            **flags,
         )
 
     @staticmethod
@@ -227,7 +233,7 @@ class ConvTranspose(Op):
         check_equal(ctx, lead[-1], tw.shape[0], "conv_transpose input channels")
         check_divisible(ctx, tw.shape[0], groups, "conv_transpose input channels divisible by groups")
         channels = tw.shape[1] * groups
-        _check_bias(ctx, bias, has_bias, channels, "conv_transpose")
+        check_optional(ctx, bias, (has_bias,), (channels,), "conv_transpose", "bias")
         out = tuple(
             (size - 1) * s - 2 * p + d * (k - 1) + op + 1
             for size, k, s, p, op, d in zip(spatial, tw.shape[2:], stride, padding, output_padding, dilation)
@@ -251,11 +257,14 @@ class ConvTranspose(Op):
 
 
 # -- pooling ----------------------------------------------------------------------------
-def _pool_dims(kernel_size: Any, stride: Any, n: int) -> tuple[Ints, Ints]:
+def _pool_window(kernel_size: Any, stride: Any, padding: Any, n: int) -> dict[str, Ints]:
+    """The ``kernel_size``, ``stride`` and ``padding`` attributes of max and average pooling."""
     k = _ints(kernel_size, n, "kernel_size")
     if stride is None or (isinstance(stride, (tuple, list)) and len(stride) == 0):
-        return k, k  # torch: stride defaults to the kernel size
-    return k, _ints(stride, n, "stride")
+        s = k  # torch: stride defaults to the kernel size
+    else:
+        s = _ints(stride, n, "stride")
+    return {"kernel_size": k, "stride": s, "padding": _ints(padding, n, "padding")}
 
 
 def _pool_shape(
@@ -275,10 +284,7 @@ def _pool_shape(
         raise ShapeError(f"{what}: hyper-parameters do not match the spatial rank")
     if any(2 * p > d * (k - 1) + 1 for p, k, d in zip(padding, kernel_size, dilation)):
         raise ShapeError(f"{what}: padding must be at most half the kernel size")
-    out = tuple(
-        window_size(ctx, size, k, s, p, d, ceil_mode)
-        for size, k, s, p, d in zip(spatial, kernel_size, stride, padding, dilation)
-    )
+    out = window_sizes(ctx, spatial, kernel_size, stride, padding, dilation, ceil_mode)
     return t.replace(shape=(*lead, *out))
 
 
@@ -299,13 +305,10 @@ def _max_pool_capture(n: int) -> Any:
     ) -> Any:
         if return_indices:
             raise NotCaptured("max pooling with indices")
-        k, s = _pool_dims(kernel_size, stride, n)
         return b.emit(
             "max_pool",
             [input],
-            kernel_size=k,
-            stride=s,
-            padding=_ints(padding, n, "padding"),
+            **_pool_window(kernel_size, stride, padding, n),
             dilation=_ints(dilation, n, "dilation"),
             ceil_mode=bool(ceil_mode),
         )
@@ -352,15 +355,13 @@ def _avg_pool_capture(n: int) -> Any:
         count_include_pad: bool = True,
         divisor_override: Any = None,
     ) -> Any:
-        k, s = _pool_dims(kernel_size, stride, n)
+        window = _pool_window(kernel_size, stride, padding, n)
         if divisor_override is not None:
             divisor_override = int_arg(divisor_override, "divisor_override")
         return b.emit(
             "avg_pool",
             [input],
-            kernel_size=k,
-            stride=s,
-            padding=_ints(padding, n, "padding"),
+            **window,
             ceil_mode=bool(ceil_mode),
             count_include_pad=bool(count_include_pad),
             divisor_override=divisor_override,
@@ -444,14 +445,13 @@ def _adaptive(kind: str) -> type[Op]:
     def reference(x: Any, *, output_size: Ints) -> Any:
         return fns[len(output_size)](x, output_size)
 
-    ns = {
-        "name": name,
-        "traits": frozenset({"pure"}),
-        "torch": staticmethod(lambda: tuple((f, capture_for(n)) for n, f in fns.items())),
-        "infer": staticmethod(infer),
-        "reference": staticmethod(reference),
-    }
-    return type(f"Adaptive{kind.title()}Pool", (Op,), ns)
+    return declare(
+        name,
+        traits={"pure"},
+        torch=lambda: tuple((f, capture_for(n)) for n, f in fns.items()),
+        infer=infer,
+        reference=reference,
+    )
 
 
 _adaptive("avg")

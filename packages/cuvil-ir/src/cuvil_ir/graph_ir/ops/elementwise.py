@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from cuvil_ir.graph_ir.ops._rules import (
     ShapeError,
     broadcast_shapes,
+    declare,
     device_arg,
     device_of,
     dtype_arg,
@@ -29,6 +30,7 @@ from cuvil_ir.graph_ir.types import DType, ScalarType, TensorType, Type
 from cuvil_ir.symbolic import ShapeContext
 
 T = torch.Tensor
+_ELEMENTWISE = frozenset({"elementwise", "pure"})
 
 
 def _elementwise_type(ctx: ShapeContext, inputs: tuple[Type, ...], dtype: DType) -> TensorType:
@@ -60,15 +62,7 @@ def unary(
     def reference(x: Any) -> Any:
         return ref(x)
 
-    ns = {
-        "name": name,
-        "traits": frozenset({"elementwise", "pure"}),
-        "torch": staticmethod(fns),
-        "capture": staticmethod(capture),
-        "infer": staticmethod(infer),
-        "reference": staticmethod(reference),
-    }
-    return type(name.title().replace("_", ""), (Op,), ns)
+    return declare(name, traits=_ELEMENTWISE, torch=fns, capture=capture, infer=infer, reference=reference)
 
 
 def binary(
@@ -109,15 +103,14 @@ def binary(
     def reference(a: Any, b: Any) -> Any:
         return ref(a, b)
 
-    ns = {
-        "name": name,
-        "traits": frozenset({"elementwise", "pure"}),
-        "torch": staticmethod(lambda: (*fns(), *((f, capture_reflected) for f in reflected()))),
-        "infer": staticmethod(infer),
-        "reference": staticmethod(reference),
-        "capture": staticmethod(capture),
-    }
-    return type(name.title().replace("_", ""), (Op,), ns)
+    return declare(
+        name,
+        traits=_ELEMENTWISE,
+        torch=lambda: (*fns(), *((f, capture_reflected) for f in reflected())),
+        capture=capture,
+        infer=infer,
+        reference=reference,
+    )
 
 
 def _where_capture(b: Emitter, condition: Any, input: Any, other: Any, *, out: Any = None) -> Any:
@@ -141,7 +134,7 @@ def _masked_fill_capture(b: Emitter, input: Any, mask: Any, value: Any) -> Any:
 
 class Where(Op):
     name = "where"
-    traits = frozenset({"elementwise", "pure"})
+    traits = _ELEMENTWISE
 
     @staticmethod
     def torch() -> tuple[Any, ...]:
@@ -282,7 +275,7 @@ class Square(Op):
     """``x * x``; bool squares to int64 (torch computes it as ``pow(x, 2)``)."""
 
     name = "square"
-    traits = frozenset({"elementwise", "pure"})
+    traits = _ELEMENTWISE
 
     @staticmethod
     def torch() -> tuple[Any, ...]:
@@ -306,7 +299,7 @@ class Square(Op):
 
 class Round(Op):
     name = "round"
-    traits = frozenset({"elementwise", "pure"})
+    traits = _ELEMENTWISE
 
     @staticmethod
     def torch() -> tuple[Any, ...]:
@@ -339,7 +332,7 @@ class Cast(Op):
     """
 
     name = "cast"
-    traits = frozenset({"elementwise", "pure"})
+    traits = _ELEMENTWISE
 
     @staticmethod
     def torch() -> tuple[Any, ...]:
@@ -457,13 +450,7 @@ def _triangle(name: str, fn: Any, method: Any) -> type[Op]:
     def reference(x: Any, *, diagonal: int) -> Any:
         return fn(x, diagonal)
 
-    ns = {
-        "name": name,
-        "torch": staticmethod(lambda: (fn, method)),
-        "capture": staticmethod(capture),
-        "reference": staticmethod(reference),
-    }
-    return type(name.title(), (Triangle,), ns)
+    return declare(name, torch=lambda: (fn, method), capture=capture, reference=reference, base=Triangle)
 
 
 _triangle("tril", torch.tril, T.tril)

@@ -22,7 +22,7 @@ from cuvil_ir.graph_ir.ops._rules import (
     size_args,
     tensor_of,
 )
-from cuvil_ir.graph_ir.registry import Emitter, NotCaptured, Op
+from cuvil_ir.graph_ir.registry import CaptureRule, Emitter, NotCaptured, Op
 from cuvil_ir.graph_ir.types import DType, TensorType, Type
 from cuvil_ir.symbolic import Dim, ShapeContext
 
@@ -38,10 +38,20 @@ def _default_device() -> str:
     return str(get()) if get is not None else "cpu"
 
 
-def _options(dtype: Any, device: Any, layout: Any, out: Any) -> tuple[DType | None, str | None]:
-    if out is not None or layout not in (None, torch.strided):
+#: the keyword-only tensor options every factory takes; requires_grad and pin_memory
+#: do not change the values, so they are accepted and dropped
+_OPTIONS = frozenset({"dtype", "device", "layout", "requires_grad", "pin_memory"})
+
+
+def _options(options: dict[str, Any], *also: str) -> tuple[DType | None, str | None]:
+    """dtype and device of a factory call, when given; ``also`` names the further keywords
+    the torch function takes (``out``, ``memory_format``: strides are not values)."""
+    unknown = set(options) - _OPTIONS - set(also)
+    if unknown:
+        raise NotCaptured(f"unusual arguments {sorted(unknown)}")
+    if options.get("out") is not None or options.get("layout") not in (None, torch.strided):
         raise NotCaptured("out= or a non-strided layout")
-    return dtype_arg(dtype), device_arg(device)
+    return dtype_arg(options.get("dtype")), device_arg(options.get("device"))
 
 
 def _scalar(v: Any, what: str) -> Any:
@@ -61,23 +71,14 @@ class Arange(Op):
         return (torch.arange,)
 
     @staticmethod
-    def capture(
-        b: Emitter,
-        *args: Any,
-        dtype: Any = None,
-        device: Any = None,
-        layout: Any = None,
-        requires_grad: bool = False,
-        pin_memory: bool = False,
-        out: Any = None,
-        **bounds: Any,
-    ) -> Any:
-        dt, dev = _options(dtype, device, layout, out)
+    def capture(b: Emitter, *args: Any, **kwargs: Any) -> Any:
+        bounds: dict[str, Any] = {k: kwargs.pop(k) for k in ("start", "end", "step") if k in kwargs}
+        dt, dev = _options(kwargs, "out")
         if len(args) == 1 and not bounds:
             start, end, step = 0, args[0], 1
         else:
             named = dict(zip(("start", "end", "step"), args))
-            if set(named) & set(bounds) or set(bounds) - {"start", "end", "step"}:
+            if set(named) & set(bounds):
                 raise NotCaptured("unusual arange arguments")
             named.update(bounds)
             if "end" not in named:
@@ -144,19 +145,8 @@ class Full(Op):
         )
 
     @staticmethod
-    def capture(
-        b: Emitter,
-        size: Any,
-        fill_value: Any,
-        *,
-        dtype: Any = None,
-        device: Any = None,
-        layout: Any = None,
-        requires_grad: bool = False,
-        pin_memory: bool = False,
-        out: Any = None,
-    ) -> Any:
-        dt, dev = _options(dtype, device, layout, out)
+    def capture(b: Emitter, size: Any, fill_value: Any, **options: Any) -> Any:
+        dt, dev = _options(options, "out")
         value = _scalar(fill_value, "fill_value")
         if dt is None:  # inferred from the fill value, as torch.full does
             dt = (
@@ -181,97 +171,46 @@ def _emit(b: Emitter, size: tuple[Any, ...], value: Any, dtype: DType, device: s
     return b.emit("full", [], shape=tuple(size_arg(s) for s in size), value=value, dtype=dtype, device=device)
 
 
-def _filled(value: int) -> Any:
-    def capture(
-        b: Emitter,
-        *size: Any,
-        dtype: Any = None,
-        device: Any = None,
-        layout: Any = None,
-        requires_grad: bool = False,
-        pin_memory: bool = False,
-        out: Any = None,
-        **kw: Any,
-    ) -> Any:
-        if set(kw) - {"size", "memory_format"}:
-            raise NotCaptured(f"unusual arguments {sorted(kw)}")
-        dt, dev = _options(dtype, device, layout, out)
-        sizes = size_args((kw["size"],)) if "size" in kw else size_args(size)
+def _filled(value: int) -> CaptureRule:
+    """``zeros``, ``ones``, ``empty``: sizes as varargs, one sequence, or ``size=``."""
+
+    def capture(b: Emitter, *size: Any, **options: Any) -> Any:
+        sizes = size_args((options.pop("size"),)) if "size" in options else size_args(size)
+        dt, dev = _options(options, "out", "memory_format")
         return _emit(b, sizes, value, dt or _default_dtype(), dev or _default_device())
 
     return capture
 
 
-def _like_options(
-    b: Emitter, input: Any, dtype: Any, device: Any, layout: Any
-) -> tuple[TensorType, DType, str]:
-    t = tensor_of(b.type_of(input))
-    dt, dev = _options(dtype, device, layout, None)
-    return t, dt or t.dtype, dev or t.device
+def _emit_like(
+    b: Emitter, like: Any, size: tuple[Any, ...] | None, value: Any, options: dict[str, Any], *also: str
+) -> Any:
+    """``full`` with the dtype and device of the tensor ``like`` unless the options give them,
+    and of its shape when ``size`` is None (the ``*_like`` and ``new_*`` functions)."""
+    t = tensor_of(b.type_of(like))
+    dt, dev = _options(options, *also)
+    return _emit(
+        b, t.shape if size is None else size, _scalar(value, "fill_value"), dt or t.dtype, dev or t.device
+    )
 
 
-def _like(value: int) -> Any:
-    def capture(
-        b: Emitter,
-        input: Any,
-        *,
-        dtype: Any = None,
-        layout: Any = None,
-        device: Any = None,
-        requires_grad: bool = False,
-        memory_format: Any = None,
-        pin_memory: bool = False,
-    ) -> Any:
-        t, dt, dev = _like_options(b, input, dtype, device, layout)
-        return _emit(b, t.shape, value, dt, dev)
+def _like(value: int) -> CaptureRule:
+    def capture(b: Emitter, input: Any, **options: Any) -> Any:
+        return _emit_like(b, input, None, value, options, "memory_format")
 
     return capture
 
 
-def _full_like(
-    b: Emitter,
-    input: Any,
-    fill_value: Any,
-    *,
-    dtype: Any = None,
-    layout: Any = None,
-    device: Any = None,
-    requires_grad: bool = False,
-    memory_format: Any = None,
-    pin_memory: bool = False,
-) -> Any:
-    t, dt, dev = _like_options(b, input, dtype, device, layout)
-    return _emit(b, t.shape, _scalar(fill_value, "fill_value"), dt, dev)
+def _full_like(b: Emitter, input: Any, fill_value: Any, **options: Any) -> Any:
+    return _emit_like(b, input, None, fill_value, options, "memory_format")
 
 
-def _new(value: int) -> Any:
-    def capture(
-        b: Emitter,
-        self: Any,
-        *size: Any,
-        dtype: Any = None,
-        device: Any = None,
-        layout: Any = None,
-        requires_grad: bool = False,
-        pin_memory: bool = False,
-    ) -> Any:
-        _, dt, dev = _like_options(b, self, dtype, device, layout)
-        return _emit(b, size_args(size), value, dt, dev)
+def _new(value: int) -> CaptureRule:
+    def capture(b: Emitter, self: Any, *size: Any, **options: Any) -> Any:
+        return _emit_like(b, self, size_args(size), value, options)
 
     return capture
 
 
-def _new_full(
-    b: Emitter,
-    self: Any,
-    size: Any,
-    fill_value: Any,
-    *,
-    dtype: Any = None,
-    device: Any = None,
-    layout: Any = None,
-    requires_grad: bool = False,
-    pin_memory: bool = False,
-) -> Any:
-    _, dt, dev = _like_options(b, self, dtype, device, layout)
-    return _emit(b, size_args((size,)), _scalar(fill_value, "fill_value"), dt, dev)
+def _new_full(b: Emitter, self: Any, size: Any, fill_value: Any, **options: Any) -> Any:
+    return _emit_like(b, self, size_args((size,)), fill_value, options)

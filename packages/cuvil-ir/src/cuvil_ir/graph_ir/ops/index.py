@@ -17,6 +17,7 @@ import sympy
 import torch
 
 from cuvil_ir.graph_ir.ops._rules import (
+    VIEW,
     ShapeError,
     ceildiv,
     check_equal,
@@ -34,7 +35,6 @@ from cuvil_ir.graph_ir.types import TensorType, Type
 from cuvil_ir.symbolic import Dim, ShapeContext
 
 T = torch.Tensor
-VIEW = frozenset({"view", "pure"})
 
 
 def _lt(ctx: ShapeContext, a: Dim, b: Dim, reason: str) -> bool:

@@ -17,6 +17,7 @@ from cuvil_ir.graph_ir.ops._rules import (
     broadcast_shapes,
     check_equal,
     device_of,
+    optional_inputs,
     same_dtype,
     tensor_of,
 )
@@ -132,11 +133,8 @@ class Linear(Op):
 
     @staticmethod
     def capture(b: Emitter, input: Any, weight: Any, bias: Any = None) -> Any:
-        if bias is not None and not b.is_value(bias):
-            raise NotCaptured("a non-tensor bias")
-        return b.emit(
-            "linear", [input, weight, *([bias] if bias is not None else [])], has_bias=bias is not None
-        )
+        bias_input, flags = optional_inputs(b, bias=bias)
+        return b.emit("linear", [input, weight, *bias_input], **flags)
 
     @staticmethod
     def infer(ctx: ShapeContext, x: Type, w: Type, *bias: Type, has_bias: bool) -> Type:

@@ -16,6 +16,7 @@ from cuvil_ir.graph_ir.ops._rules import (
     check_equal,
     device_of,
     ntuple,
+    optional_inputs,
     same_dtype,
     size_arg,
     tensor_of,
@@ -23,6 +24,11 @@ from cuvil_ir.graph_ir.ops._rules import (
 from cuvil_ir.graph_ir.registry import Emitter, NotCaptured, Op
 from cuvil_ir.graph_ir.types import DType, TensorType, Type
 from cuvil_ir.symbolic import Dim, ShapeContext, as_dim
+
+
+def _is_number(v: Any) -> bool:
+    """A Python int or float (not a bool, nor a size expression)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 class Embedding(Op):
@@ -92,7 +98,7 @@ class Pad(Op):
             if value not in (None, 0):
                 raise NotCaptured("only constant padding takes a value")
             value = None
-        elif value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+        elif value is not None and not _is_number(value):
             raise NotCaptured("pad value must be a Python number")
         return b.emit("pad", [input], pad=amounts, mode=mode, value=value)
 
@@ -171,7 +177,7 @@ class Interpolate(Op):
         scales = None
         if scale_factor is not None:
             scales = ntuple(scale_factor, n, "scale_factor")
-            if any(isinstance(s, bool) or not isinstance(s, (int, float)) for s in scales):
+            if not all(_is_number(s) for s in scales):
                 raise NotCaptured("scale_factor must be Python numbers")
             scales = tuple(float(s) for s in scales)
         return b.emit(
@@ -245,18 +251,18 @@ class ScaledDotProductAttention(Op):
     ) -> Any:
         if dropout_p != 0.0:
             raise NotCaptured("attention dropout")
-        if attn_mask is not None and (is_causal or not b.is_value(attn_mask)):
-            raise NotCaptured("a non-tensor mask, or both a mask and is_causal")
-        if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))):
+        if attn_mask is not None and is_causal:
+            raise NotCaptured("both a mask and is_causal")
+        mask, flags = optional_inputs(b, mask=attn_mask)
+        if scale is not None and not _is_number(scale):
             raise NotCaptured("scale must be a Python number")
-        mask = [attn_mask] if attn_mask is not None else []
         return b.emit(
             "sdpa",
             [query, key, value, *mask],
             is_causal=bool(is_causal),
             scale=None if scale is None else float(scale),
             enable_gqa=bool(enable_gqa),
-            has_mask=attn_mask is not None,
+            **flags,
         )
 
     @staticmethod

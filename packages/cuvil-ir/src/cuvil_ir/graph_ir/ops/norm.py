@@ -1,13 +1,12 @@
 """Normalisations: softmax, log_softmax, layer/RMS/batch(inference)/group norm.
 
 Optional affine parameters follow the data input, only when present; the
-``has_weight``/``has_bias`` attributes say which ones are there, since a lone
-parameter could be either.
+``has_weight``/``has_bias`` attributes say which ones are there (see
+:func:`~cuvil_ir.graph_ir.ops._rules.optional_inputs`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -17,9 +16,14 @@ from cuvil_ir.graph_ir.ops._rules import (
     ShapeError,
     check_divisible,
     check_equal,
+    check_optional,
+    declare,
     dim_arg,
     dtype_arg,
+    float_tensor,
     int_arg,
+    optional_args,
+    optional_inputs,
     size_arg,
     size_args,
     tensor_of,
@@ -29,43 +33,6 @@ from cuvil_ir.graph_ir.types import DType, TensorType, Type
 from cuvil_ir.symbolic import Dim, ShapeContext
 
 T = torch.Tensor
-
-
-def _affine(b: Emitter, weight: Any, bias: Any = None) -> tuple[list[Any], dict[str, bool]]:
-    for p in (weight, bias):
-        if p is not None and not b.is_value(p):
-            raise NotCaptured("affine parameters must be tensors")
-    return [p for p in (weight, bias) if p is not None], {
-        "has_weight": weight is not None,
-        "has_bias": bias is not None,
-    }
-
-
-def _unpack(params: Sequence[Any], has_weight: bool, has_bias: bool) -> tuple[Any, Any]:
-    it = iter(params)
-    weight = next(it) if has_weight else None
-    bias = next(it) if has_bias else None
-    return weight, bias
-
-
-def _check_params(
-    ctx: ShapeContext, params: Sequence[Type], flags: Sequence[bool], shape: Sequence[Dim], what: str
-) -> None:
-    if len(params) != sum(flags):
-        raise ShapeError(f"{what}: {len(params)} parameter inputs for flags {tuple(flags)}")
-    for p in params:
-        t = tensor_of(p, f"{what} parameter")
-        if t.rank != len(shape):
-            raise ShapeError(f"{what}: parameter of rank {t.rank}, expected {len(shape)}")
-        for a, e in zip(t.shape, shape):
-            check_equal(ctx, a, e, f"{what} parameter size")
-
-
-def _float_input(x: Type, what: str) -> TensorType:
-    t = tensor_of(x)
-    if not t.dtype.is_floating:
-        raise ShapeError(f"{what} of a {t.dtype.value} tensor (torch takes float tensors)")
-    return t
 
 
 # -- softmax --------------------------------------------------------------------------
@@ -95,15 +62,14 @@ def _softmax(name: str, fn: Any, functional: Any, methods: tuple[Any, ...]) -> t
     def reference(x: Any, *, dim: int, dtype: DType | None) -> Any:
         return fn(x, dim, dtype=dtype.torch if dtype is not None else None)
 
-    ns = {
-        "name": name,
-        "traits": frozenset({"pure"}),
-        "torch": staticmethod(lambda: (*methods, (functional, capture_functional))),
-        "capture": staticmethod(capture),
-        "infer": staticmethod(infer),
-        "reference": staticmethod(reference),
-    }
-    return type(name.title().replace("_", ""), (Op,), ns)
+    return declare(
+        name,
+        traits={"pure"},
+        torch=lambda: (*methods, (functional, capture_functional)),
+        capture=capture,
+        infer=infer,
+        reference=reference,
+    )
 
 
 _softmax("softmax", torch.softmax, F.softmax, (torch.softmax, T.softmax, torch.special.softmax))
@@ -139,7 +105,7 @@ class LayerNorm(Op):
     def capture(
         b: Emitter, input: Any, normalized_shape: Any, weight: Any = None, bias: Any = None, eps: Any = 1e-5
     ) -> Any:
-        params, flags = _affine(b, weight, bias)
+        params, flags = optional_inputs(b, weight=weight, bias=bias)
         return b.emit(
             "layer_norm",
             [input, *params],
@@ -158,16 +124,18 @@ class LayerNorm(Op):
         has_weight: bool,
         has_bias: bool,
     ) -> Type:
-        t = _float_input(x, "layer_norm")
+        t = float_tensor(x, "layer_norm")
         _check_trailing(ctx, t, normalized_shape, "layer_norm")
-        _check_params(ctx, params, (has_weight, has_bias), normalized_shape, "layer_norm")
+        check_optional(ctx, params, (has_weight, has_bias), normalized_shape, "layer_norm")
         return t
 
     @staticmethod
     def reference(
         x: Any, *params: Any, normalized_shape: tuple[int, ...], eps: float, has_weight: bool, has_bias: bool
     ) -> Any:
-        return F.layer_norm(x, normalized_shape, *_unpack(params, has_weight, has_bias), eps)
+        return F.layer_norm(
+            x, normalized_shape, eps=eps, **optional_args(params, weight=has_weight, bias=has_bias)
+        )
 
 
 class RmsNorm(Op):
@@ -180,13 +148,13 @@ class RmsNorm(Op):
 
     @staticmethod
     def capture(b: Emitter, input: Any, normalized_shape: Any, weight: Any = None, eps: Any = None) -> Any:
-        params, flags = _affine(b, weight)
+        params, flags = optional_inputs(b, weight=weight)
         return b.emit(
             "rms_norm",
             [input, *params],
             normalized_shape=_normalized_shape(normalized_shape),
             eps=None if eps is None else float(eps),
-            has_weight=flags["has_weight"],
+            **flags,
         )
 
     @staticmethod
@@ -198,16 +166,16 @@ class RmsNorm(Op):
         eps: float | None,
         has_weight: bool,
     ) -> Type:
-        t = _float_input(x, "rms_norm")
+        t = float_tensor(x, "rms_norm")
         _check_trailing(ctx, t, normalized_shape, "rms_norm")
-        _check_params(ctx, params, (has_weight,), normalized_shape, "rms_norm")
+        check_optional(ctx, params, (has_weight,), normalized_shape, "rms_norm")
         return t
 
     @staticmethod
     def reference(
         x: Any, *params: Any, normalized_shape: tuple[int, ...], eps: float | None, has_weight: bool
     ) -> Any:
-        return F.rms_norm(x, normalized_shape, params[0] if has_weight else None, eps)
+        return F.rms_norm(x, normalized_shape, eps=eps, **optional_args(params, weight=has_weight))
 
 
 # -- batch norm (inference), group norm --------------------------------------------------
@@ -237,7 +205,7 @@ class BatchNorm(Op):
             raise NotCaptured("train-mode batch_norm computes batch statistics and updates running stats")
         if not (b.is_value(running_mean) and b.is_value(running_var)):
             raise NotCaptured("eval-mode batch_norm without running statistics")
-        params, flags = _affine(b, weight, bias)
+        params, flags = optional_inputs(b, weight=weight, bias=bias)
         return b.emit("batch_norm", [input, running_mean, running_var, *params], eps=float(eps), **flags)
 
     @staticmethod
@@ -251,19 +219,20 @@ class BatchNorm(Op):
         has_weight: bool,
         has_bias: bool,
     ) -> Type:
-        t = _float_input(x, "batch_norm")
+        t = float_tensor(x, "batch_norm")
         if t.rank < 2:
             raise ShapeError(f"batch_norm needs at least 2 dimensions, got {t.rank}")
         channels = (t.shape[1],)
-        _check_params(ctx, (mean, var), (True, True), channels, "batch_norm statistics")
-        _check_params(ctx, params, (has_weight, has_bias), channels, "batch_norm")
+        check_optional(ctx, (mean, var), (True, True), channels, "batch_norm statistics")
+        check_optional(ctx, params, (has_weight, has_bias), channels, "batch_norm")
         return t
 
     @staticmethod
     def reference(
         x: Any, mean: Any, var: Any, *params: Any, eps: float, has_weight: bool, has_bias: bool
     ) -> Any:
-        return F.batch_norm(x, mean, var, *_unpack(params, has_weight, has_bias), False, 0.0, eps)
+        affine = optional_args(params, weight=has_weight, bias=has_bias)
+        return F.batch_norm(x, mean, var, training=False, momentum=0.0, eps=eps, **affine)
 
 
 class GroupNorm(Op):
@@ -278,7 +247,7 @@ class GroupNorm(Op):
     def capture(
         b: Emitter, input: Any, num_groups: Any, weight: Any = None, bias: Any = None, eps: Any = 1e-5
     ) -> Any:
-        params, flags = _affine(b, weight, bias)
+        params, flags = optional_inputs(b, weight=weight, bias=bias)
         return b.emit(
             "group_norm",
             [input, *params],
@@ -297,13 +266,13 @@ class GroupNorm(Op):
         has_weight: bool,
         has_bias: bool,
     ) -> Type:
-        t = _float_input(x, "group_norm")
+        t = float_tensor(x, "group_norm")
         if t.rank < 2 or num_groups <= 0:
             raise ShapeError(f"group_norm of rank {t.rank} with {num_groups} groups")
         check_divisible(ctx, t.shape[1], num_groups, "group_norm channels divisible by groups")
-        _check_params(ctx, params, (has_weight, has_bias), (t.shape[1],), "group_norm")
+        check_optional(ctx, params, (has_weight, has_bias), (t.shape[1],), "group_norm")
         return t
 
     @staticmethod
     def reference(x: Any, *params: Any, num_groups: int, eps: float, has_weight: bool, has_bias: bool) -> Any:
-        return F.group_norm(x, num_groups, *_unpack(params, has_weight, has_bias), eps)
+        return F.group_norm(x, num_groups, eps=eps, **optional_args(params, weight=has_weight, bias=has_bias))

@@ -11,12 +11,22 @@ from typing import Any
 
 import torch
 
-from cuvil_ir.graph_ir.ops._rules import ShapeError, dim_arg, dims_arg, dtype_arg, float_dtype, tensor_of
+from cuvil_ir.graph_ir.ops._rules import (
+    ShapeError,
+    declare,
+    dim_arg,
+    dims_arg,
+    dtype_arg,
+    float_dtype,
+    float_tensor,
+    tensor_of,
+)
 from cuvil_ir.graph_ir.registry import Emitter, NotCaptured, Op
 from cuvil_ir.graph_ir.types import DType, TensorType, Type
 from cuvil_ir.symbolic import Shape, ShapeContext
 
 T = torch.Tensor
+_REDUCTION = frozenset({"reduction", "pure"})
 
 
 def _check_dims(t: TensorType, dims: tuple[int, ...]) -> None:
@@ -30,6 +40,12 @@ def reduced_shape(t: TensorType, dims: tuple[int, ...], keepdim: bool) -> Shape:
     if keepdim:
         return tuple(1 if i in dims else d for i, d in enumerate(t.shape))
     return tuple(d for i, d in enumerate(t.shape) if i not in dims)
+
+
+def _plain(out: Any, keepdim: Any) -> None:
+    """Reductions capture the plain form: no ``out=``, and ``keepdim`` a Python bool."""
+    if out is not None or not isinstance(keepdim, bool):
+        raise NotCaptured("out= or a non-bool keepdim")
 
 
 # -- dtype rules -----------------------------------------------------------------
@@ -80,8 +96,7 @@ def reduction(
         dtype: Any = None,
         out: Any = None,
     ) -> Any:
-        if out is not None or not isinstance(keepdim, bool):
-            raise NotCaptured("out= or a non-bool keepdim")
+        _plain(out, keepdim)
         if dtype is not None and not with_dtype:
             raise NotCaptured(f"{name} takes no dtype")
         t = tensor_of(b.type_of(input))
@@ -107,15 +122,7 @@ def reduction(
         def reference(x: Any, *, dims: tuple[int, ...], keepdim: bool) -> Any:  # type: ignore[misc]
             return ref(x, dims, keepdim)
 
-    ns = {
-        "name": name,
-        "traits": frozenset({"reduction", "pure"}),
-        "torch": staticmethod(fns),
-        "capture": staticmethod(capture),
-        "infer": staticmethod(infer),
-        "reference": staticmethod(reference),
-    }
-    return type(name.title().replace("_", ""), (Op,), ns)
+    return declare(name, traits=_REDUCTION, torch=fns, capture=capture, infer=infer, reference=reference)
 
 
 def _prod(x: Any, dims: tuple[int, ...], keepdim: bool, dtype: Any) -> Any:
@@ -213,25 +220,22 @@ def _moment(name: str, fns: Callable[[], tuple[Any, ...]], fn: Callable[..., Any
         t = tensor_of(x)
         if t.dtype.is_complex:
             dtype = DType.f32 if t.dtype == DType.c64 else DType.f64
-        elif t.dtype.is_floating:
-            dtype = t.dtype
         else:
-            raise ShapeError(f"{name} of a {t.dtype.value} tensor (torch takes float tensors)")
+            dtype = float_tensor(t, name).dtype
         return TensorType(dtype, reduced_shape(t, dims, keepdim), t.device)
 
     def reference(x: Any, *, dims: tuple[int, ...], correction: int | float, keepdim: bool) -> Any:
         return fn(x, dim=dims, correction=correction, keepdim=keepdim)
 
     mean_fns = {"var": (torch.var_mean,), "std": (torch.std_mean,)}[name]
-    ns = {
-        "name": name,
-        "traits": frozenset({"reduction", "pure"}),
-        "torch": staticmethod(lambda: (*fns(), *((f, with_mean) for f in mean_fns))),
-        "capture": staticmethod(capture),
-        "infer": staticmethod(infer),
-        "reference": staticmethod(reference),
-    }
-    return type(name.title(), (Op,), ns)
+    return declare(
+        name,
+        traits=_REDUCTION,
+        torch=lambda: (*fns(), *((f, with_mean) for f in mean_fns)),
+        capture=capture,
+        infer=infer,
+        reference=reference,
+    )
 
 
 _moment("var", lambda: (torch.var, T.var), torch.var)
@@ -243,8 +247,7 @@ def _extremum(name: str, fns: Callable[[], tuple[Any, ...]], fn: Any, whole: str
     result_type = getattr(torch.return_types, name)
 
     def capture(b: Emitter, input: Any, dim: Any = None, keepdim: bool = False, *, out: Any = None) -> Any:
-        if out is not None or not isinstance(keepdim, bool):
-            raise NotCaptured("out= or a non-bool keepdim")
+        _plain(out, keepdim)
         t = tensor_of(b.type_of(input))
         if dim is None:  # max(x): one value over all elements
             return b.emit(whole, [input], dims=dims_arg(None, t.rank), keepdim=False)
@@ -262,16 +265,9 @@ def _extremum(name: str, fns: Callable[[], tuple[Any, ...]], fn: Any, whole: str
     def reference(x: Any, *, dim: int, keepdim: bool) -> Any:
         return tuple(fn(x, dim, keepdim))
 
-    ns = {
-        "name": name,
-        "traits": frozenset({"reduction", "pure"}),
-        "num_outputs": 2,
-        "torch": staticmethod(fns),
-        "capture": staticmethod(capture),
-        "infer": staticmethod(infer),
-        "reference": staticmethod(reference),
-    }
-    return type(name.title(), (Op,), ns)
+    return declare(
+        name, traits=_REDUCTION, torch=fns, capture=capture, infer=infer, reference=reference, num_outputs=2
+    )
 
 
 _extremum("max", lambda: (torch.max, T.max), torch.max, "amax", "maximum")
@@ -280,8 +276,7 @@ _extremum("min", lambda: (torch.min, T.min), torch.min, "amin", "minimum")
 
 def _arg_reduction(name: str, fns: Callable[[], tuple[Any, ...]], fn: Any) -> type[Op]:
     def capture(b: Emitter, input: Any, dim: Any = None, keepdim: bool = False, *, out: Any = None) -> Any:
-        if out is not None or not isinstance(keepdim, bool):
-            raise NotCaptured("out= or a non-bool keepdim")
+        _plain(out, keepdim)
         t = tensor_of(b.type_of(input))
         return b.emit(name, [input], dim=None if dim is None else dim_arg(dim, t.rank), keepdim=keepdim)
 
@@ -298,15 +293,7 @@ def _arg_reduction(name: str, fns: Callable[[], tuple[Any, ...]], fn: Any) -> ty
     def reference(x: Any, *, dim: int | None, keepdim: bool) -> Any:
         return fn(x, dim, keepdim)
 
-    ns = {
-        "name": name,
-        "traits": frozenset({"reduction", "pure"}),
-        "torch": staticmethod(fns),
-        "capture": staticmethod(capture),
-        "infer": staticmethod(infer),
-        "reference": staticmethod(reference),
-    }
-    return type(name.title(), (Op,), ns)
+    return declare(name, traits=_REDUCTION, torch=fns, capture=capture, infer=infer, reference=reference)
 
 
 _arg_reduction("argmax", lambda: (torch.argmax, T.argmax), torch.argmax)
@@ -329,15 +316,9 @@ def _scan(name: str, fns: Callable[[], tuple[Any, ...]], fn: Any) -> type[Op]:
     def reference(x: Any, *, dim: int, dtype: DType | None) -> Any:
         return fn(x, dim, dtype=dtype.torch if dtype is not None else None)
 
-    ns = {
-        "name": name,
-        "traits": frozenset({"scan", "pure"}),
-        "torch": staticmethod(fns),
-        "capture": staticmethod(capture),
-        "infer": staticmethod(infer),
-        "reference": staticmethod(reference),
-    }
-    return type(name.title(), (Op,), ns)
+    return declare(
+        name, traits={"scan", "pure"}, torch=fns, capture=capture, infer=infer, reference=reference
+    )
 
 
 _scan("cumsum", lambda: (torch.cumsum, T.cumsum), torch.cumsum)

@@ -14,15 +14,14 @@ import sympy
 import torch
 
 from cuvil_ir.graph_ir.ops._rules import (
+    VIEW,
     ShapeError,
     check_divisible,
     check_equal,
     dim_arg,
     dims_arg,
     floordiv,
-    int_arg,
     is_one,
-    norm_dim,
     numel,
     size_arg,
     size_args,
@@ -33,7 +32,6 @@ from cuvil_ir.graph_ir.types import Type
 from cuvil_ir.symbolic import Dim, Shape, ShapeContext
 
 T = torch.Tensor
-VIEW = frozenset({"view", "pure"})
 
 
 def exact_quotient(ctx: ShapeContext, n: Dim, k: Dim, what: str) -> Dim:
@@ -406,11 +404,7 @@ class Flip(Op):
     @staticmethod
     def capture(b: Emitter, input: Any, *dims: Any) -> Any:
         t = tensor_of(b.type_of(input))
-        ds = tuple(int_arg(d, "dim") for d in size_args(dims))
-        try:
-            norm = tuple(sorted({norm_dim(d, t.rank) for d in ds}))
-        except ShapeError as e:
-            raise NotCaptured(str(e)) from None
+        norm = tuple(sorted({dim_arg(d, t.rank) for d in size_args(dims)}))
         return b.emit("flip", [input], dims=norm) if norm else input
 
     @staticmethod
