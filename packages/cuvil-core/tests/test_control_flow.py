@@ -269,3 +269,60 @@ def test_explain_lists_graph_guards_symbols_and_recompiles():
     assert "argument k: was int 2, now int 3" in text
     assert "graph @f(" in text and "reshape" in text
     assert "Eq(Mod(" in text  # the divisibility guard of the -1 reshape, with its reason
+
+
+def _gen(x):
+    yield x * 2
+
+
+def _try(x):
+    try:
+        y = x * 2
+    except RuntimeError:
+        y = x
+    return y
+
+
+_G = 0
+
+
+def _global(x):
+    global _G
+    _G = 1
+    return x + 1
+
+
+def _eval(x):
+    return eval("x + 1")
+
+
+@pytest.mark.parametrize(
+    "fn, message, line",
+    [
+        (_gen, "a generator (`yield`)", "yield x * 2"),
+        (_try, "`try`/`except`", "try:"),
+        (_global, "writing a global variable", "global _G"),
+        (_eval, "`eval`", 'return eval("x + 1")'),
+    ],
+)
+def test_rejected_constructs_name_the_construct_and_line(fn, message, line):
+    with pytest.raises(cu.CompileError) as info:
+        cu.compile(fn, fallback="error")(torch.randn(3))
+    text = str(info.value)
+    assert f"{message} is not supported in compiled code" in text
+    assert "test_control_flow.py:" in text and line in text and "^" in text and "hint:" in text
+
+
+def test_supported_python_constructs():
+    @cu.compile(fallback="error")
+    def f(x, ys):
+        with torch.no_grad():
+            z = x * 2
+        assert x.shape[-1] == 4, f"expected 4 features, got {x.shape}"
+        assert isinstance(x, torch.Tensor)
+        outs = [t + z for t in ys if t is not None]
+        pairs = {k: v for k, v in zip("ab", outs)}
+        return pairs["a"] - pairs["b"] if len(outs) > 1 else outs[0]
+
+    x, ys = torch.randn(2, 4), [torch.randn(2, 4), None, torch.randn(2, 4)]
+    close(f(x, ys), f.__wrapped__(x, ys))
