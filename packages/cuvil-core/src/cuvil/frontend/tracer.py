@@ -486,12 +486,14 @@ class Region:
 
 
 def _dead_code_elimination(nodes: tuple[Node, ...], live: set[Value]) -> tuple[Node, ...]:
-    """Drop pure nodes whose results nobody uses (conditions evaluated once in Python,
-    an aborted loop capture ...); opaque (extern) and control-flow nodes stay."""
+    """Drop pure nodes whose results nobody uses (a loop condition first evaluated in
+    Python to see whether it is a tensor ...); in-place externs and control flow stay."""
     kept: list[Node] = []
     for node in reversed(nodes):
         op = REGISTRY.get(node.op)
-        if "pure" in op.traits and not node.regions and not any(v in live for v in node.outputs):
+        # an extern call that updates nothing in place is a function of its inputs too
+        pure = "pure" in op.traits or (node.op == "extern" and node.attr("mutates") is None)
+        if pure and not node.regions and not any(v in live for v in node.outputs):
             continue
         live.update(node.inputs)
         for r in node.regions:
