@@ -35,8 +35,10 @@ def _hook(name: str, *args: ast.expr) -> ast.Call:
     return ast.Call(ast.Attribute(ast.Name(HOOKS, ast.Load()), name, ast.Load()), list(args), [])
 
 
-def _scope_nodes(stmts: list[ast.stmt]) -> list[ast.AST]:
-    """Every node of ``stmts`` in the same function scope (not inside nested defs/lambdas/classes)."""
+def _scope_nodes(stmts: list[ast.stmt], loop_level: bool = False) -> list[ast.AST]:
+    """Every node of ``stmts`` in the same function scope (not inside nested
+    defs/lambdas/classes); with ``loop_level``, not inside nested loop bodies either
+    (a ``break`` found then would leave the loop that encloses ``stmts``)."""
     out: list[ast.AST] = []
     todo: list[ast.AST] = list(stmts)
     while todo:
@@ -44,20 +46,7 @@ def _scope_nodes(stmts: list[ast.stmt]) -> list[ast.AST]:
         out.append(node)
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
             continue
-        todo.extend(ast.iter_child_nodes(node))
-    return out
-
-
-def _loop_level_nodes(stmts: list[ast.stmt]) -> list[ast.AST]:
-    """Nodes in the same loop level (``break`` here would leave the enclosing loop)."""
-    out: list[ast.AST] = []
-    todo: list[ast.AST] = list(stmts)
-    while todo:
-        node = todo.pop()
-        out.append(node)
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
-            continue
-        if isinstance(node, (ast.For, ast.While)):
+        if loop_level and isinstance(node, (ast.For, ast.While)):
             todo.extend(node.orelse)  # the loop's own body has its own break level
             continue
         todo.extend(ast.iter_child_nodes(node))
@@ -88,7 +77,7 @@ def assigned_names(stmts: list[ast.stmt]) -> list[str]:
 
 
 def _has(stmts: list[ast.stmt], kinds: tuple[type, ...], loop_level: bool = False) -> bool:
-    nodes = _loop_level_nodes(stmts) if loop_level else _scope_nodes(stmts)
+    nodes = _scope_nodes(stmts, loop_level)
     return any(isinstance(n, kinds) for n in nodes)
 
 

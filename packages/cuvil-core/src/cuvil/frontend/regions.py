@@ -222,6 +222,29 @@ def _check_body(
             )
 
 
+def _trace_body(
+    tracer: Tracer,
+    kind: str,
+    body_fn: Callable[..., Any],
+    lead: tuple[Any, ...],
+    types: list[TensorType],
+    leaves: list[Any],
+    spec: Any,
+    slots: list[int],
+    names: Sequence[str],
+    loc: SourceLoc,
+) -> Any:
+    """Trace a loop body once, over block arguments standing for the carried tensors."""
+    with tracer.region(types) as body_r:
+        out = body_fn(*lead, *_rebuild(leaves, spec, slots, body_r.args))
+        new_leaves, new_spec = _flatten(tuple(out))
+        if new_spec != spec:
+            raise CompileError(f"the `{kind}` body changes the structure of its variables", loc)
+        _check_body(tracer, kind, names, leaves, new_leaves, loc)
+        body_r.finish([new_leaves[i] for i in slots])
+    return body_r
+
+
 def capture_while(
     tracer: Tracer,
     cond_fn: Callable[..., Any],
@@ -238,13 +261,7 @@ def capture_while(
             raise CompileError("the `while` condition stops depending on tensors inside the loop", loc)
         pred, _ = _pred_value(tracer, c, loc)
         cond_r.results = (pred,)
-    with tracer.region(types) as body_r:
-        out = body_fn(*_rebuild(leaves, spec, slots, body_r.args))
-        new_leaves, new_spec = _flatten(tuple(out))
-        if new_spec != spec:
-            raise CompileError("the `while` body changes the structure of its variables", loc)
-        _check_body(tracer, "while", names, leaves, new_leaves, loc)
-        body_r.finish([new_leaves[i] for i in slots])
+    body_r = _trace_body(tracer, "while", body_fn, (), types, leaves, spec, slots, names, loc)
     init = tuple(tracer.value_of(leaves[i]) for i in slots)
     outputs = tuple(tracer._fresh(t) for t in types)
     tracer.nodes.append(Node("while", init, outputs, (), (cond_r.block, body_r.block), loc=tracer.loc()))
@@ -302,13 +319,7 @@ def capture_for(
     tracer.ctx.local_symbols[var] = (bounds[0], bounds[1] - 1)
     try:
         index = tracer.size(var)
-        with tracer.region(types) as body_r:
-            out = body_fn(index, *_rebuild(leaves, spec, slots, body_r.args))
-            new_leaves, new_spec = _flatten(tuple(out))
-            if new_spec != spec:
-                raise CompileError("the `for` body changes the structure of its variables", loc)
-            _check_body(tracer, "for", names, leaves, new_leaves, loc)
-            body_r.finish([new_leaves[i] for i in slots])
+        body_r = _trace_body(tracer, "for", body_fn, (index,), types, leaves, spec, slots, names, loc)
     finally:
         del tracer.ctx.local_symbols[var]
     consts = tuple(tracer.const(b) for b in bounds)
