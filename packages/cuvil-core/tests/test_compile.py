@@ -280,3 +280,32 @@ def test_method_decorated_in_class():
     cm = cu.compile(m, fallback="error")
     x = torch.randn(3, 4)
     close(cm(x), m(x))
+
+
+def test_replaced_submodule_recompiles_instead_of_reading_the_old_one():
+    m = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()).eval()
+    cm = cu.compile(m, fallback="error")
+    x = torch.randn(3, 4)
+    close(cm(x), m(x))
+    m[0] = torch.nn.Linear(4, 4)  # same parameter shapes, a different module
+    close(cm(x), m(x))
+    assert cm.stats.compiles == 2
+    assert "submodules" in cm.stats.recompile_reasons[0]
+
+
+def test_identical_graphs_share_one_executable():
+    from cuvil.api import _EXECUTABLES
+
+    def make():
+        def f(x):
+            return torch.tanh(x) * 3 + 1
+
+        return f
+
+    a, b = cu.compile(make(), fallback="error"), cu.compile(make(), fallback="error")
+    x = torch.randn(2, 5)
+    close(a(x), torch.tanh(x) * 3 + 1)
+    close(b(x), torch.tanh(x) * 3 + 1)
+    assert a.graphs[0].hash == b.graphs[0].hash
+    assert a.artifacts[0].executable is b.artifacts[0].executable
+    assert len(_EXECUTABLES) >= 1

@@ -16,9 +16,14 @@ from cuvil.errors import CompileError
 from cuvil.frontend.capture import Captured, capture, module_state
 from cuvil.guards import describe_leaf, explain_structure, leaf_key
 from cuvil_ir.symbolic import expr_str, symbol
+from cuvil_runtime.cache import CompileCache
 from cuvil_runtime.target import CompileOptions, Executable
 
 FALLBACKS = ("eager", "error")
+
+#: executables of this process by (graph hash, target, options): compiled functions
+#: whose captured graphs are the same share one compile
+_EXECUTABLES = CompileCache()
 
 
 _CHAINABLE = frozenset(
@@ -165,8 +170,11 @@ class CompiledFunction:
         if self.module is None:
             return ()
         flags = tuple(m.training for m in self.module.modules())
+        # the owning dict's identity too: the graph reads parameters through these
+        # slots, so a replaced submodule must recompile, not read the old one
         state = tuple(
-            (owner[key].dtype, tuple(owner[key].shape)) for _, owner, key in module_state(self.module)
+            (id(owner), key, owner[key].dtype, tuple(owner[key].shape))
+            for _, owner, key in module_state(self.module)
         )
         return (flags, state)
 
@@ -240,7 +248,8 @@ class CompiledFunction:
             from cuvil_runtime.registry import get_target
 
             target = get_target(target_name)
-            executable = target.compile(captured.graph, CompileOptions(opt_level=self.opt_level))
+            options = CompileOptions(opt_level=self.opt_level)
+            executable = _EXECUTABLES.get_or_compile(captured.graph, target, options)
         except Exception as e:
             reason = e.reason if isinstance(e, CompileError) else f"internal error: {type(e).__name__}: {e}"
             if self.fallback == "error":

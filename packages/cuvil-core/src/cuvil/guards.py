@@ -110,5 +110,5 @@ def explain_structure(
         if a != b:
             return f"argument {name}: was {describe_leaf(a)}, now {describe_leaf(b)}"
     if extra_old != extra_new:
-        return "module state changed (training mode or parameter/buffer metadata)"
+        return "module state changed (training mode, submodules, or parameter/buffer metadata)"
     return "the argument tree changed structure"

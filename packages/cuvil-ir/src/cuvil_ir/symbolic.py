@@ -72,10 +72,6 @@ def as_dim(value: object) -> Dim:
     raise TypeError(f"not a dimension: {value!r}")
 
 
-def is_static(dim: Dim) -> bool:
-    return isinstance(dim, int)
-
-
 def free_symbols(dims: Iterable[Dim]) -> frozenset[sympy.Symbol]:
     out: set[sympy.Symbol] = set()
     for d in dims:
@@ -186,10 +182,6 @@ def evaluate_bool(cond: sympy.Basic, bindings: Mapping[sympy.Symbol, int]) -> bo
     raise ValueError(f"condition {expr_str(cond)} did not evaluate to a bool ({value})")
 
 
-def negate(cond: sympy.Basic) -> sympy.Basic:
-    return sympy.Not(cond)
-
-
 def prove(cond: sympy.Basic) -> bool | None:
     """True/False when sympy can decide ``cond`` from the symbol assumptions alone."""
     if cond in (sympy.true, sympy.false):
@@ -266,13 +258,19 @@ class ShapeContext:
                 if isinstance(a, sympy.Symbol) and b.is_Integer:
                     self._known[a] = int(b)
 
-    def decide(self, cond: sympy.Basic, reason: str = "") -> bool:
-        cond = canonical(cond)
+    def prove(self, cond: sympy.Basic) -> bool | None:
+        """``cond`` decided without any assumption or example value: from the symbol
+        assumptions, sizes pinned by ``Eq(symbol, int)`` facts, and loop index ranges."""
         proved = prove(cond)
         if proved is None and self._known:
             proved = prove(sympy.sympify(cond.xreplace(self._known)))
         if proved is None and cond.free_symbols & set(self.local_symbols):
             proved = self._prove_over_ranges(cond)
+        return proved
+
+    def decide(self, cond: sympy.Basic, reason: str = "") -> bool:
+        cond = canonical(cond)
+        proved = self.prove(cond)
         if proved is not None:
             return proved
         neg = canonical(sympy.Not(cond))

@@ -75,15 +75,13 @@ def _all_state_slots(module: torch.nn.Module) -> list[tuple[dict[str, Any], str]
 
 
 def _lift_sources(fn: Any, module: torch.nn.Module | None) -> dict[int, tuple[str, Callable[[], Any]]]:
-    """Names and getters for tensors the function may reach besides its arguments."""
+    """Names and getters for tensors the function may reach besides its arguments:
+    closure cells of the root function and tensor attributes of the module (globals
+    of any user frame are found when lifting, see ``Tracer.lift``)."""
     out: dict[int, tuple[str, Callable[[], Any]]] = {}
     raw = getattr(fn, "__func__", fn)
     code = getattr(raw, "__code__", None)
     if code is not None:
-        g = raw.__globals__
-        for name in code.co_names:
-            if isinstance(g.get(name), torch.Tensor):
-                out.setdefault(id(g[name]), (f"global.{name}", functools.partial(g.__getitem__, name)))
         for name, cell in zip(code.co_freevars, raw.__closure__ or ()):
             try:
                 v = cell.cell_contents

@@ -1,10 +1,12 @@
 """Runtime helpers called by converted code (see :mod:`cuvil.frontend.convert`).
 
-Converted functions call ``truth``/``boolop`` where Python asks a value for its
-truth, ``iterate`` where it loops over one, and ``call`` for every call. With
-Python values they behave exactly like Python; size comparisons are decided
-from the example inputs and guarded; tensor values are rejected here with the
-construct's source location (structured control flow will accept them).
+Converted statements call ``if_``/``while_``/``for_``, which run Python for a
+Python condition and record a structured op for a size or tensor condition (see
+:mod:`cuvil.frontend.regions`). Constructs that stay Python call ``truth``/
+``boolop`` where Python asks a value for its truth and ``iterate`` where it loops
+over one: Python values behave exactly as in Python, size predicates are decided
+from the example inputs and guarded, and tensor values are rejected with the
+construct's source location. ``call`` converts user callees on the fly.
 """
 
 from __future__ import annotations
@@ -27,38 +29,34 @@ from cuvil.frontend.regions import (
     static_truth,
 )
 
-_SUPPORTED_LATER = "control flow on tensor values is not supported yet"
+_HINTS = {
+    "if": "an `if` inside a loop body that uses `break`/`continue`/`return` stays Python; "
+    "restructure the loop, or select with torch.where(cond, a, b)",
+    "while": "remove `break`/`continue`/`return` from the loop body so it can be captured as one loop",
+    "for": "iterate over range(x.shape[0]) and index, or use tensor ops over the whole axis",
+    "assert": "assert on sizes (x.shape) instead; tensor values are only known at run time",
+}
 
 
 def _reject(kind: str, site: int, what: str) -> CompileError:
-    loc = SITES[site].loc
-    hints = {
-        "if": "compute both branches and select with torch.where(cond, a, b)",
-        "while": "use a fixed number of iterations, or run this loop outside the compiled function",
-        "for": "iterate over range(x.shape[0]) and index, or use tensor ops over the whole axis",
-    }
     return CompileError(
-        f"`{kind}` on {what}: {_SUPPORTED_LATER}",
-        loc,
-        hints.get(kind, "keep tensor values out of Python control flow in compiled code"),
+        f"`{kind}` on {what}: this construct needs a Python value, but the value is only known "
+        "when the compiled code runs",
+        SITES[site].loc,
+        _HINTS.get(kind, "use tensor ops (torch.where, torch.logical_and ...) instead of Python truth tests"),
     )
 
 
 def truth(value: Any, site: int) -> bool:
     if isinstance(value, TensorProxy):
         raise _reject(SITES[site].kind, site, "a tensor value")
-    if isinstance(value, torch.SymBool):
-        from cuvil.frontend.tracer import Tracer
-
-        tracer = Tracer.active
-        if tracer is not None:
-            tracer.sync()
-            result = bool(value)
-            where = SITES[site]
-            tracer.sync(
-                f"{where.loc}: `{where.kind}` on a size (specialized; branches on sizes stay symbolic in a later version)"
-            )
-            return result
+    tracer = _tracer()
+    if isinstance(value, torch.SymBool) and tracer is not None:
+        tracer.sync()
+        result = bool(value)
+        where = SITES[site]
+        tracer.sync(f"{where.loc}: `{where.kind}` on a size")
+        return result
     return bool(value)
 
 

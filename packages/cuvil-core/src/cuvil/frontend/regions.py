@@ -29,7 +29,7 @@ from cuvil.errors import CompileError, SourceLoc
 from cuvil.frontend.proxy import TensorProxy
 from cuvil.frontend.tracer import Tracer
 from cuvil_ir.graph_ir.nodes import Node, Value
-from cuvil_ir.graph_ir.types import ScalarKind, ScalarType, TensorType
+from cuvil_ir.graph_ir.types import TensorType
 from cuvil_ir.symbolic import canonical, prove, symbol
 
 #: constant ranges up to this many iterations are unrolled
@@ -89,11 +89,7 @@ def _pred_value(tracer: Tracer, cond: Any, loc: SourceLoc) -> tuple[Value, sympy
 
 def static_truth(tracer: Tracer, cond: torch.SymBool) -> bool | None:
     """The value of a size predicate when the sizes decide it without a guard."""
-    expr = tracer.sym(cond)
-    decided = prove(expr)
-    if decided is None and tracer.ctx._known:
-        decided = prove(sympy.sympify(expr.xreplace(tracer.ctx._known)))
-    return decided
+    return tracer.ctx.prove(canonical(tracer.sym(cond)))
 
 
 def capture_if(
@@ -245,6 +241,25 @@ def _trace_body(
     return body_r
 
 
+def _emit_loop(
+    tracer: Tracer,
+    op: str,
+    lead: tuple[Value, ...],
+    attrs: tuple[tuple[str, Any], ...],
+    regions: tuple[Any, ...],
+    types: list[TensorType],
+    leaves: list[Any],
+    spec: Any,
+    slots: list[int],
+) -> tuple[Any, ...]:
+    """Record a loop op over the carried tensors; Python values come back unchanged."""
+    init = tuple(tracer.value_of(leaves[i]) for i in slots)
+    outputs = tuple(tracer._fresh(t) for t in types)
+    blocks = tuple(r.block for r in regions)
+    tracer.nodes.append(Node(op, (*lead, *init), outputs, attrs, blocks, loc=tracer.loc()))
+    return _rebuild(leaves, spec, slots, [tracer.wrap(v) for v in outputs])
+
+
 def capture_while(
     tracer: Tracer,
     cond_fn: Callable[..., Any],
@@ -262,10 +277,7 @@ def capture_while(
         pred, _ = _pred_value(tracer, c, loc)
         cond_r.results = (pred,)
     body_r = _trace_body(tracer, "while", body_fn, (), types, leaves, spec, slots, names, loc)
-    init = tuple(tracer.value_of(leaves[i]) for i in slots)
-    outputs = tuple(tracer._fresh(t) for t in types)
-    tracer.nodes.append(Node("while", init, outputs, (), (cond_r.block, body_r.block), loc=tracer.loc()))
-    return _rebuild(leaves, spec, slots, [tracer.wrap(v) for v in outputs])
+    return _emit_loop(tracer, "while", (), (), (cond_r, body_r), types, leaves, spec, slots)
 
 
 class SymRange:
@@ -323,17 +335,12 @@ def capture_for(
     finally:
         del tracer.ctx.local_symbols[var]
     consts = tuple(tracer.const(b) for b in bounds)
-    init = tuple(tracer.value_of(leaves[i]) for i in slots)
-    outputs = tuple(tracer._fresh(t) for t in types)
-    node = Node("for", (*consts, *init), outputs, (("var", var.name),), (body_r.block,), loc=tracer.loc())
-    tracer.nodes.append(node)
-    return _rebuild(leaves, spec, slots, [tracer.wrap(v) for v in outputs])
+    attrs = (("var", var.name),)
+    return _emit_loop(tracer, "for", consts, attrs, (body_r,), types, leaves, spec, slots)
 
 
 __all__ = [
     "UNROLL_LIMIT",
-    "ScalarKind",
-    "ScalarType",
     "SymRange",
     "Undefined",
     "capture_for",
