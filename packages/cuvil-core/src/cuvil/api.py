@@ -190,20 +190,23 @@ class CompiledFunction:
                 and _lifted_ok(art)
                 and (art.captured is None or art.captured.check.holds(leaves))
             ):
-                self._last = art
-                if art.captured is None:
-                    return self._eager(art.reason or "", args, kwargs)
-                self.stats.cache_hits += 1
-                return _run(art, leaves)
+                return self._serve(art, leaves, args, kwargs, hit=True)
         names = self._leaf_names(bargs, bkwargs)
         self._check_types(key, names)
         if self.artifacts:
             self.stats.recompile_reasons.append(self._why_miss(key, extra, leaves, names))
-        art = self._compile(key, extra, leaves, names, spec, args, kwargs)
+        art = self._compile(key, extra, leaves, names, spec)
         self.artifacts.append(art)
+        return self._serve(art, leaves, args, kwargs, hit=False)
+
+    def _serve(
+        self, art: _Artifact, leaves: list[Any], args: tuple[Any, ...], kwargs: dict[str, Any], hit: bool
+    ) -> Any:
         self._last = art
         if art.captured is None:
             return self._eager(art.reason or "", args, kwargs)
+        if hit:
+            self.stats.cache_hits += 1
         return _run(art, leaves)
 
     def _check_types(self, key: tuple[Any, ...], names: list[str]) -> None:
@@ -236,8 +239,6 @@ class CompiledFunction:
         leaves: list[Any],
         names: list[str],
         spec: Any,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
     ) -> _Artifact:
         self.stats.compiles += 1
         try:
