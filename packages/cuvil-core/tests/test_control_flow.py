@@ -326,3 +326,35 @@ def test_supported_python_constructs():
 
     x, ys = torch.randn(2, 4), [torch.randn(2, 4), None, torch.randn(2, 4)]
     close(f(x, ys), f.__wrapped__(x, ys))
+
+
+def test_long_constant_range_becomes_one_loop():
+    @cu.compile(fallback="error")
+    def f(x):
+        acc = torch.zeros_like(x[0])
+        for i in range(20):  # above the unroll limit: one `for` op
+            acc = acc * 0.5 + x[i]
+        return acc
+
+    for cols in (3, 5):
+        x = torch.randn(20, cols)
+        close(f(x), f.__wrapped__(x))
+    assert f.stats.compiles == 1
+    assert ops_of(f.graphs[0]).count("for") == 1
+
+
+def test_size_predicate_the_sizes_prove_stays_python():
+    lin = torch.nn.Linear(4, 8)
+
+    @cu.compile(fallback="error")
+    def f(x):
+        y = lin(x)  # pins x_1 == 4; y's last size is 8
+        if y.shape[-1] == 8:
+            return y.relu()
+        return y
+
+    for n in (1, 3):
+        x = torch.randn(n, 4)
+        close(f(x), f.__wrapped__(x))
+    assert f.stats.compiles == 1
+    assert "if" not in ops_of(f.graphs[0])

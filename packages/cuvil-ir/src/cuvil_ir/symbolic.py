@@ -278,15 +278,39 @@ class ShapeContext:
             return True
         if neg in self.path:
             return False
-        if self._under_path(cond) in self.assumptions:
-            return True
-        if self._under_path(neg) in self.assumptions:
-            return False
+        # a fact assumed for the whole graph holds on every path; one learnt under
+        # the current branch conditions is recorded conditional on them
+        for fact, value in ((cond, True), (neg, False)):
+            if fact in self.assumptions or self._under_path(fact) in self.assumptions:
+                return value
+        local = [v for v in sorted(cond.free_symbols & set(self.local_symbols), key=str)]
+        if local:
+            return self._decide_at_ends(cond, local[0], reason)
         if self.hints is None:
             raise UndecidableError(f"cannot decide {expr_str(cond)} without an assumption")
         value = evaluate_bool(cond, self.hints)
         self.assume(cond if value else neg, reason)
         return value
+
+    def _decide_at_ends(self, cond: sympy.Basic, var: sympy.Symbol, reason: str) -> bool:
+        """An inequality linear in a loop index holds over the whole index range iff it
+        holds at both ends, so it is decided (and assumed) there, without the index:
+        ``Lt(loop1, x_0)`` over ``0..19`` becomes ``Lt(19, x_0)``."""
+        first, last = self.local_symbols[var]
+        if isinstance(cond, (sympy.StrictLessThan, sympy.LessThan)):
+            try:
+                linear = sympy.Poly(cond.lhs - cond.rhs, var).degree() <= 1
+            except sympy.PolynomialError:
+                linear = False
+            if linear:
+                at_first = self.decide(cond.xreplace({var: first}), reason)
+                at_last = self.decide(cond.xreplace({var: last}), reason)
+                if at_first == at_last:
+                    return at_first
+        raise UndecidableError(
+            f"this needs a fact about the loop index ({var}) that is not the same for every "
+            f"iteration: {expr_str(cond)}"
+        )
 
     def _under_path(self, fact: sympy.Basic) -> sympy.Basic:
         """``fact``, conditional on the branch conditions in force (see ``path``)."""
