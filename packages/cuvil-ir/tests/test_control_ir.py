@@ -1,8 +1,8 @@
 """Structured control flow in Graph IR: if / for / while verify, print, parse and hash.
 
 Graphs are built by hand in the exact forms the frontend emits (see
-:mod:`cuvil_ir.graph_ir.ops.control`). Relations are never written as text here:
-their printed form belongs to the printer.
+:mod:`cuvil_ir.graph_ir.ops.control`), by the builders in :mod:`cuvil_ir.testing`.
+Relations are never written as text here: their printed form belongs to the printer.
 """
 
 from __future__ import annotations
@@ -20,185 +20,30 @@ from cuvil_ir import (
     ScalarKind,
     ScalarType,
     TensorType,
-    Type,
     Value,
     VerifyError,
     parse_graph,
     print_graph,
-    symbol,
     verify,
 )
 from cuvil_ir.graph_ir.verifier import block_symbols
+from cuvil_ir.testing import (
+    CONTROL_FLOW_GRAPHS,
+    LOOP_INDEX,
+    X0,
+    GraphBuilder,
+    f32,
+    for_loop,
+    if_symbolic,
+    if_tensor,
+    while_loop,
+)
 
-X0 = symbol("x_0")
-I = symbol("i")  # noqa: E741  (the loop index, as in the IR text)
-F32 = DType.f32
-INT = ScalarType(ScalarKind.int)
-BOOL = ScalarType(ScalarKind.bool)
+I = LOOP_INDEX  # noqa: E741  (the loop index, as in the IR text)
 FLOAT = ScalarType(ScalarKind.float)
 
-
-def f32(*shape: Any) -> TensorType:
-    return TensorType(F32, shape)
-
-
-def flag(*shape: Any) -> TensorType:
-    return TensorType(DType.bool, shape)
-
-
-class Builder:
-    """Appends nodes to a graph or a block; results get unique names across regions."""
-
-    def __init__(self, *args: tuple[str, Type], names: list[int] | None = None) -> None:
-        self.args = tuple(Value(n, t) for n, t in args)
-        self.nodes: list[Node] = []
-        self._names = names if names is not None else [0]
-
-    def _fresh(self, t: Type) -> Value:
-        self._names[0] += 1
-        return Value(f"v{self._names[0]}", t)
-
-    def __call__(self, op: str, inputs: tuple[Value, ...], *types: Type, **attrs: Any) -> Any:
-        return self.node(op, inputs, types, attrs)
-
-    def node(
-        self,
-        op: str,
-        inputs: tuple[Value, ...],
-        types: tuple[Type, ...],
-        attrs: dict[str, Any] | None = None,
-        regions: tuple[Block, ...] = (),
-    ) -> Any:
-        outs = tuple(self._fresh(t) for t in types)
-        self.nodes.append(Node(op, inputs, outs, tuple((attrs or {}).items()), regions))
-        return outs[0] if len(outs) == 1 else outs
-
-    def const(self, value: Any) -> Value:
-        kind = ScalarKind.of(value)
-        return self("const", (), ScalarType(kind), value=value)  # type: ignore[no-any-return]
-
-    def region(self, *arg_types: Type) -> Builder:
-        b = Builder(names=self._names)
-        b.args = tuple(b._fresh(t) for t in arg_types)
-        return b
-
-    def block(self, *results: Value) -> Block:
-        return Block(self.args, tuple(self.nodes), results)
-
-    def graph(self, *outputs: Value) -> Graph:
-        return Graph("f", self.args, tuple(self.nodes), outputs)
-
-
-def sum0(b: Builder, x: Value, t: Type) -> Value:
-    return b("sum", (x,), t, dims=(0,), keepdim=False, dtype=None)  # type: ignore[no-any-return]
-
-
-# -- the graphs (also built by the executor tests) ----------------------------------------------
-def if_symbolic() -> Graph:
-    """``x[:2] if x.shape[0] > 2 else -x``: the result's first dim is a Piecewise."""
-    g = Builder(("x", f32(X0, 4)))
-    (x,) = g.args
-    cond = sympy.Gt(X0, 2)
-    pred = g.const(cond)
-    then = g.region()
-    # slicing to 2 needs 2 < x_0: the branch condition is a fact inside the branch
-    head = then("slice", (x,), f32(2, 4), dim=0, start=None, end=2, step=1)
-    other = g.region()
-    neg = other("neg", (x,), f32(X0, 4))
-    out = g.node(
-        "if",
-        (pred,),
-        (f32(sympy.Piecewise((2, cond), (X0, True)), 4),),
-        regions=(then.block(head), other.block(neg)),
-    )
-    return g.graph(out)
-
-
-def if_tensor() -> Graph:
-    """``x * 2 if x.sum() > 0 else x``; the else branch yields the graph input itself."""
-    g = Builder(("x", f32(X0, 4)))
-    (x,) = g.args
-    total = g("sum", (x,), f32(), dims=(0, 1), keepdim=False, dtype=None)
-    pred = g("gt", (total, g.const(0.0)), flag())
-    two = g.const(2.0)  # defined outside, used inside a branch
-    then = g.region()
-    doubled = then("mul", (x, two), f32(X0, 4))
-    out = g.node("if", (pred,), (f32(X0, 4),), regions=(then.block(doubled), g.region().block(x)))
-    return g.graph(out)
-
-
-def for_loop(start: Any = 1, stop: Any = X0, step: Any = 1) -> Graph:
-    """acc = x.sum(0); y = x
-    for i in range(start, stop, step): acc = acc + x[i] * i + x[:i].sum(0); y = y * 0.5"""
-    g = Builder(("x", f32(X0, 4)))
-    (x,) = g.args
-    bounds = tuple(g("const", (), INT, value=v) for v in (start, stop, step))
-    acc0 = sum0(g, x, f32(4))
-    half = g.const(0.5)
-    body = g.region(f32(4), f32(X0, 4))
-    acc, y = body.args
-    row = body("select", (x,), f32(4), dim=0, index=I)
-    head = body("slice", (x,), f32(I, 4), dim=0, start=None, end=I, step=1)
-    index = body("const", (), INT, value=I)
-    acc1 = body("add", (acc, body("mul", (row, index), f32(4))), f32(4))
-    acc2 = body("add", (acc1, sum0(body, head, f32(4))), f32(4))
-    y1 = body("mul", (y, half), f32(X0, 4))
-    outs = g.node("for", (*bounds, acc0, x), (f32(4), f32(X0, 4)), {"var": "i"}, (body.block(acc2, y1),))
-    return g.graph(*outs)
-
-
-def for_with_if() -> Graph:
-    """acc = x.sum(0)
-    for i in range(x_0): acc = acc + x[i] if i % 2 == 0 else acc - x[i]
-    (the branch condition depends on the loop index)."""
-    g = Builder(("x", f32(X0, 4)))
-    (x,) = g.args
-    bounds = tuple(g("const", (), INT, value=v) for v in (0, X0, 1))
-    body = g.region(f32(4))
-    (acc,) = body.args
-    even = body.const(sympy.Eq(sympy.Mod(I, 2), 0))
-    then = body.region()
-    added = then("add", (acc, then("select", (x,), f32(4), dim=0, index=I)), f32(4))
-    other = body.region()
-    subbed = other("sub", (acc, other("select", (x,), f32(4), dim=0, index=I)), f32(4))
-    acc1 = body.node("if", (even,), (f32(4),), regions=(then.block(added), other.block(subbed)))
-    out = g.node("for", (*bounds, sum0(g, x, f32(4))), (f32(4),), {"var": "i"}, (body.block(acc1),))
-    return g.graph(out)
-
-
-def while_loop() -> Graph:
-    """c = x.sum() * 0; while (x * x).sum() >= 1: x = x * 0.5; c = c + 1"""
-    g = Builder(("x", f32(X0)))
-    (x,) = g.args
-    one, half = g.const(1.0), g.const(0.5)
-    c0 = g("mul", (g("sum", (x,), f32(), dims=(0,), keepdim=False, dtype=None), g.const(0.0)), f32())
-    cond = g.region(f32(X0), f32())
-    cx, _ = cond.args
-    norm2 = cond("sum", (cond("mul", (cx, cx), f32(X0)),), f32(), dims=(0,), keepdim=False, dtype=None)
-    pred = cond("ge", (norm2, one), flag())
-    body = g.region(f32(X0), f32())
-    bx, bc = body.args
-    outs = g.node(
-        "while",
-        (x, c0),
-        (f32(X0), f32()),
-        regions=(
-            cond.block(pred),
-            body.block(body("mul", (bx, half), f32(X0)), body("add", (bc, one), f32())),
-        ),
-    )
-    return g.graph(*outs)
-
-
-GRAPHS = {
-    "if_symbolic": if_symbolic,
-    "if_tensor": if_tensor,
-    "for": for_loop,
-    "for_step_2": lambda: for_loop(0, X0, 2),
-    "for_reversed": lambda: for_loop(X0 - 1, -1, -1),
-    "for_with_if": for_with_if,
-    "while": while_loop,
-}
+# the graphs (the executor tests run them too)
+GRAPHS = CONTROL_FLOW_GRAPHS
 
 
 # -- positive tests -----------------------------------------------------------------------
@@ -269,7 +114,7 @@ def test_branch_type_mismatch() -> None:
     (x,) = g.inputs
     then, _ = g.nodes[k].regions
     # under a tensor condition, the else branch yields a tensor of another shape
-    other = Builder(names=[1000])  # fresh names
+    other = GraphBuilder(names=[1000])  # fresh names
     longer = other("cat", (x, x), f32(2 * X0, 4), dim=0)
     bad = _rebuild_top(g, k, regions=(then, other.block(longer)))
     with pytest.raises(VerifyError, match="does not match the branches' Tensor.* and Tensor"):
