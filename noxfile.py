@@ -5,7 +5,11 @@
     nox -s slow               the tests marked slow
     nox -s lint typecheck     ruff; mypy (strict on cuvil_ir)
     nox -s demo               examples/demo.py
-    nox -s wheels             build wheels, install them into a fresh venv, smoke-test
+    nox -s wheels             build wheels, install cuvil[cpu] into a fresh venv, smoke-test
+
+The packages: cuvil-ir, cuvil-runtime, cuvil-core (``cuvil``) and the CPU
+target cuvil-backend-cpu. Its tests compile C, so ``tests``, ``tests_pkg(cpu)``,
+``demo`` and ``wheels`` need a C compiler (gcc or clang) on PATH.
 
 [Note: pinning torch]
 Every environment that gets torch asks for exactly ``torch==2.13.0``: that is the
@@ -18,9 +22,12 @@ command that installs our packages. torch's CPU wheel does not bring numpy.
 from __future__ import annotations
 
 import shutil
+import tomllib
 from pathlib import Path
 
 import nox
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 nox.options.sessions = ["lint", "tests"]
 nox.options.reuse_existing_virtualenvs = True
@@ -36,8 +43,14 @@ PACKAGES = {
     "ir": ["packages/cuvil-ir"],
     "runtime": ["packages/cuvil-ir", "packages/cuvil-runtime"],
     "core": ["packages/cuvil-ir", "packages/cuvil-runtime", "packages/cuvil-core"],
+    "cpu": [
+        "packages/cuvil-ir",
+        "packages/cuvil-runtime",
+        "packages/cuvil-core",
+        "packages/cuvil-backend-cpu",
+    ],
 }
-ALL = PACKAGES["core"]
+ALL = PACKAGES["cpu"]
 FAST = ["-m", "not slow and not device"]
 
 
@@ -105,7 +118,12 @@ def typecheck(session: nox.Session) -> None:
     """mypy: strict on cuvil_ir, default strictness on the packages not yet widened."""
     install(session, ALL, MYPY)
     session.run("mypy", "--strict", "packages/cuvil-ir/src/cuvil_ir")
-    session.run("mypy", "packages/cuvil-runtime/src/cuvil_runtime", "packages/cuvil-core/src/cuvil")
+    session.run(
+        "mypy",
+        "packages/cuvil-runtime/src/cuvil_runtime",
+        "packages/cuvil-core/src/cuvil",
+        "packages/cuvil-backend-cpu/src/cuvil_backend_cpu",
+    )
 
 
 @nox.session
@@ -114,20 +132,47 @@ def demo(session: nox.Session) -> None:
     session.run("python", "examples/demo.py", *session.posargs)
 
 
+@nox.session
+def bench(session: nox.Session) -> None:
+    """eager vs torch.compile vs Cuvil (benchmarks/README.md); ``nox -s bench -- --quick --workloads head``."""
+    folders = list(dict.fromkeys(ALL + ["packages/cuvil-backend-cpu"]))  # each folder once
+    install(session, folders, "matplotlib", "psutil")
+    session.run("python", "-m", "benchmarks.run", *session.posargs)
+
+
 SMOKE = """
 import torch, cuvil as cu
-print(cu.backends())
-f = cu.compile(lambda x, y: torch.softmax(x @ y + 1.0, dim=-1).sum(0), fallback="error")
-x, y = torch.randn(8, 16), torch.randn(16, 4)
-torch.testing.assert_close(f(x, y), torch.softmax(x @ y + 1.0, dim=-1).sum(0))
+backends = {b.name: b for b in cu.backends()}
+assert "cpu" in backends, f"no cpu target registered: {sorted(backends)}"
+assert backends["cpu"].available, backends["cpu"].reason
+f = cu.compile(lambda x, y: torch.softmax(x @ y + 1.0, dim=-1).sum(0), target="cpu", fallback="error")
+for n in (8, 3):
+    x, y = torch.randn(n, 16), torch.randn(16, 4)
+    torch.testing.assert_close(f(x, y), torch.softmax(x @ y + 1.0, dim=-1).sum(0))
 assert f.stats.compiles == 1, f.stats
-print("compiled from the wheelhouse:", f.stats)
+assert [a.target for a in f.artifacts] == ["cpu"], f.artifacts
+print("compiled for the cpu target from the wheelhouse:", f.stats)
 """
+
+
+def index_requirements(folders: list[str]) -> list[str]:
+    """The third-party requirements of these distributions (sympy, rich ...), without torch.
+
+    torch is left out: it is named first, pinned (see [Note: pinning torch]).
+    """
+    projects = [tomllib.loads((ROOT / f / "pyproject.toml").read_text())["project"] for f in folders]
+    ours = {canonicalize_name(p["name"]) for p in projects} | {"torch"}
+    reqs: list[str] = []
+    for project in projects:
+        for req in project.get("dependencies", []):
+            if canonicalize_name(Requirement(req).name) not in ours and req not in reqs:
+                reqs.append(req)
+    return reqs
 
 
 @nox.session
 def wheels(session: nox.Session) -> None:
-    """Build every distribution's wheel and install ``cuvil`` from them into a fresh venv."""
+    """Build every distribution's wheel, install ``cuvil[cpu]`` from them into a fresh venv, smoke-test it."""
     wheelhouse = ROOT / "wheelhouse"
     shutil.rmtree(wheelhouse, ignore_errors=True)
     session.run("python", "-m", "pip", "wheel", "--no-deps", "--wheel-dir", str(wheelhouse), *ALL)
@@ -136,11 +181,20 @@ def wheels(session: nox.Session) -> None:
     session.run("python", "-m", "venv", "--clear", str(venv))
     python = str(venv / "bin" / "python")
     pip = [python, "-m", "pip", "install", "--quiet"]
-    session.run(*pip, *TORCH, external=True)  # first, pinned: see [Note: pinning torch]
-    # --no-index: our wheels only (torch and sympy are already there), never a
+    # torch first, pinned (see [Note: pinning torch]); our distributions' other
+    # third-party dependencies (sympy, rich) from the index in the same command.
+    session.run(*pip, *TORCH, *index_requirements(ALL), external=True)
+    # --no-index: our wheels only (everything else is already there), never a
     # same-named distribution from an index.
-    session.run(*pip, "--no-index", "--find-links", str(wheelhouse), "cuvil", external=True)
-    # Run from the temporary folder so nothing from the source tree can be imported.
+    session.run(*pip, "--no-index", "--find-links", str(wheelhouse), "cuvil[cpu]", external=True)
+    # Run from the temporary folder (the demo copied there) so nothing from the
+    # source tree can be imported.
+    shutil.copy(ROOT / "examples" / "demo.py", venv / "demo.py")
     with session.chdir(venv):
-        session.run(str(venv / "bin" / "cuvil"), "backends", external=True)
+        listing = session.run(str(venv / "bin" / "cuvil"), "backends", external=True, silent=True)
+        if listing is not None:  # None: --install-only skipped it
+            print(listing, end="")
+            if not any(line.split()[:2] == ["cpu", "yes"] for line in listing.splitlines()):
+                session.error("`cuvil backends` does not list the cpu target as available")
         session.run(python, "-c", SMOKE, external=True)
+        session.run(python, "demo.py", external=True)

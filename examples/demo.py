@@ -1,5 +1,6 @@
-"""Cuvil demo: compile a function and a module on the default target, check them
-against eager PyTorch, and show what was captured.
+"""Cuvil demo: compile functions and a module on the cpu target (the default target
+when cpu is not available), check them against eager PyTorch, show what was
+captured, and time eager against Cuvil.
 
     nox -s demo          (or: python examples/demo.py)
 """
@@ -17,7 +18,20 @@ def section(title: str) -> None:
     print(f"\n== {title} " + "=" * max(0, 66 - len(title)))
 
 
+def pick_target() -> str | None:
+    """``"cpu"`` when that target is usable here, else ``None`` (the default target)."""
+    cpu = {b.name: b for b in cu.backends()}.get("cpu")
+    if cpu is not None and cpu.available:
+        print("  compiling for the cpu target")
+        return "cpu"
+    why = "is not installed (pip install 'cuvil[cpu]')" if cpu is None else "is unavailable (see above)"
+    print(f"  the cpu target {why}: compiling for the default target instead")
+    return None
+
+
 def median_ms(fn, *args, repeat: int = 50) -> float:
+    for _ in range(3):  # warm-up
+        fn(*args)
     times = []
     for _ in range(repeat):
         t0 = time.perf_counter()
@@ -33,10 +47,11 @@ def main() -> None:
     for b in cu.backends():
         state = "available" if b.available else f"unavailable: {b.reason}"
         print(f"  {b.name:<12} {state}")
+    target = pick_target()
 
     section("a function")
 
-    @cu.compile
+    @cu.compile(target=target)
     def f(x, y):
         return torch.softmax(x @ y + 1.0, dim=-1).sum(0)
 
@@ -48,14 +63,14 @@ def main() -> None:
         first = (time.perf_counter() - t0) * 1e3
         torch.testing.assert_close(out, torch.softmax(x @ y + 1.0, dim=-1).sum(0))
         print(f"  batch {batch:>3}: matches eager; this call took {first:7.2f} ms")
-    print(f"  stats: {f.stats}")
+    print(f"  stats: {f.stats}; target {f.artifacts[0].target}")
     print("  captured Graph IR (one graph serves every batch size):")
     print("    " + str(f.graphs[0].text).replace("\n", "\n    ").rstrip())
     print(f"  graph hash: {f.graphs[0].hash}")
 
     section("an nn.Module (parameters are graph inputs)")
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 8)).eval()
-    compiled = cu.compile(model)
+    compiled = cu.compile(model, target=target)
     x = torch.randn(5, 16)
     torch.testing.assert_close(compiled(x), model(x))
     print("  matches eager;", compiled.stats)
@@ -63,12 +78,12 @@ def main() -> None:
     eager_ms, cuvil_ms = median_ms(model, x), median_ms(compiled, x)
     print(
         f"  median latency: eager {eager_ms:.3f} ms, cuvil {cuvil_ms:.3f} ms "
-        f"(target {compiled.artifacts[0].target}; the optimizing CPU target is the next milestone)"
+        f"(target {compiled.artifacts[0].target})"
     )
 
     section("why did it recompile?")
 
-    @cu.compile
+    @cu.compile(target=target)
     def g(x, k: int):
         return x * k
 
@@ -80,9 +95,9 @@ def main() -> None:
         print(f"  recompiled because {r}")
 
     section("control flow without graph breaks")
-    w = torch.randn(3, 10)
+    w = torch.randn(3, 1000)
 
-    @cu.compile
+    @cu.compile(target=target)
     def head(x):
         if x.size(0) > 1:  # a size predicate: both branches stay in one graph
             x = torch.nn.functional.interpolate(x, scale_factor=0.5)
@@ -93,7 +108,7 @@ def main() -> None:
         torch.testing.assert_close(head(x), head.__wrapped__(x))
     print(f"  batch sizes 1..16 match eager with {head.stats.compiles} compile(s)")
 
-    @cu.compile
+    @cu.compile(target=target)
     def halve(x):
         while x.norm() > 1.0:  # a tensor condition: one `while` op, decided at run time
             x = x / 2
@@ -104,9 +119,43 @@ def main() -> None:
         torch.testing.assert_close(halve(x), halve.__wrapped__(x))
     print(f"  data-dependent while: 3 trip counts, {halve.stats.compiles} compile(s)")
 
+    section("eager vs cuvil: median latency, compiles over a batch sweep")
+
+    def ln_gelu(x, weight, bias):
+        return torch.nn.functional.gelu(torch.nn.functional.layer_norm(x, (x.size(-1),), weight, bias))
+
+    ln_w, ln_b = torch.randn(1024), torch.randn(1024)
+    cases = [
+        # name, the eager function, its inputs at batch size b, the batch sizes swept (the last one timed)
+        ("softmax(x @ y + 1.0).sum(0)", f.__wrapped__, lambda b: (torch.randn(b, 16), y), (1, 5, 100, 4096)),
+        ("gelu(layer_norm(x))", ln_gelu, lambda b: (torch.randn(b, 1024), ln_w, ln_b), (1, 7, 512, 2048)),
+        (
+            "head (interpolate, mean, @ w)",
+            head.__wrapped__,
+            lambda b: (torch.randn(b, 3, 224, 224),),
+            (1, 2, 9, 16),
+        ),
+    ]
+    print(f"  {'function':<30} {'timed input':<16} {'eager':>9} {'cuvil':>9}  compiles for batch sizes")
+    for name, eager, inputs, sweep in cases:
+        compiled = cu.compile(eager, target=target)  # fresh: its stats count this sweep only
+        for b in sweep:
+            args = inputs(b)
+            torch.testing.assert_close(compiled(*args), eager(*args))
+        eager_ms, cuvil_ms = median_ms(eager, *args), median_ms(compiled, *args)
+        shape = "x".join(map(str, args[0].shape))
+        batches = ", ".join(map(str, sweep))
+        print(
+            f"  {name:<30} {shape:<16} {eager_ms:6.3f} ms {cuvil_ms:6.3f} ms  "
+            f"{compiled.stats.compiles} for {batches}"
+        )
+        for reason in compiled.stats.fallback_reasons[:1]:
+            print(f"    (ran eagerly, not compiled: {reason})")
+    print(f"  (medians of 50 calls on the {compiled.artifacts[0].target} target; every result matches eager)")
+
     section("clear errors")
 
-    @cu.compile(fallback="error")
+    @cu.compile(target=target, fallback="error")
     def h(x):
         if x.sum() > 0:
             x = x[:1]

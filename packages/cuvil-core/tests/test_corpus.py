@@ -1,7 +1,10 @@
 """The program corpus end to end: compile, run every shape variant, compare with eager.
 
-For every program in :mod:`cuvil_runtime.testing.corpus` (a fresh compile per
-test, ``fallback="error"``): each shape variant's result equals eager PyTorch
+For every program in :mod:`cuvil_runtime.testing.corpus`, the backend
+conformance check of :mod:`cuvil_runtime.testing.conformance`, on the
+``reference`` target whatever else is installed (this tests the frontend; each
+backend package runs the same check on its own target): a fresh compile per
+test, ``fallback="error"``, each shape variant's result equals eager PyTorch
 (values within the program's tolerance, same dtypes, same output structure), no
 call falls back, and at most one compile happens per variant. The first
 captured graph verifies, survives print -> parse -> print (with and without
@@ -27,7 +30,8 @@ from torch.utils import _pytree as pytree
 
 import cuvil as cu
 import cuvil_ir
-from cuvil_runtime.testing import PROGRAMS, Program, instantiate
+from cuvil_runtime.testing import PROGRAMS, Program
+from cuvil_runtime.testing.conformance import compile_and_check, conformance_params
 
 GOLDEN = Path(__file__).parent / "golden"
 UPDATE_CMD = "pytest packages/cuvil-core/tests/test_corpus.py --update-golden"
@@ -37,35 +41,6 @@ UPDATE_CMD = "pytest packages/cuvil-core/tests/test_corpus.py --update-golden"
 #: Strict, and only for CompileError: once the bug is fixed the test fails (an
 #: unexpected pass, or the missing golden file) until the entry goes.
 XFAIL: dict[str, str] = {}
-
-
-def _params() -> list[Any]:
-    out = []
-    for p in PROGRAMS:
-        marks = []
-        if p.name in XFAIL:
-            marks.append(pytest.mark.xfail(reason=XFAIL[p.name], strict=True, raises=cu.CompileError))
-        out.append(pytest.param(p, id=p.name, marks=marks))
-    return out
-
-
-def assert_same(actual: Any, expected: Any, program: Program, variant: int) -> None:
-    """Same pytree structure, and leaf by leaf: same dtype and values (or equal non-tensors)."""
-    a_leaves, a_spec = pytree.tree_flatten(actual)
-    e_leaves, e_spec = pytree.tree_flatten(expected)
-    where = f"{program.name}, variant {variant}"
-    assert a_spec == e_spec, f"{where}: output structure differs:\n  compiled {a_spec}\n  eager    {e_spec}"
-    for k, (a, e) in enumerate(zip(a_leaves, e_leaves)):
-        if isinstance(e, torch.Tensor):
-            assert isinstance(a, torch.Tensor), (
-                f"{where}: output leaf {k} is a {type(a).__name__}, not a tensor"
-            )
-            assert a.dtype == e.dtype, f"{where}: output leaf {k} has dtype {a.dtype}, eager {e.dtype}"
-            torch.testing.assert_close(
-                a, e, **program.tolerance, equal_nan=True, msg=lambda m, k=k: f"{where}, output leaf {k}: {m}"
-            )
-        else:
-            assert type(a) is type(e) and a == e, f"{where}: output leaf {k} is {a!r}, eager {e!r}"
 
 
 def check_golden(graph: cuvil_ir.Graph, name: str, update: bool) -> None:
@@ -85,25 +60,10 @@ def check_golden(graph: cuvil_ir.Graph, name: str, update: bool) -> None:
     )
 
 
-@pytest.mark.parametrize("program", _params())
+@pytest.mark.parametrize("program", conformance_params(XFAIL, raises=cu.CompileError))
 def test_program(program: Program, request: pytest.FixtureRequest, record_property: Any) -> None:
-    fn = instantiate(program)
-    compiled = cu.compile(fn, fallback="error")
-    for variant in range(program.num_variants):
-        args, kwargs = program.call_args(variant)
-        expected = fn(*args, **kwargs)
-        args, kwargs = program.call_args(variant)  # fresh inputs: eager must not leak into compiled
-        actual = compiled(*args, **kwargs)
-        assert_same(actual, expected, program, variant)
-    stats = compiled.stats
-    record_property("compiles", stats.compiles)
-    assert stats.fallbacks == 0, stats.fallback_reasons
-    assert 1 <= stats.compiles <= program.num_variants, stats.recompile_reasons
-
-    # a variant seen before runs its artifact again
-    args, kwargs = program.call_args(0)
-    assert_same(compiled(*args, **kwargs), fn(*args, **kwargs), program, 0)
-    assert compiled.stats.compiles == stats.compiles
+    compiled = compile_and_check(program, "reference")
+    record_property("compiles", compiled.stats.compiles)
 
     graph = compiled.graphs[0]
     cuvil_ir.verify(graph)

@@ -1,0 +1,377 @@
+"""Benchmark eager PyTorch, torch.compile (inductor, default settings) and Cuvil on
+the workloads of ``benchmarks/workloads.py``.
+
+    python -m benchmarks.run                          every workload, Cuvil target cpu
+    python -m benchmarks.run --quick --workloads head  a smoke run
+    nox -s bench -- --workloads gelu_mlp,head          the same through nox
+
+Writes ``<out>/latest.md`` (table), ``<out>/latest.json`` (raw numbers) and
+``<out>/latest.png`` (speedup chart, when matplotlib is installed). What each
+column means and how cold/warm compile times are measured: benchmarks/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import gc
+import json
+import math
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from benchmarks import report
+from benchmarks.measure_one import IMPLS, build_impl, cache_env, tc_graph_breaks, tc_graph_count
+from benchmarks.workloads import Workload, select
+
+ROOT = Path(__file__).resolve().parent.parent
+RTOL = ATOL = 1e-3
+
+
+def log(msg: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def short_error(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}".strip()
+    return text.splitlines()[0][:300] if text else type(exc).__name__
+
+
+# -- machine -----------------------------------------------------------------------------------
+
+
+def _cmd(*argv: str) -> str:
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def describe_machine(threads: int) -> dict[str, Any]:
+    lscpu = {}
+    for line in _cmd("lscpu").splitlines():
+        key, _, value = line.partition(":")
+        lscpu[key.strip()] = value.strip()
+    physical = None
+    try:
+        import psutil
+
+        physical = psutil.cpu_count(logical=False)
+    except ImportError:
+        pass
+    try:
+        from importlib.metadata import version
+
+        cuvil_version = version("cuvil")
+    except Exception:
+        cuvil_version = "?"
+    gcc = _cmd("gcc", "--version").splitlines()
+    commit = _cmd("git", "-C", str(ROOT), "rev-parse", "--short", "HEAD").strip()
+    return {
+        "cpu": lscpu.get("Model name") or platform.processor() or "?",
+        "logical_cpus": os.cpu_count(),
+        "physical_cores": physical,
+        "sockets": lscpu.get("Socket(s)"),
+        "cores_per_socket": lscpu.get("Core(s) per socket"),
+        "threads_used": threads,
+        "torch": torch.__version__,
+        "cuvil": cuvil_version,
+        "python": platform.python_version(),
+        "gcc": gcc[0] if gcc else "not found",
+        "os": platform.platform(),
+        "git_commit": commit or "?",
+        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+    }
+
+
+# -- in-process steady state -----------------------------------------------------------------------
+
+
+def _max_abs_err(out: Any, ref: Any) -> float | None:
+    try:
+        a = torch.as_tensor(out).double()
+        b = torch.as_tensor(ref).double()
+        finite = torch.isfinite(b)
+        return float((a - b)[finite].abs().max()) if finite.any() else 0.0
+    except Exception:
+        return None
+
+
+def check(out: Any, ref: Any) -> str:
+    """``"ok"``, or why ``out`` does not match the eager result."""
+    try:
+        torch.testing.assert_close(out, ref, rtol=RTOL, atol=ATOL)
+        return "ok"
+    except AssertionError as exc:
+        err = _max_abs_err(out, ref)
+        detail = f"max abs err {err:.2e}" if err is not None else short_error(exc)
+        return f"mismatch ({detail})"
+    except Exception as exc:
+        return f"mismatch ({short_error(exc)})"
+
+
+def time_round_robin(
+    impls: dict[str, Any], args: tuple[Any, ...], budget_s: float, min_reps: int, rounds: int
+) -> dict[str, dict[str, Any]]:
+    """Median time per call of each implementation, measured in ``rounds`` rounds; in
+    each round every implementation runs its share of calls back to back, and the
+    order rotates from round to round, so a slow spell on the shared machine hits
+    every implementation alike."""
+    names = list(impls)
+    per_call = {}
+    for name in names:  # estimate after warm-up: the median of 3 calls
+        samples = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            impls[name](*args)
+            samples.append(time.perf_counter() - t0)
+        per_call[name] = max(sorted(samples)[1], 1e-6)
+    reps = {n: max(min_reps, min(20000, math.ceil(budget_s / per_call[n]))) for n in names}
+    per_round = {n: max(1, math.ceil(reps[n] / rounds)) for n in names}
+    times: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(rounds):
+        order = names[r % len(names) :] + names[: r % len(names)]
+        for name in order:
+            fn = impls[name]
+            gc.collect()
+            for _ in range(per_round[name]):
+                t0 = time.perf_counter()
+                fn(*args)
+                times[name].append(time.perf_counter() - t0)
+    out = {}
+    for name in names:
+        ts = sorted(times[name])
+        out[name] = {
+            "median_ms": ts[len(ts) // 2] * 1e3,
+            "min_ms": ts[0] * 1e3,
+            "p90_ms": ts[min(len(ts) - 1, int(len(ts) * 0.9))] * 1e3,
+            "reps": len(ts),
+        }
+    return out
+
+
+def measure_in_process(wl: Workload, target: str, quick: bool) -> dict[str, Any]:
+    fn, args = wl.build()
+    ref = fn(*args)
+    impls: dict[str, Any] = {}
+    info: dict[str, dict[str, Any]] = {name: {} for name in IMPLS}
+    correct: dict[str, str] = {}
+    for name in IMPLS:
+        if name == "torch_compile":
+            torch._dynamo.reset()  # no cached graphs (or automatic-dynamic marks) from earlier workloads
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                impl = build_impl(name, fn, target)
+                t0 = time.perf_counter()
+                out = impl(*args)
+                info[name]["first_call_s"] = time.perf_counter() - t0
+                for _ in range(2):  # warm-up
+                    impl(*args)
+        except Exception as exc:
+            info[name]["error"] = short_error(exc)
+            correct[name] = f"error ({short_error(exc)})"
+            log(f"  {name}: {info[name]['error']}")
+            continue
+        if caught:
+            info[name]["warnings"] = sorted({str(w.message).splitlines()[0][:300] for w in caught})
+        correct[name] = check(out, ref) if name != "eager" else "ok"
+        if name == "cuvil":
+            stats = impl.stats
+            info[name]["stats"] = {
+                "compiles": stats.compiles,
+                "cache_hits": stats.cache_hits,
+                "fallbacks": stats.fallbacks,
+                "fallback_reasons": list(stats.fallback_reasons),
+            }
+            if stats.fallbacks:
+                reason = stats.fallback_reasons[0] if stats.fallback_reasons else "?"
+                correct[name] = f"FALLBACK to eager ({reason.splitlines()[0][:200]})"
+        impls[name] = impl
+    budget, min_reps, rounds = (0.2, 3, 2) if quick else (1.0, 10, 5)
+    timed = time_round_robin(impls, args, budget, min_reps, rounds) if impls else {}
+    for name, t in timed.items():
+        info[name].update(t)
+    return {"impls": info, "correct": correct}
+
+
+# -- recompiles over a size sweep ------------------------------------------------------------------
+
+
+def measure_sweep(wl: Workload, target: str) -> dict[str, Any]:
+    """Call a fresh Cuvil callable and a fresh torch.compile callable at every size of
+    the sweep; count Cuvil's compiles (``stats.compiles``) and the graphs Dynamo
+    compiled (``counters["stats"]["unique_graphs"]``)."""
+    fn = wl.build_fn()
+    inputs = [wl.inputs(size) for size in wl.sweep]
+    result: dict[str, Any] = {"axis": wl.sweep_axis, "sizes": list(wl.sweep)}
+    try:
+        f = build_impl("cuvil", fn, target)
+        for args in inputs:
+            f(*args)
+        result["cuvil_compiles"] = f.stats.compiles
+        result["cuvil_fallbacks"] = f.stats.fallbacks
+        result["cuvil_recompile_reasons"] = [r.splitlines()[0][:300] for r in f.stats.recompile_reasons]
+    except Exception as exc:
+        result["cuvil_error"] = short_error(exc)
+    try:
+        torch._dynamo.reset()
+        before, breaks_before = tc_graph_count(), tc_graph_breaks()
+        g = build_impl("torch_compile", fn, target)
+        for args in inputs:
+            g(*args)
+        result["tc_compiles"] = tc_graph_count() - before
+        result["tc_graph_breaks"] = tc_graph_breaks() - breaks_before
+    except Exception as exc:
+        result["tc_error"] = short_error(exc)
+    return result
+
+
+# -- child processes: cold / warm first call, peak RSS ---------------------------------------------------
+
+
+def run_child(
+    wl: Workload, impl: str, target: str, cache_dir: str | None, threads: int, timeout: float
+) -> dict[str, Any]:
+    cmd = [sys.executable, "-m", "benchmarks.measure_one", "--workload", wl.name, "--impl", impl]
+    cmd += ["--target", target, "--threads", str(threads)]
+    if cache_dir:
+        cmd += ["--cache-dir", cache_dir]
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), **cache_env(impl, cache_dir))
+    t0 = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout:.0f} s"}
+    wall = time.perf_counter() - t0
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith("{"):
+            try:
+                result = json.loads(line)
+            except json.JSONDecodeError:
+                break
+            result["process_wall_s"] = wall
+            return result
+    tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+    return {"error": f"child exited {proc.returncode}: {tail[:300]}"}
+
+
+def measure_children(
+    wl: Workload, target: str, threads: int, with_tc: bool, timeout: float
+) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    out["eager"] = run_child(wl, "eager", target, None, threads, timeout)
+    compilers = ["cuvil"] + (["torch_compile"] if with_tc else [])
+    for impl in compilers:
+        tmp = tempfile.mkdtemp(prefix=f"bench-{impl}-cache-")
+        try:
+            out[f"{impl}_cold"] = run_child(wl, impl, target, tmp, threads, timeout)
+            out[f"{impl}_warm"] = run_child(wl, impl, target, tmp, threads, timeout)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+# -- main ----------------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--workloads", default="all", help="comma-separated names (default: all)")
+    parser.add_argument("--target", default="cpu", help="Cuvil target (default: cpu)")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke run: ~0.2 s of timing per implementation (at least 3 calls), no torch.compile cold/warm children",
+    )
+    parser.add_argument(
+        "--skip-compile-children",
+        action="store_true",
+        help="no child processes at all (no cold/warm compile times, no peak RSS)",
+    )
+    parser.add_argument("--skip-sweep", action="store_true", help="no recompile count over the size sweep")
+    parser.add_argument(
+        "--threads", type=int, default=2, help="torch threads, here and in the children (default 2)"
+    )
+    parser.add_argument("--child-timeout", type=float, default=1800, help="seconds per child process")
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"), help="output folder")
+    args = parser.parse_args(argv)
+
+    workloads = select(args.workloads)
+    torch.set_num_threads(args.threads)
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    data: dict[str, Any] = {
+        "machine": describe_machine(args.threads),
+        "config": {
+            "target": args.target,
+            "quick": args.quick,
+            "children": not args.skip_compile_children,
+            "tc_children": not (args.skip_compile_children or args.quick),
+            "sweep": not args.skip_sweep,
+            "rtol": RTOL,
+            "atol": ATOL,
+            "command": " ".join(["python -m benchmarks.run", *(argv if argv is not None else sys.argv[1:])]),
+        },
+        "results": [],
+    }
+    log(f"machine: {data['machine']['cpu']}, torch {data['machine']['torch']}, {args.threads} threads")
+    sweeps: dict[str, dict[str, Any]] = {}
+    for wl in workloads:
+        log(f"{wl.name}: steady state (eager, torch.compile, cuvil[{args.target}])")
+        entry: dict[str, Any] = {
+            "name": wl.name,
+            "kind": wl.kind,
+            "description": wl.description,
+            "size": wl.default_size,
+        }
+        entry.update(measure_in_process(wl, args.target, args.quick))
+        for name, info in entry["impls"].items():
+            if "median_ms" in info:
+                log(f"  {name:<14} median {info['median_ms']:9.3f} ms over {info['reps']} calls")
+        if not args.skip_sweep:
+            key = wl.sweep_group or wl.name
+            if key not in sweeps:
+                log(f"{wl.name}: recompiles over {wl.sweep_axis} {list(wl.sweep)}")
+                sweeps[key] = measure_sweep(wl, args.target)
+            entry["sweep"] = sweeps[key]
+            s = entry["sweep"]
+            log(
+                f"  compiles: cuvil {s.get('cuvil_compiles', 'error')}, torch.compile {s.get('tc_compiles', 'error')}"
+            )
+        if not args.skip_compile_children:
+            with_tc = not args.quick
+            log(
+                f"{wl.name}: child processes (eager, cuvil cold/warm{', torch.compile cold/warm' if with_tc else ''})"
+            )
+            entry["children"] = measure_children(wl, args.target, args.threads, with_tc, args.child_timeout)
+            for name, child in entry["children"].items():
+                if "error" in child:
+                    log(f"  {name:<19} ERROR {child['error']}")
+                else:
+                    log(
+                        f"  {name:<19} first call {child['first_call_s']:8.3f} s, peak RSS {child['peak_rss_mb']:7.1f} MB"
+                    )
+        data["results"].append(entry)
+        (out_dir / "latest.json").write_text(json.dumps(data, indent=2))  # partial results survive a crash
+    paths = report.write_all(data, out_dir)
+    print()
+    print((out_dir / "latest.md").read_text())
+    log("wrote " + ", ".join(str(p) for p in paths))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,281 @@
+"""Loop IR -> C: one translation unit per kernel, OpenMP threads and SIMD loops.
+
+``par`` loops become ``#pragma omp parallel for`` (with an ``if`` on the work so
+small shapes stay on one thread), ``vec`` loops ``#pragma omp simd`` (reduction
+clauses for accumulators), ``parvec`` both. Size symbols are ``int64_t``
+arguments, so one binary serves every shape. Index expressions print as integer
+arithmetic; a size expression that is not a polynomial (``floor``, ``Max``,
+``Piecewise`` of sizes) becomes a *derived* argument the wrapper evaluates once
+per size binding. Math functions come from ``<math.h>``; with glibc's libmvec
+(``simd_math``) the float ones are declared ``simd`` so vector loops call their
+vector variants.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import sympy
+
+from cuvil_ir.graph_ir.types import DType
+from cuvil_ir.loop_ir.nodes import Accumulate, Let, Loop, LoopFunc, Stmt, Store
+from cuvil_ir.tensor_ir import expr as E
+
+
+class CodegenError(NotImplementedError):
+    """Loop IR the C generator cannot express (a bug: lowering should have made it an extern)."""
+
+
+C_TYPES = {
+    DType.f32: "float",
+    DType.f64: "double",
+    DType.i64: "int64_t",
+    DType.i32: "int32_t",
+    DType.i16: "int16_t",
+    DType.i8: "int8_t",
+    DType.u8: "uint8_t",
+    DType.bool: "uint8_t",
+}
+
+PRELUDE = """\
+#include <math.h>
+#include <stdint.h>
+static inline int64_t cu_floordiv(int64_t a, int64_t b) {
+  int64_t q = a / b; return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
+}
+static inline int64_t cu_mod(int64_t a, int64_t b) {
+  int64_t r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
+}
+static inline float cu_remf(float a, float b) {
+  float r = fmodf(a, b); return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
+}
+static inline double cu_rem(double a, double b) {
+  double r = fmod(a, b); return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
+}
+"""
+
+_FLOAT_FNS = {
+    "exp": "exp", "expm1": "expm1", "log": "log", "log1p": "log1p", "log2": "log2", "sqrt": "sqrt",
+    "sin": "sin", "cos": "cos", "tan": "tan", "atan": "atan", "tanh": "tanh", "erf": "erf",
+    "floor": "floor", "ceil": "ceil", "trunc": "trunc", "round": "nearbyint", "abs": "fabs",
+    "fmod": "fmod", "pow": "pow", "atan2": "atan2",
+}
+_INFIX = {
+    "add": "+", "sub": "-", "mul": "*", "div": "/", "eq": "==", "ne": "!=", "lt": "<", "le": "<=",
+    "gt": ">", "ge": ">=", "and": "&&", "or": "||", "bitand": "&", "bitor": "|", "bitxor": "^",
+}
+_OMP_REDUCTION = {"sum": "+", "prod": "*", "max": "max", "min": "min", "any": "|", "all": "&"}
+
+
+@dataclass
+class CKernel:
+    """A generated kernel: its C source, and how the wrapper must call it."""
+
+    name: str
+    source: str
+    #: derived int64 arguments (size expressions evaluated by the wrapper), in order after the sizes
+    derived: list[sympy.Expr] = field(default_factory=list)
+    func: LoopFunc | None = None
+
+
+class _Gen:
+    def __init__(self, func: LoopFunc, simd_math: bool, parallel_threshold: int) -> None:
+        self.func = func
+        self.simd_math = simd_math
+        self.threshold = parallel_threshold
+        self.derived: dict[sympy.Expr, str] = {}
+        self.lines: list[str] = []
+
+    # -- index arithmetic ----------------------------------------------------------
+    def index(self, e: object) -> str:
+        e = sympy.sympify(e)
+        if e.is_Integer:
+            v = int(e)
+            return f"INT64_C({v})" if abs(v) >= 2**31 else str(v)
+        if isinstance(e, sympy.Symbol):
+            return e.name[1:] if E.is_loop_symbol(e) else f"s_{e.name}"
+        loop = any(E.is_loop_symbol(s) for s in e.free_symbols)
+        if isinstance(e, sympy.Add):
+            return "(" + " + ".join(self.index(a) for a in sorted(e.args, key=sympy.default_sort_key)) + ")"
+        if isinstance(e, sympy.Mul) and all(a.is_integer for a in e.args):
+            return "(" + " * ".join(self.index(a) for a in sorted(e.args, key=sympy.default_sort_key)) + ")"
+        if isinstance(e, sympy.Pow) and e.exp.is_Integer and int(e.exp) > 0 and e.base.is_integer:
+            return "(" + " * ".join([self.index(e.base)] * int(e.exp)) + ")"
+        if isinstance(e, sympy.Mod) and loop:
+            return f"cu_mod({self.index(e.args[0])}, {self.index(e.args[1])})"
+        if isinstance(e, sympy.floor) and loop:
+            num, den = sympy.fraction(sympy.together(e.args[0]))
+            if den.free_symbols & {s for s in den.free_symbols if E.is_loop_symbol(s)}:
+                raise CodegenError(f"index expression {e}")
+            return f"cu_floordiv({self.index(sympy.expand(num))}, {self.index(den)})"
+        if loop:
+            raise CodegenError(f"index expression {e} has no C form")
+        # a size expression that is not a polynomial: the wrapper computes it
+        if e not in self.derived:
+            self.derived[e] = f"d{len(self.derived)}"
+        return self.derived[e]
+
+    # -- scalar expressions ----------------------------------------------------------
+    def const(self, c: E.Const) -> str:
+        v, d = c.value, c.dtype
+        if d.is_floating:
+            f = float(v)
+            if math.isnan(f):
+                return "NAN"
+            if math.isinf(f):
+                return "INFINITY" if f > 0 else "(-INFINITY)"
+            text = repr(f)
+            return f"{text}f" if d == DType.f32 else text
+        if d == DType.bool:
+            return "1" if v else "0"
+        iv = int(v)
+        if d == DType.i64:
+            if iv == -(2**63):
+                return "INT64_MIN"
+            return f"INT64_C({iv})"
+        return f"(({C_TYPES[d]}){iv})"
+
+    def expr(self, e: E.Expr) -> str:
+        if isinstance(e, E.Const):
+            return self.const(e)
+        if isinstance(e, E.Var):
+            return e.name
+        if isinstance(e, E.Arg):
+            return f"a_{e.name}"
+        if isinstance(e, E.Load):
+            return f"p_{e.buf}[{self.index(e.offset)}]"
+        if isinstance(e, E.Index):
+            return f"(({C_TYPES[e.dtype]}){self.index(e.expr)})"
+        if isinstance(e, E.Reduce):
+            raise CodegenError("a Reduce survived scheduling")
+        return self.call(e)
+
+    def call(self, e: E.Call) -> str:
+        a = [self.expr(x) for x in e.args]
+        fn, d = e.fn, e.dtype
+        src = e.args[0].dtype if e.args else d
+        fl = src.is_floating
+        sfx = "f" if src == DType.f32 else ""
+        if fn == "cast":
+            if d == DType.bool:
+                return f"(({a[0]}) != 0)"
+            return f"(({C_TYPES[d]})({a[0]}))"
+        if fn in _INFIX:
+            return f"({a[0]} {_INFIX[fn]} {a[1]})"
+        if fn == "neg":
+            return f"(-{a[0]})"
+        if fn == "not":
+            return f"(!({a[0]}))"
+        if fn == "bitnot":
+            return f"(({C_TYPES[d]})~({a[0]}))"
+        if fn == "xor":
+            return f"((!!({a[0]})) ^ (!!({a[1]})))"
+        if fn == "where":
+            return f"(({a[0]}) ? ({a[1]}) : ({a[2]}))"
+        if fn == "max":
+            return f"(({a[0]}) > ({a[1]}) ? ({a[0]}) : ({a[1]}))"
+        if fn == "min":
+            return f"(({a[0]}) < ({a[1]}) ? ({a[0]}) : ({a[1]}))"
+        if fn == "sign":
+            return f"(({C_TYPES[d]})((({a[0]}) > 0) - (({a[0]}) < 0)))"
+        if fn == "reciprocal":
+            return f"({self.const(E.Const(1.0, d))} / ({a[0]}))"
+        if fn == "rsqrt":
+            return f"({self.const(E.Const(1.0, d))} / sqrt{sfx}({a[0]}))"
+        if fn == "sigmoid":
+            one = self.const(E.Const(1.0, d))
+            return f"({one} / ({one} + exp{sfx}(-({a[0]}))))"
+        if not fl:
+            if fn == "abs":
+                return f"(({a[0]}) < 0 ? -({a[0]}) : ({a[0]}))"
+            if fn == "floordiv":
+                return f"(({C_TYPES[d]})cu_floordiv({a[0]}, {a[1]}))"
+            if fn == "mod":
+                return f"(({C_TYPES[d]})cu_mod({a[0]}, {a[1]}))"
+            if fn == "fmod":
+                return f"(({a[0]}) % ({a[1]}))"
+            raise CodegenError(f"{fn} on {src.value}")
+        if fn == "mod":
+            return f"cu_rem{sfx}({a[0]}, {a[1]})"
+        if fn in _FLOAT_FNS:
+            return f"{_FLOAT_FNS[fn]}{sfx}({', '.join(a)})"
+        raise CodegenError(f"no C form for {fn}")
+
+    # -- statements ------------------------------------------------------------------
+    def emit(self, s: Stmt, ind: str) -> None:
+        if isinstance(s, Loop):
+            v = s.var.name[1:]
+            clauses = ""
+            if s.reduces:
+                clauses = " " + " ".join(f"reduction({_OMP_REDUCTION[k]}:{n})" for n, k in s.reduces)
+            cond = ""
+            if s.work is not None:
+                cond = f" if({self.index(s.work)} >= {self.threshold})"
+            if s.kind == "par":
+                self.lines.append(f"{ind}#pragma omp parallel for schedule(static){cond}{clauses}")
+            elif s.kind == "parvec":
+                self.lines.append(f"{ind}#pragma omp parallel for simd schedule(static){cond}{clauses}")
+            elif s.kind == "vec":
+                self.lines.append(f"{ind}#pragma omp simd{clauses}")
+            self.lines.append(f"{ind}for (int64_t {v} = 0; {v} < {self.index(s.extent)}; ++{v}) {{")
+            for b in s.body:
+                self.emit(b, ind + "  ")
+            self.lines.append(f"{ind}}}")
+        elif isinstance(s, Let):
+            const = "" if s.mutable else "const "
+            self.lines.append(f"{ind}{const}{C_TYPES[s.dtype]} {s.name} = {self.expr(s.expr)};")
+        elif isinstance(s, Accumulate):
+            x = self.expr(s.expr)
+            n = s.name
+            if s.kind == "sum":
+                self.lines.append(f"{ind}{n} += {x};")
+            elif s.kind == "prod":
+                self.lines.append(f"{ind}{n} *= {x};")
+            elif s.kind == "max":
+                self.lines.append(f"{ind}{{ const __typeof__({n}) v_ = {x}; {n} = (v_ > {n} || v_ != v_) ? v_ : {n}; }}")
+            elif s.kind == "min":
+                self.lines.append(f"{ind}{{ const __typeof__({n}) v_ = {x}; {n} = (v_ < {n} || v_ != v_) ? v_ : {n}; }}")
+            elif s.kind == "any":
+                self.lines.append(f"{ind}{n} |= (({x}) != 0);")
+            elif s.kind == "all":
+                self.lines.append(f"{ind}{n} &= (({x}) != 0);")
+            else:
+                raise CodegenError(f"reduction {s.kind}")
+        else:
+            assert isinstance(s, Store)
+            self.lines.append(f"{ind}p_{s.buf}[{self.index(s.offset)}] = {self.expr(s.expr)};")
+
+    def generate(self, restrict: bool) -> CKernel:
+        body_lines: list[str] = []
+        self.lines = body_lines
+        for s in self.func.body:
+            self.emit(s, "  ")
+        q = " restrict" if restrict else ""
+        params = []
+        for p in self.func.buffers:
+            const = "const " if p.role == "in" else ""
+            params.append(f"{const}{C_TYPES[p.dtype]}*{q} p_{p.name}")
+        params += [f"int64_t s_{s.name}" for s in self.func.sizes]
+        derived = list(self.derived)
+        params += [f"int64_t {self.derived[e]}" for e in derived]
+        params += [f"{C_TYPES[d]} a_{n}" for n, d in self.func.args]
+        head = [PRELUDE]
+        if self.simd_math:
+            from cuvil_backend_cpu.toolchain import SIMD_MATH_DECLARATIONS
+
+            head.append(SIMD_MATH_DECLARATIONS)
+        head.append(f"/* Loop IR:\n{_comment(self.func.text)}\n*/")
+        head.append(f"void {self.func.name}({', '.join(params) or 'void'}) {{")
+        source = "\n".join(head + body_lines + ["}", ""])
+        return CKernel(self.func.name, source, derived, self.func)
+
+
+def _comment(text: str) -> str:
+    return text.replace("*/", "* /")
+
+
+def generate_c(func: LoopFunc, *, simd_math: bool = True, parallel_threshold: int = 32768,
+               restrict: bool = True) -> CKernel:
+    """C source for one Loop IR function (exported under the function's name)."""
+    return _Gen(func, simd_math, parallel_threshold).generate(restrict)

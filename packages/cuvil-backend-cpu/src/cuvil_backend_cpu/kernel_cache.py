@@ -1,0 +1,276 @@
+"""A content-addressed on-disk cache of compiled kernels (shared objects).
+
+A kernel is named by the sha256 of its C source, the toolchain's identity
+(compiler, version, CPU, flags) and this package's version, so the same source
+always maps to the same file and anything that changes the bytes changes the
+name. Layout, with ``key`` that hex digest::
+
+    root/<key[:2]>/<key>.so       the shared object
+    root/<key[:2]>/<key>.sha256   the sha256 of the .so's bytes (the sidecar)
+    root/<key[:2]>/<key>.c        the source, kept to read and to reproduce a build
+
+Why it is safe to share between processes and to crash in:
+
+* The compiler writes to a temporary name (pid + random) in the same folder,
+  which ``os.replace`` then moves onto ``<key>.so``; the sidecar is written the
+  same way, after the .so. A reader sees a whole file or none.
+* A hit is trusted only if the .so's bytes match the sidecar, so a truncated or
+  corrupted entry (a crash, a full disk, a torn copy) is rebuilt, never loaded:
+  loading a damaged shared object can crash the process, not just fail.
+* A miss compiles under a per-kernel ``flock``: a second process wanting the same
+  kernel waits, then finds the first one's entry instead of compiling again.
+  Without the lock, two writers' .so and sidecar could interleave (A's .so, B's
+  sidecar) and leave an entry that never verifies if the bytes ever differed.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import secrets
+import shlex
+import subprocess
+import threading
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from cuvil_backend_cpu import __version__
+from cuvil_backend_cpu.progress import CompileProgress
+from cuvil_backend_cpu.toolchain import Toolchain, ToolchainError, default_kernel_cache_dir, find_toolchain
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not POSIX: atomic replace alone still keeps entries whole
+    fcntl = None  # type: ignore[assignment]
+
+#: Compiler output lines kept in a :class:`KernelBuildError` (the first errors are the useful ones).
+STDERR_LINES = 60
+
+
+class KernelBuildError(RuntimeError):
+    """The compiler rejected a kernel. Carries the command, the compiler's output and the kept source."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        command: Sequence[str] = (),
+        output: str = "",
+        source_path: Path | None = None,
+        returncode: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.command = list(command)
+        self.output = output
+        self.source_path = source_path
+        self.returncode = returncode
+
+    @classmethod
+    def from_compile(
+        cls, name: str, command: Sequence[str], returncode: int, output: str, source_path: Path
+    ) -> KernelBuildError:
+        lines = output.strip().splitlines()
+        shown = "\n".join(f"  {line}" for line in lines[:STDERR_LINES])
+        if len(lines) > STDERR_LINES:
+            shown += f"\n  ... ({len(lines) - STDERR_LINES} more lines)"
+        message = (
+            f"compiling CPU kernel {name!r} failed (exit status {returncode})\n"
+            f"  source:  {source_path}\n"
+            f"  command: {shlex.join(command)}\n"
+            f"compiler output:\n{shown}"
+        )
+        return cls(message, command=command, output=output, source_path=source_path, returncode=returncode)
+
+
+@dataclass
+class CacheStats:
+    """Lookups that found a valid entry (``hits``), that did not (``misses``), and compiles run (``builds``).
+
+    ``builds`` can be below ``misses``: a miss that waited on another process's
+    compile of the same kernel finds its entry and builds nothing.
+    """
+
+    hits: int = 0
+    misses: int = 0
+    builds: int = 0
+
+
+def _tmp_name(path: Path) -> Path:
+    return path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(6)}.tmp")
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    tmp = _tmp_name(path)
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+@contextmanager
+def _file_lock(path: Path) -> Iterator[None]:
+    """An exclusive ``flock`` on ``path`` (separate opens conflict, so threads exclude each other too).
+
+    Lock files stay: deleting one while another process waits on it would let a
+    third lock a fresh file and run alongside.
+    """
+    if fcntl is None:  # pragma: no cover
+        yield
+        return
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+class KernelCache:
+    """Compiled kernels under ``root`` (default ``<cuvil cache>/cpu-kernels``, honouring ``$CUVIL_CACHE_DIR``).
+
+    Raises :class:`~cuvil_backend_cpu.toolchain.ToolchainError` at construction
+    when there is no usable compiler. Thread-safe.
+    """
+
+    def __init__(self, toolchain: Toolchain | None = None, root: Path | str | None = None) -> None:
+        self.toolchain = toolchain if toolchain is not None else find_toolchain()
+        self.root = Path(root) if root is not None else default_kernel_cache_dir()
+        self.stats = CacheStats()
+        self._lock = threading.Lock()
+        self._libs: dict[str, ctypes.CDLL] = {}
+
+    def key(self, source: str) -> str:
+        """The kernel's content address: sha256 over the source, the toolchain identity and our version."""
+        h = hashlib.sha256()
+        for part in ("cuvil-backend-cpu kernel", __version__, self.toolchain.identity, source):
+            data = part.encode()
+            h.update(len(data).to_bytes(8, "little"))  # length-prefixed: no two part lists hash alike
+            h.update(data)
+        return h.hexdigest()
+
+    def paths(self, key: str) -> tuple[Path, Path, Path]:
+        """``(<key>.so, <key>.c, <key>.sha256)`` for ``key``."""
+        folder = self.root / key[:2]
+        return folder / f"{key}.so", folder / f"{key}.c", folder / f"{key}.sha256"
+
+    # -- lookups and builds ----------------------------------------------------------------------------------
+
+    def _count(self, hits: int = 0, misses: int = 0, builds: int = 0) -> None:
+        with self._lock:
+            self.stats.hits += hits
+            self.stats.misses += misses
+            self.stats.builds += builds
+
+    def _lookup(self, key: str) -> Path | None:
+        """The .so for ``key`` if present and its bytes match the sidecar, else ``None``."""
+        so, _, sidecar = self.paths(key)
+        try:
+            want = sidecar.read_text().strip()
+            data = so.read_bytes()
+        except (OSError, UnicodeDecodeError):
+            return None
+        return so if hashlib.sha256(data).hexdigest() == want else None
+
+    def _compile(self, key: str, source: str, name: str) -> Path:
+        """Build the entry for ``key`` unless another thread or process did while we waited for the lock."""
+        so, c_path, sidecar = self.paths(key)
+        so.parent.mkdir(parents=True, exist_ok=True)
+        with _file_lock(so.parent / f".{key}.lock"):
+            done = self._lookup(key)
+            if done is not None:
+                return done
+            _atomic_write(c_path, source.encode())
+            tmp = _tmp_name(so)
+            command = self.toolchain.command(c_path, tmp)
+            try:
+                try:
+                    proc = subprocess.run(command, capture_output=True, text=True, errors="replace")
+                except OSError as e:
+                    raise ToolchainError(
+                        f"cannot run the C compiler {command[0]}: {e}; "
+                        "install gcc (apt install gcc) or set CC=/path/to/compiler"
+                    ) from e
+                if proc.returncode != 0:
+                    output = "\n".join(part for part in (proc.stderr.strip(), proc.stdout.strip()) if part)
+                    raise KernelBuildError.from_compile(name, command, proc.returncode, output, c_path)
+                digest = hashlib.sha256(tmp.read_bytes()).hexdigest()
+                os.replace(tmp, so)
+            finally:
+                tmp.unlink(missing_ok=True)
+            _atomic_write(sidecar, f"{digest}\n".encode())  # after the .so: a sidecar never vouches for less
+        self._count(builds=1)
+        return so
+
+    def build(self, source: str, name: str = "kernel") -> Path:
+        """The path of the compiled ``source``, compiling it on a miss. ``name`` labels errors.
+
+        Raises :class:`KernelBuildError` when the compiler rejects the source.
+        """
+        key = self.key(source)
+        found = self._lookup(key)
+        if found is not None:
+            self._count(hits=1)
+            return found
+        self._count(misses=1)
+        return self._compile(key, source, name)
+
+    def build_all(
+        self,
+        sources: Sequence[tuple[str, str]],
+        *,
+        progress: bool | None = None,
+        label: str = "compiling kernels",
+    ) -> list[Path]:
+        """Paths for ``(name, source)`` pairs, in order; the misses compile in parallel.
+
+        One ``cc`` process per miss, at most ``os.cpu_count()`` at a time (threads
+        just wait on them). A source listed twice compiles once. On a failure the
+        queued compiles are cancelled and the first error is raised.
+        ``progress=None`` shows a bar by the ``CUVIL_PROGRESS``/terminal rules.
+        """
+        keys = [self.key(source) for _, source in sources]
+        todo: dict[str, tuple[str, str]] = {}
+        hits = 0
+        for key, (name, source) in zip(keys, sources):
+            if key in todo or self._lookup(key) is not None:
+                hits += 1
+            else:
+                todo[key] = (name, source)
+        self._count(hits=hits, misses=len(todo))
+        if todo:
+            workers = min(len(todo), os.cpu_count() or 1)
+            with (
+                CompileProgress(label, len(todo), enabled=progress) as bar,
+                ThreadPoolExecutor(max_workers=workers, thread_name_prefix="cuvil-cc") as pool,
+            ):
+                futures = [
+                    pool.submit(self._compile, key, source, name) for key, (name, source) in todo.items()
+                ]
+                try:
+                    for future in as_completed(futures):
+                        future.result()
+                        bar.advance()
+                except BaseException:
+                    for future in futures:
+                        future.cancel()
+                    raise
+        return [self.paths(key)[0] for key in keys]
+
+    def load(self, path: Path | str) -> ctypes.CDLL:
+        """``ctypes.CDLL`` of ``path``, once per path (the loader would share the handle anyway)."""
+        key = str(path)
+        with self._lock:
+            lib = self._libs.get(key)
+        if lib is None:
+            lib = ctypes.CDLL(key)
+            with self._lock:
+                lib = self._libs.setdefault(key, lib)
+        return lib
+
+
+__all__ = ["CacheStats", "KernelBuildError", "KernelCache", "default_kernel_cache_dir"]

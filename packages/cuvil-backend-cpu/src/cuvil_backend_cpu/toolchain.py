@@ -1,0 +1,374 @@
+"""Find and probe the system C compiler that builds the CPU backend's kernels.
+
+Kernels are C files that the machine's own compiler turns into shared objects,
+so everything the generated code may rely on is decided here, once per process:
+
+* which compiler (``$CC`` if set, else ``cc``, ``gcc``, ``clang`` on ``PATH``);
+* the flags. ``-O3 -march=native`` for speed, ``-fopenmp`` for ``#pragma omp``
+  threads and ``omp simd`` loops, ``-fno-math-errno -fno-trapping-math`` so
+  calls to ``expf`` & co. vectorise. Never ``-ffast-math``: it lets the compiler
+  assume no inf/nan, and masked attention needs ``-inf`` to survive max and exp;
+* whether glibc's libmvec works (``simd_math``): with it, a loop calling a math
+  function declared ``__attribute__((simd("notinbranch")))`` calls the vector
+  variant (``_ZGVeN16v_expf`` ...) instead of one scalar call per lane. That
+  needs a libmvec new enough to have every function in
+  :data:`SIMD_MATH_FUNCTIONS` (glibc 2.35), which only a real compile, link
+  and call can tell;
+* the ISA and vector width, which the code generator uses to size its tiles.
+
+The probe costs one compile (about 0.05-0.15 s). Its result is kept in a small
+JSON file under the kernel cache root, keyed by everything it depends on
+(compiler path, version and mtime, CPU, this package's version), so later
+processes only run ``cc --version``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import json
+import math
+import os
+import platform
+import secrets
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from cuvil_backend_cpu import __version__
+from cuvil_runtime.cache import default_cache_dir
+
+#: Flags every kernel is compiled with (see the module docstring for why these and never -ffast-math).
+BASE_FLAGS: tuple[str, ...] = (
+    "-O3",
+    "-march=native",
+    "-fopenmp",
+    "-fno-math-errno",
+    "-fno-trapping-math",
+    "-shared",
+    "-fPIC",
+    "-std=c11",
+)
+
+#: Math functions with a libmvec vector variant that kernels may declare ``simd`` when ``simd_math`` holds.
+SIMD_MATH_FUNCTIONS: tuple[str, ...] = ("expf", "logf", "erff", "tanhf", "expm1f", "log1pf")
+
+#: C declarations a kernel pastes in (instead of ``<math.h>``'s) to get the vector variants.
+SIMD_MATH_DECLARATIONS: str = "".join(
+    f'__attribute__((simd("notinbranch"))) float {name}(float);\n' for name in SIMD_MATH_FUNCTIONS
+)
+
+_VECTOR_BYTES = {"avx512": 64, "avx2": 32, "neon": 16, "generic": 16}
+_CANDIDATES = ("cc", "gcc", "clang")
+
+
+class ToolchainError(RuntimeError):
+    """No usable C compiler; the message says what is missing and how to fix it."""
+
+
+@dataclass(frozen=True)
+class Toolchain:
+    """A probed compiler and the flags kernels are built with."""
+
+    cc: str  #: absolute path of the compiler
+    version: str  #: first line of ``cc --version``
+    isa: str  #: "avx512" | "avx2" | "neon" | "generic"
+    flags: tuple[str, ...]
+    libs: tuple[str, ...]  #: linker inputs, after the source on the command line
+    simd_math: bool  #: libmvec vector math usable (see :data:`SIMD_MATH_DECLARATIONS`)
+    vector_bytes: int  #: 64 for avx512, 32 for avx2, 16 for neon/generic
+    #: The CPU model: ``-march=native`` code may not run on another CPU with the same ``isa``, so
+    #: a cache folder shared between machines (an NFS home) must not hand one machine's kernels to another.
+    cpu: str = ""
+
+    @property
+    def identity(self) -> str:
+        """Everything that changes the compiled bytes, as a stable string (part of every cache key)."""
+        return "\n".join(
+            [self.cc, self.version, self.isa, self.cpu, " ".join(self.flags), " ".join(self.libs)]
+        )
+
+    def command(self, source: str | os.PathLike[str], output: str | os.PathLike[str]) -> list[str]:
+        """The command line that compiles ``source`` into the shared object ``output``."""
+        return [self.cc, *self.flags, "-o", os.fspath(output), os.fspath(source), *self.libs]
+
+
+def default_kernel_cache_dir() -> Path:
+    """``<cuvil cache>/cpu-kernels``: compiled kernels and the probe record (honours ``$CUVIL_CACHE_DIR``)."""
+    return default_cache_dir() / "cpu-kernels"
+
+
+# -- finding the compiler ----------------------------------------------------------------------------------
+
+
+def _install_hint() -> str:
+    if sys.platform == "darwin":
+        return (
+            "install the command line tools (xcode-select --install) and libomp, or set CC=/path/to/compiler"
+        )
+    return "install gcc (apt install gcc) or set CC=/path/to/compiler"
+
+
+def _find_compiler() -> str:
+    """The compiler's absolute path. An explicit ``$CC`` is used or rejected, never silently replaced."""
+    explicit = os.environ.get("CC", "").strip()
+    if explicit:
+        found = shutil.which(explicit)
+        if found is None:
+            raise ToolchainError(
+                f"no C compiler found: CC={explicit!r} is not an executable (nor a program on PATH); "
+                f"set CC=/path/to/compiler, or unset CC to search {', '.join(_CANDIDATES)} on PATH"
+            )
+        return os.path.abspath(found)
+    for name in _CANDIDATES:
+        found = shutil.which(name)
+        if found is not None:
+            return os.path.abspath(found)
+    raise ToolchainError(
+        f"no C compiler found: looked for $CC, {', '.join(_CANDIDATES)} on PATH; {_install_hint()}"
+    )
+
+
+def _compiler_version(cc: str) -> str:
+    try:
+        proc = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise ToolchainError(f"cannot run the C compiler {cc} --version: {e}; {_install_hint()}") from e
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        raise ToolchainError(
+            f"the C compiler {cc} --version failed (exit status {proc.returncode}): "
+            f"{proc.stderr.strip()[:500]}; {_install_hint()}"
+        )
+    return lines[0].strip()
+
+
+# -- the CPU -----------------------------------------------------------------------------------------------
+
+
+def _cpuinfo() -> dict[str, str]:
+    """The first processor's fields from /proc/cpuinfo (empty where there is none, e.g. macOS)."""
+    fields: dict[str, str] = {}
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if not line.strip():
+                    if fields:
+                        break  # one processor is enough; the others repeat it
+                    continue
+                key, _, value = line.partition(":")
+                fields.setdefault(key.strip(), value.strip())
+    except OSError:
+        pass
+    return fields
+
+
+def _detect_isa(info: dict[str, str]) -> str:
+    machine = platform.machine().lower()
+    if machine in ("x86_64", "amd64", "i386", "i686"):
+        flags = set(info.get("flags", "").split())
+        if "avx512f" in flags:
+            return "avx512"
+        if {"avx2", "fma"} <= flags:
+            return "avx2"
+        return "generic"
+    if machine in ("aarch64", "arm64"):
+        return "neon"  # Advanced SIMD is mandatory on AArch64
+    return "generic"
+
+
+def _cpu_model(info: dict[str, str]) -> str:
+    """The model name plus a digest of the feature flags: "AMD EPYC" alone names CPUs with and without
+    AVX-512, and ``-march=native`` code follows the flags."""
+    model = info.get("model name") or info.get("cpu model") or platform.processor() or platform.machine()
+    features = "|".join(info.get(k, "") for k in ("flags", "Features", "CPU implementer", "CPU part"))
+    return f"{model} [{hashlib.sha256(features.encode()).hexdigest()[:12]}]"
+
+
+# -- probing libmvec ---------------------------------------------------------------------------------------
+
+_PROBE_SOURCE = (
+    "#include <omp.h>\n"
+    "#ifdef CUVIL_PROBE_SIMD\n"
+    '#define CUVIL_SIMD __attribute__((simd("notinbranch")))\n'
+    "#else\n"
+    "#define CUVIL_SIMD\n"
+    "#endif\n"
+    + "".join(f"CUVIL_SIMD float {name}(float);\n" for name in SIMD_MATH_FUNCTIONS)
+    + "int cuvil_probe(const float *x, float *y, int n) {\n"
+    "#pragma omp simd\n"
+    "  for (int i = 0; i < n; ++i)\n"
+    "    y[i] = expf(x[i]) + logf(x[i] + 2.0f) + erff(x[i]) + tanhf(x[i])\n"
+    "         + expm1f(x[i]) + log1pf(x[i] + 1.0f);\n"
+    "  return omp_get_max_threads();\n"
+    "}\n"
+)
+
+
+def _probe_expected(x: float) -> float:
+    return math.exp(x) + math.log(x + 2) + math.erf(x) + math.tanh(x) + math.expm1(x) + math.log1p(x + 1)
+
+
+def _try_probe(cc: str, workdir: Path, *, simd: bool) -> str | None:
+    """Compile, link, load and call the probe; ``None`` when it all worked, else what went wrong.
+
+    Loading matters: a shared object links even with undefined symbols, so an old
+    libmvec lacking ``_ZGVeN16v_erff`` only shows when the object is loaded.
+    The probe runs no parallel region, so no OpenMP thread pool starts in this
+    process (a pool would misbehave in children of a later ``fork``).
+    """
+    source = workdir / "probe.c"
+    source.write_text(_PROBE_SOURCE)
+    output = workdir / f"probe-{'simd' if simd else 'plain'}.so"
+    extra = ["-DCUVIL_PROBE_SIMD", "-Werror"] if simd else []  # -Werror: clang ignores `simd` with a warning
+    libs = ["-lmvec", "-lm"] if simd else ["-lm"]
+    cmd = [cc, *BASE_FLAGS, *extra, "-o", str(output), str(source), *libs]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"{' '.join(cmd)}: {e}"
+    if proc.returncode != 0:
+        return f"{' '.join(cmd)} failed:\n" + "\n".join(proc.stderr.strip().splitlines()[:20])
+    try:
+        lib = ctypes.CDLL(str(output))
+        fn = lib.cuvil_probe
+        fn.restype = ctypes.c_int
+        n = 37  # a full 512-bit vector or two plus a remainder
+        xs = [0.05 * i - 0.9 for i in range(n)]
+        x = (ctypes.c_float * n)(*xs)
+        y = (ctypes.c_float * n)()
+        threads = fn(x, y, ctypes.c_int(n))
+    except (OSError, AttributeError) as e:
+        return f"loading the probe built by {' '.join(cmd)} failed: {e}"
+    if threads < 1:
+        return f"omp_get_max_threads() returned {threads}"
+    for xi, yi in zip(xs, y):
+        want = _probe_expected(xi)
+        if not math.isclose(yi, want, rel_tol=1e-4, abs_tol=1e-5):
+            return f"the probe computed {yi} for x={xi}, expected {want}"
+    return None
+
+
+def _probe(cc: str) -> bool:
+    """Whether libmvec works with ``cc``; raises :class:`ToolchainError` when even plain kernels cannot build."""
+    with tempfile.TemporaryDirectory(prefix="cuvil-cc-probe-") as tmp:
+        if _try_probe(cc, Path(tmp), simd=True) is None:
+            return True
+        reason = _try_probe(cc, Path(tmp), simd=False)
+    if reason is not None:
+        raise ToolchainError(
+            f"the C compiler {cc} cannot build OpenMP shared libraries: {reason}\n"
+            f"the CPU backend needs a C compiler with OpenMP support (gcc has it built in; clang needs libomp); "
+            f"{_install_hint()}"
+        )
+    return False
+
+
+# -- the on-disk probe record ------------------------------------------------------------------------------
+
+
+def _record_path(cc: str, version: str, isa: str, cpu: str) -> Path:
+    try:
+        mtime = os.stat(
+            cc
+        ).st_mtime_ns  # follows symlinks: upgrading the compiler behind /usr/bin/cc changes it
+    except OSError:
+        mtime = 0
+    key = "\n".join(
+        [__version__, cc, os.path.realpath(cc), str(mtime), version, isa, cpu, " ".join(BASE_FLAGS)]
+    )
+    return default_kernel_cache_dir() / f"toolchain-{hashlib.sha256(key.encode()).hexdigest()[:24]}.json"
+
+
+def _read_record(path: Path) -> bool | None:
+    """The recorded ``simd_math``, or ``None`` when there is no readable record."""
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    value = record.get("simd_math") if isinstance(record, dict) else None
+    return value if isinstance(value, bool) else None
+
+
+def _write_record(path: Path, record: dict[str, object]) -> None:
+    """Write atomically (temp file + ``os.replace``); a read-only cache only costs a re-probe next time."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(record, indent=1) + "\n")
+        os.replace(tmp, path)
+    except OSError:
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+
+
+# -- public entry points -----------------------------------------------------------------------------------
+
+_lock = threading.Lock()
+_toolchain: Toolchain | None = None
+
+
+def _detect(use_record: bool) -> Toolchain:
+    cc = _find_compiler()
+    version = _compiler_version(cc)
+    info = _cpuinfo()
+    isa, cpu = _detect_isa(info), _cpu_model(info)
+    record = _record_path(cc, version, isa, cpu)
+    simd_math = _read_record(record) if use_record else None
+    if simd_math is None:
+        simd_math = _probe(cc)
+        _write_record(record, {"cc": cc, "version": version, "isa": isa, "cpu": cpu, "simd_math": simd_math})
+    return Toolchain(
+        cc=cc,
+        version=version,
+        isa=isa,
+        flags=BASE_FLAGS,
+        libs=("-lmvec", "-lm") if simd_math else ("-lm",),
+        simd_math=simd_math,
+        vector_bytes=_VECTOR_BYTES[isa],
+        cpu=cpu,
+    )
+
+
+def find_toolchain(refresh: bool = False) -> Toolchain:
+    """The compiler kernels are built with, found and probed once per process.
+
+    ``refresh=True`` looks again (after ``$CC`` or ``PATH`` changed) and re-runs
+    the probe instead of trusting the on-disk record. Failures are not
+    memoised: a later call looks again. Raises :class:`ToolchainError`.
+    """
+    global _toolchain
+    with _lock:
+        if _toolchain is None or refresh:
+            _toolchain = None
+            _toolchain = _detect(use_record=not refresh)
+        return _toolchain
+
+
+def check() -> str | None:
+    """``None`` when kernels can be built here, else why not (for the backend's availability check)."""
+    try:
+        find_toolchain()
+    except ToolchainError as e:
+        return str(e)
+    except Exception as e:  # an availability check must answer, not raise
+        return f"probing the C compiler failed: {type(e).__name__}: {e}"
+    return None
+
+
+__all__ = [
+    "BASE_FLAGS",
+    "SIMD_MATH_DECLARATIONS",
+    "SIMD_MATH_FUNCTIONS",
+    "Toolchain",
+    "ToolchainError",
+    "check",
+    "default_kernel_cache_dir",
+    "find_toolchain",
+]

@@ -1,0 +1,334 @@
+"""The per-call path: a generated Python function per program that binds sizes, takes
+arena slices, calls kernels (ctypes, GIL released) and extern torch calls.
+
+Everything that depends only on the sizes (arena views and their addresses,
+derived kernel arguments, extern attributes) is computed once per size binding
+and kept in a small per-thread table, so two threads never share an arena. The
+generated source is kept on the program (``CpuProgram.source``) and shows in
+``CUVIL_DUMP``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import sympy
+import torch
+
+from cuvil_ir.graph_ir.registry import REGISTRY
+from cuvil_ir.graph_ir.types import DType, TensorType
+from cuvil_ir.symbolic import evaluate
+from cuvil_ir.tensor_ir import expr as E
+from cuvil_ir.tensor_ir.memory import ALIGN
+from cuvil_ir.tensor_ir.program import Control, Extern, Kernel, ScalarRef, TensorProgram, View
+from cuvil_backend_cpu.codegen import C_TYPES, CKernel
+
+_CTYPES = {
+    "float": ctypes.c_float,
+    "double": ctypes.c_double,
+    "int64_t": ctypes.c_int64,
+    "int32_t": ctypes.c_int32,
+    "int16_t": ctypes.c_int16,
+    "int8_t": ctypes.c_int8,
+    "uint8_t": ctypes.c_uint8,
+}
+#: size bindings whose plans are kept per thread and program
+_PLANS_KEPT = 32
+
+
+def _evaluate_attr(value: Any, bindings: dict[sympy.Symbol, int]) -> Any:
+    from cuvil_runtime.executor import _evaluate_attr as ev
+
+    return ev(value, bindings)
+
+
+@dataclass
+class _Plan:
+    """What one size binding needs: arena buffers and per-step prepared arguments."""
+
+    arena: torch.Tensor
+    temps: dict[str, torch.Tensor]
+    ptrs: dict[str, int]
+    derived: dict[str, tuple[int, ...]]
+    attrs: dict[str, dict[str, Any]]
+
+
+class CpuProgram:
+    """A compiled :class:`TensorProgram`: call it with the graph inputs (and, for a loop
+    body, the loop index binding) to get the flat outputs."""
+
+    def __init__(self, program: TensorProgram, kernels: dict[str, tuple[Any, CKernel]],
+                 regions: dict[str, list[CpuProgram]]) -> None:
+        self.program = program
+        self.kernels = kernels
+        self.regions = regions
+        self._local = threading.local()
+        self.symbols = _symbols(program)
+        self.source, self._run = self._generate()
+
+    def __call__(self, *inputs: Any) -> tuple[Any, ...]:
+        return self._run({}, *inputs)  # type: ignore[no-any-return]
+
+    def run(self, bindings: dict[str, int], *inputs: Any) -> tuple[Any, ...]:
+        return self._run(bindings, *inputs)  # type: ignore[no-any-return]
+
+    # -- per binding ------------------------------------------------------------------
+    def plan(self, key: tuple[int, ...]) -> _Plan:
+        plans: dict[tuple[int, ...], _Plan] = self._local.__dict__.setdefault("plans", {})
+        p = plans.get(key)
+        if p is None:
+            if len(plans) >= _PLANS_KEPT:
+                plans.pop(next(iter(plans)))
+            p = plans[key] = self._make_plan(dict(zip(self.symbols, key)))
+        return p
+
+    def _make_plan(self, b: dict[sympy.Symbol, int]) -> _Plan:
+        prog = self.program
+        plan = prog.plan
+        offsets = []
+        total = 0
+        for s in plan.slots:
+            offsets.append(total)
+            size = int(evaluate(s.size, b))
+            total += (size + ALIGN - 1) // ALIGN * ALIGN
+        arena = torch.empty(max(total, 1), dtype=torch.uint8)
+        temps: dict[str, torch.Tensor] = {}
+        ptrs: dict[str, int] = {}
+        for name, slot in plan.slot_of.items():
+            buf = prog.buffers[name]
+            shape = tuple(int(evaluate(d, b)) for d in buf.shape)
+            n = int(evaluate(buf.nbytes, b))
+            t = arena[offsets[slot] : offsets[slot] + n].view(buf.dtype.torch).view(shape)
+            temps[name] = t
+            ptrs[name] = t.data_ptr()
+        derived = {
+            k: tuple(int(evaluate(e, b)) for e in ck.derived) for k, (_, ck) in self.kernels.items() if ck.derived
+        }
+        attrs = {}
+        for s in prog.steps:
+            if isinstance(s, Extern):
+                attrs[s.name] = {k: _evaluate_attr(v, b) for k, v in s.node.attrs}
+        return _Plan(arena, temps, ptrs, derived, attrs)
+
+    # -- code generation ----------------------------------------------------------------
+    def _generate(self) -> tuple[str, Callable[..., Any]]:
+        prog = self.program
+        ns: dict[str, Any] = {"torch": torch, "math": __import__("math"), "_self": self, "_as_strided": torch.as_strided}
+        lines: list[str] = []
+        args = ", ".join(f"v_{i.name}" for i in prog.inputs)
+        lines.append(f"def run(_b, {args}):" if args else "def run(_b):")
+        body: list[str] = []
+        bound: set[sympy.Symbol] = set()
+        for i in prog.inputs:
+            if not i.is_tensor:
+                continue
+            buf = prog.buffers[i.name]
+            body.append(f"if not v_{i.name}.is_contiguous(): v_{i.name} = v_{i.name}.contiguous()")
+            body.append(f"shape = v_{i.name}.shape")
+            for k, d in enumerate(buf.shape):
+                if isinstance(d, sympy.Symbol) and d not in bound:
+                    body.append(f"s_{d.name} = shape[{k}]")
+                    bound.add(d)
+        for s in self.symbols:
+            if s not in bound:
+                body.append(f"s_{s.name} = _b[{s.name!r}]")
+        key = ", ".join(f"s_{s.name}" for s in self.symbols)
+        body.append(f"_p = _self.plan(({key}{',' if len(self.symbols) == 1 else ''}))")
+        if any(isinstance(s, Control) for s in prog.steps):
+            items = ", ".join(f"{s.name!r}: s_{s.name}" for s in self.symbols)
+            body.append(f"_nb = {{**_b, {items}}}")
+        ptr: dict[str, str] = {}
+        tensor: dict[str, str] = {}
+        for i in prog.inputs:
+            if i.is_tensor:
+                tensor[i.name] = f"v_{i.name}"
+                ptr[i.name] = f"v_{i.name}.data_ptr()"
+        for name in prog.plan.slot_of:
+            tensor[name] = f"_p.temps[{name!r}]"
+            ptr[name] = f"_p.ptrs[{name!r}]"
+
+        def shape_code(buf_name: str) -> str:
+            b = prog.buffers[buf_name]
+            return "(" + "".join(f"{self._size_code(d)}, " for d in b.shape) + ")"
+
+        def operand(o: Any) -> str:
+            if isinstance(o, ScalarRef):
+                return self._scalar_code(o.value)
+            assert isinstance(o, View)
+            base = tensor[o.buf]
+            b = prog.buffers[o.buf]
+            from cuvil_ir.tensor_ir.program import contiguous_strides
+
+            if tuple(o.shape) == tuple(b.shape) and o.offset == 0 and all(
+                d == 1 or sympy.expand(sympy.sympify(s) - c) == 0
+                for d, s, c in zip(o.shape, o.strides, contiguous_strides(tuple(b.shape)))
+            ):
+                return base
+            shp = "(" + "".join(f"{self._size_code(d)}, " for d in o.shape) + ")"
+            st = "(" + "".join(f"{self._size_code(d)}, " for d in o.strides) + ")"
+            return f"_as_strided({base}, {shp}, {st}, {base}.storage_offset() + {self._size_code(o.offset)})"
+
+        for step in prog.steps:
+            if isinstance(step, Kernel):
+                fn, ck = self.kernels[step.name]
+                ns[f"_k_{step.name}"] = fn
+                buf = prog.buffers[step.buf]
+                if buf.kind == "output":
+                    body.append(f"v_{step.buf} = torch.empty({shape_code(step.buf)}, dtype=torch.{_tname(buf.dtype)})")
+                    tensor[step.buf] = f"v_{step.buf}"
+                    ptr[step.buf] = f"v_{step.buf}.data_ptr()"
+                assert ck.func is not None
+                call_args = [ptr[p.name] for p in ck.func.buffers]
+                call_args += [f"s_{s.name}" for s in ck.func.sizes]
+                call_args += [self._scalar_code(E.Arg(n, d)) for n, d in ck.func.args]
+                star = f", *_p.derived[{step.name!r}]" if ck.derived else ""
+                body.append(f"_k_{step.name}({', '.join(call_args)}{star})")
+            elif isinstance(step, Extern):
+                op = REGISTRY.get(step.node.op)
+                ns[f"_x_{step.name}"] = op.reference
+                ops = ", ".join(operand(o) for o in step.inputs)
+                body.append(f"_r = _x_{step.name}({ops}{',' if step.inputs else ''} **_p.attrs[{step.name!r}])")
+                self._bind_results(body, step.outputs, step.node.outputs, tensor, ptr, "_r")
+            else:
+                assert isinstance(step, Control)
+                ns[f"_c_{step.name}"] = self._control(step)
+                ops = ", ".join(operand(o) for o in step.inputs)
+                body.append(f"_r = _c_{step.name}(_nb, {ops}{',' if step.inputs else ''})")
+                self._bind_results(body, step.outputs, step.node.outputs, tensor, ptr, "_r", tuple_result=True)
+        outs = []
+        for o in prog.outputs:
+            outs.append(tensor[o] if isinstance(o, str) and o in tensor else
+                        (f"v_{o}" if isinstance(o, str) else self._scalar_code(o)))
+        body.append(f"return ({''.join(x + ', ' for x in outs)})")
+        lines += ["    " + line for line in body]
+        source = "\n".join(lines) + "\n"
+        exec(compile(source, f"<cuvil cpu wrapper {prog.name}>", "exec"), ns)
+        return source, ns["run"]
+
+    def _bind_results(self, body: list[str], names: tuple[str, ...], values: tuple[Any, ...],
+                      tensor: dict[str, str], ptr: dict[str, str], var: str, tuple_result: bool = False) -> None:
+        if len(names) == 1 and not tuple_result:
+            body.append(f"{var} = ({var},)")
+        for k, (name, v) in enumerate(zip(names, values)):
+            if isinstance(v.type, TensorType):
+                body.append(f"v_{name} = {var}[{k}].contiguous()")
+                tensor[name] = f"v_{name}"
+                ptr[name] = f"v_{name}.data_ptr()"
+            else:
+                body.append(f"v_{name} = {var}[{k}]")
+
+    def _size_code(self, d: Any) -> str:
+        e = sympy.sympify(d)
+        if e.is_Integer:
+            return str(int(e))
+        if isinstance(e, sympy.Symbol):
+            return f"s_{e.name}"
+        from sympy.printing.pycode import pycode
+
+        text = pycode(e.xreplace({s: sympy.Symbol(f"s_{s.name}", integer=True) for s in e.free_symbols}))
+        return f"int({text})"
+
+    def _scalar_code(self, e: E.Expr) -> str:
+        if isinstance(e, E.Const):
+            return repr(e.value)
+        if isinstance(e, E.Arg):
+            return f"v_{e.name}"
+        if isinstance(e, E.Index):
+            return self._size_code(e.expr)
+        raise TypeError(f"scalar operand {e}")
+
+    def _control(self, step: Control) -> Callable[..., tuple[Any, ...]]:
+        regions = self.regions[step.name]
+        node = step.node
+        n_free = len(step.inputs) - len(node.inputs)
+
+        def truth(v: Any) -> bool:
+            return bool(v.item()) if isinstance(v, torch.Tensor) else bool(v)
+
+        if node.op == "if":
+
+            def run_if(b: dict[str, int], pred: Any, *free: Any) -> tuple[Any, ...]:
+                return regions[0 if truth(pred) else 1].run(b, *free)
+
+            return run_if
+        if node.op == "for":
+            var = str(node.attr("var"))
+
+            def run_for(b: dict[str, int], start: Any, stop: Any, step_: Any, *rest: Any) -> tuple[Any, ...]:
+                carried = rest[: len(rest) - n_free]
+                free = rest[len(rest) - n_free :]
+                for i in range(int(start), int(stop), int(step_)):
+                    carried = regions[0].run({**b, var: i}, *carried, *free)
+                return tuple(carried)
+
+            return run_for
+
+        def run_while(b: dict[str, int], *rest: Any) -> tuple[Any, ...]:
+            carried = rest[: len(rest) - n_free]
+            free = rest[len(rest) - n_free :]
+            while truth(regions[0].run(b, *carried, *free)[0]):
+                carried = regions[1].run(b, *carried, *free)
+            return tuple(carried)
+
+        return run_while
+
+
+def _tname(d: DType) -> str:
+    return str(d.torch).removeprefix("torch.")
+
+
+def _symbols(program: TensorProgram) -> tuple[sympy.Symbol, ...]:
+    """Every size symbol the program's sizes, kernels and attributes use, sorted by name."""
+    syms: set[sympy.Symbol] = set()
+
+    def add(x: Any) -> None:
+        if isinstance(x, sympy.Basic):
+            syms.update(s for s in x.free_symbols if isinstance(s, sympy.Symbol) and not E.is_loop_symbol(s))
+        elif isinstance(x, tuple):
+            for y in x:
+                add(y)
+        elif hasattr(x, "items") and not isinstance(x, dict):
+            for _, y in x.items:
+                add(y)
+
+    for b in program.buffers.values():
+        add(tuple(b.shape))
+    for s in program.steps:
+        if isinstance(s, Kernel):
+            add(tuple(s.domain))
+            for x in E.walk(s.body):
+                if isinstance(x, E.Load):
+                    add(x.offset)
+                elif isinstance(x, E.Index):
+                    add(x.expr)
+                elif isinstance(x, E.Reduce):
+                    add(tuple(n for _, n in x.ranges))
+        else:
+            for o in s.inputs:
+                if isinstance(o, View):
+                    add((*o.shape, *o.strides, o.offset))
+                elif isinstance(o, ScalarRef) and isinstance(o.value, E.Index):
+                    add(o.value.expr)
+            for _, v in s.node.attrs:
+                add(v)
+    for o in program.outputs:
+        if isinstance(o, E.Index):
+            add(o.expr)
+    add(tuple(program.outer_symbols))
+    return tuple(sorted(syms, key=lambda s: s.name))
+
+
+def bind_ctypes(lib: ctypes.CDLL, ck: CKernel) -> Any:
+    """The kernel's function with argument types set (pointers, int64 sizes, scalars)."""
+    assert ck.func is not None
+    fn = lib[ck.name]
+    types: list[Any] = [ctypes.c_void_p] * len(ck.func.buffers)
+    types += [ctypes.c_int64] * (len(ck.func.sizes) + len(ck.derived))
+    types += [_CTYPES[C_TYPES[d]] for _, d in ck.func.args]
+    fn.argtypes = types
+    fn.restype = None
+    return fn

@@ -1,0 +1,20 @@
+"""The program corpus on the ``cpu`` target: every program compiles and matches eager.
+
+See :mod:`cuvil_runtime.testing.conformance` for what one check asserts.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from cuvil_runtime.testing import Program
+from cuvil_runtime.testing.conformance import check_program, conformance_params
+
+#: program name -> why the cpu target cannot run it yet. Strict: once a program
+#: passes, its entry must go.
+XFAIL: dict[str, str] = {}
+
+
+@pytest.mark.parametrize("program", conformance_params(XFAIL))
+def test_conformance(program: Program) -> None:
+    check_program(program, "cpu")

@@ -1,0 +1,6 @@
+"""Loop IR: explicit loop nests (par/seq/vec), index arithmetic, locals. See docs/tensor-and-loop-ir.md."""
+
+from cuvil_ir.loop_ir.nodes import Accumulate, Let, Loop, LoopFunc, Param, Store
+from cuvil_ir.loop_ir.schedule import SchedulePolicy, schedule_kernel, schedule_program
+
+__all__ = ["Accumulate", "Let", "Loop", "LoopFunc", "Param", "SchedulePolicy", "Store", "schedule_kernel", "schedule_program"]

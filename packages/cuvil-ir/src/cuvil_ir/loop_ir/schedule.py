@@ -1,0 +1,348 @@
+"""Tensor IR kernel -> Loop IR function: hoist reductions, collapse, parallelize, vectorize.
+
+Passes, in order (each small; the backend's :class:`SchedulePolicy` is data):
+
+1. **hoist** -- the kernel's domain splits at depth ``k``: the outer indices are
+   those the reductions vary with. Every distinct ``Reduce`` becomes an
+   accumulator computed in its own loop at depth ``k`` (children before parents),
+   so a row's max, sum and store share one outer iteration: softmax is one loop
+   nest. Tensor IR already realized the reductions this would recompute.
+2. **collapse** -- adjacent loops that every access walks contiguously
+   (``coeff(i_j) == coeff(i_j+1) * extent(i_j+1)`` in every offset) merge into one.
+3. **parallelize / vectorize** -- the outermost loop runs on threads when the
+   kernel's work reaches ``parallel_threshold``; the innermost loop of each nest
+   is a SIMD loop (with reduction clauses for accumulators).
+4. **cse** -- a subexpression used twice in one statement is computed once (``let``).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import sympy
+
+from cuvil_ir.graph_ir.types import DType
+from cuvil_ir.symbolic import Dim
+from cuvil_ir.tensor_ir import expr as E
+from cuvil_ir.tensor_ir.program import Kernel, TensorProgram, contiguous_strides
+from cuvil_ir.loop_ir.nodes import Accumulate, Let, Loop, LoopFunc, Param, Stmt, Store
+
+
+@dataclass(frozen=True)
+class SchedulePolicy:
+    #: elements of work below which a kernel stays on one thread
+    parallel_threshold: int = 32768
+    #: collapse contiguous loops into one
+    collapse: bool = True
+    #: vectorize innermost loops
+    vectorize: bool = True
+
+
+def _sym(x: Any) -> sympy.Expr:
+    return sympy.sympify(x)
+
+
+def _offset(domain: Sequence[Dim], syms: Sequence[sympy.Symbol]) -> sympy.Expr:
+    off: Any = sympy.Integer(0)
+    for s, st in zip(syms, contiguous_strides(tuple(domain))):
+        off = off + s * st
+    return sympy.expand(off)
+
+
+def hoist_depth(body: E.Expr) -> int:
+    pos = [int(s.name[2:]) for r in E.walk(body) if isinstance(r, E.Reduce) for s in E.free_indices(r)
+           if s.name.startswith("_i")]
+    has_reduce = any(isinstance(r, E.Reduce) for r in E.walk(body))
+    return max(pos, default=-1) + 1 if has_reduce else 0
+
+
+def _postorder_reduces(e: E.Expr) -> list[E.Reduce]:
+    out: list[E.Reduce] = []
+
+    def go(x: E.Expr) -> None:
+        for c in E.children(x):
+            go(c)
+        if isinstance(x, E.Reduce) and x not in out:
+            out.append(x)
+
+    go(e)
+    return out
+
+
+class _Names:
+    def __init__(self) -> None:
+        self.n = Counter[str]()
+
+    def __call__(self, kind: str) -> str:
+        k = self.n[kind]
+        self.n[kind] += 1
+        return f"{kind}{k}"
+
+
+_IDENTITY = {"sum": 0, "prod": 1, "any": False, "all": True}
+
+
+def _init(kind: str, dtype: DType) -> E.Expr:
+    if kind in ("max", "min"):
+        if dtype.is_floating:
+            return E.Const(float("-inf") if kind == "max" else float("inf"), dtype)
+        import torch
+
+        info = torch.iinfo(dtype.torch) if dtype != DType.bool else None
+        if info is None:
+            return E.Const(kind == "min", dtype)
+        return E.Const(info.min if kind == "max" else info.max, dtype)
+    v = _IDENTITY[kind]
+    return E.Const(bool(v) if dtype == DType.bool else (float(v) if dtype.is_floating else int(v)), dtype)
+
+
+def _cse(stmt_expr: E.Expr, names: _Names) -> tuple[list[Let], E.Expr]:
+    """Compute each call that occurs more than once in ``stmt_expr`` once, as a ``let``."""
+    counts: Counter[E.Expr] = Counter()
+
+    def count(x: E.Expr) -> None:
+        counts[x] += 1
+        if counts[x] == 1:
+            for c in E.children(x):
+                count(c)
+
+    count(stmt_expr)
+    lets: list[Let] = []
+    bound: dict[E.Expr, E.Var] = {}
+
+    def rebuild(x: E.Expr) -> E.Expr:
+        if x in bound:
+            return bound[x]
+        if isinstance(x, E.Call):
+            y: E.Expr = E.Call(x.fn, tuple(rebuild(a) for a in x.args), x.dtype)
+        else:
+            y = x
+        if counts[x] > 1 and isinstance(x, (E.Call, E.Load)):
+            v = E.Var(names("t"), x.dtype)
+            lets.append(Let(v.name, y, x.dtype))
+            bound[x] = v
+            return v
+        return y
+
+    return lets, rebuild(stmt_expr)
+
+
+def _collapse(loops: list[tuple[sympy.Symbol, sympy.Expr]], exprs: list[sympy.Expr],
+              opaque: frozenset[sympy.Symbol]) -> tuple[list[tuple[sympy.Symbol, sympy.Expr]], dict[sympy.Symbol, Any]]:
+    """Merge adjacent loops (outer j, inner j+1) whose every access is contiguous across them.
+
+    Returns the new loops and a substitution to apply to all offsets (the outer
+    symbol becomes 0, the inner one walks the product extent).
+    """
+    subst: dict[sympy.Symbol, Any] = {}
+    loops = list(loops)
+    j = len(loops) - 2
+    while j >= 0:
+        (a, ea), (b, eb) = loops[j], loops[j + 1]
+        ok = a not in opaque and b not in opaque
+        if ok:
+            for off in exprs:
+                off = sympy.expand(off.xreplace(subst))
+                if not off.is_polynomial(a, b) or sympy.degree(off, a) > 1 or sympy.degree(off, b) > 1:
+                    ok = False
+                    break
+                ca, cb = off.coeff(a), off.coeff(b)
+                if (ca.free_symbols | cb.free_symbols) & {a, b} or sympy.expand(ca - cb * eb) != 0:
+                    ok = False
+                    break
+        if ok:
+            subst = {k: v.xreplace({a: 0}) if isinstance(v, sympy.Basic) else v for k, v in subst.items()}
+            subst[a] = sympy.Integer(0)
+            loops[j] = (b, sympy.expand(ea * eb))
+            del loops[j + 1]
+        j -= 1
+    return loops, subst
+
+
+def _offsets(e: E.Expr) -> list[sympy.Expr]:
+    out = []
+    for x in E.walk(e):
+        if isinstance(x, E.Load):
+            out.append(_sym(x.offset))
+        elif isinstance(x, E.Index):
+            out.append(_sym(x.expr))
+    return out
+
+
+def schedule_kernel(kernel: Kernel, program: TensorProgram, policy: SchedulePolicy) -> LoopFunc:
+    names = _Names()
+    domain = [_sym(d) for d in kernel.domain]
+    n = len(domain)
+    syms = [E.index_symbol(j) for j in range(n)]
+    k = hoist_depth(kernel.body)
+
+    # 1. hoist: one accumulator per distinct Reduce, children first
+    reds = _postorder_reduces(kernel.body)
+    acc: dict[E.Reduce, E.Var] = {}
+
+    def replace_reduces(x: E.Expr) -> E.Expr:
+        return E.transform(x, lambda y: acc.get(y) if isinstance(y, E.Reduce) else None)
+
+    phases: list[tuple[E.Var, E.Reduce, E.Expr]] = []
+    for r in reds:
+        body = replace_reduces(r.body)
+        v = E.Var(names("acc"), r.dtype)
+        acc[r] = v
+        acc[E.Reduce(r.kind, body, r.ranges, r.dtype)] = v  # the form seen once inner ones are replaced
+        phases.append((v, r, body))
+    store_expr = replace_reduces(kernel.body)
+    store_off = _offset(domain, syms)
+
+    # 2. collapse outer loops (all accesses in every phase), then inner loops (store only)
+    outer = list(zip(syms[:k], domain[:k]))
+    inner = list(zip(syms[k:], domain[k:]))
+    all_offsets = [store_off, *_offsets(store_expr)] + [o for _, _, b in phases for o in _offsets(b)]
+    opaque = frozenset(s for _, r, _ in phases for s, _ in r.ranges)  # (never collapsed with outer)
+    subst: dict[sympy.Symbol, Any] = {s: sympy.Integer(0) for s, e in outer + inner if e == 1}
+    outer = [(s, e) for s, e in outer if e != 1]
+    inner = [(s, e) for s, e in inner if e != 1]
+    all_offsets = [o.xreplace(subst) for o in all_offsets]
+    if policy.collapse:
+        outer, subst1 = _collapse(outer, all_offsets, opaque)
+        subst = {k: sympy.sympify(v).xreplace(subst1) for k, v in subst.items()} | subst1
+        inner_offsets = [o.xreplace(subst) for o in [store_off, *_offsets(store_expr)]]
+        inner, subst2 = _collapse(inner, inner_offsets, frozenset())
+        subst = {k: sympy.sympify(v).xreplace(subst2) for k, v in subst.items()} | subst2
+
+    def sub(e: E.Expr) -> E.Expr:
+        return E.substitute(e, subst) if subst else e
+
+    work: Any = sympy.Integer(1)
+    for d in domain:
+        work = work * d
+    red_work: Any = sympy.Integer(0)
+    for _, r, _ in phases:
+        w: Any = sympy.Integer(1)
+        for _, ext in r.ranges:
+            w = w * ext
+        red_work = red_work + w
+    total = sympy.expand(work + _outer_extent(outer) * red_work)
+
+    # 3. build the nest
+    def vec_kind(is_innermost: bool) -> str:
+        return "vec" if (is_innermost and policy.vectorize) else "seq"
+
+    def reduction_nest(v: E.Var, r: E.Reduce, body: E.Expr, top: bool) -> list[Stmt]:
+        lets, expr = _cse(sub(body), names)
+        stmts: list[Stmt] = [*lets, Accumulate(v.name, r.kind, expr)]
+        rs = list(r.ranges)
+        for j in range(len(rs) - 1, -1, -1):
+            s, ext = rs[j]
+            kind = vec_kind(j == len(rs) - 1)
+            if top and j == 0 and _big(total, policy):
+                kind = "parvec" if len(rs) == 1 and policy.vectorize else "par"
+            stmts = [Loop(s, sub_e(ext, subst), kind, tuple(stmts), ((v.name, r.kind),),
+                          work=total if kind in ("par", "parvec") else None)]
+        return [Let(v.name, _init(r.kind, r.dtype), r.dtype, mutable=True), *stmts]
+
+    level: list[Stmt] = []
+    for v, r, body in phases:
+        level.extend(reduction_nest(v, r, body, top=not outer))
+    lets, expr = _cse(sub(store_expr), names)
+    store: list[Stmt] = [*lets, Store(kernel.buf, sympy.expand(store_off.xreplace(subst)), expr)]
+    for j in range(len(inner) - 1, -1, -1):
+        s, ext = inner[j]
+        kind = vec_kind(j == len(inner) - 1)
+        if not outer and j == 0 and _big(total, policy):
+            kind = "parvec" if len(inner) == 1 and policy.vectorize else "par"
+        store = [Loop(s, ext, kind, tuple(store), work=total if kind in ("par", "parvec") else None)]
+    level.extend(store)
+    for j in range(len(outer) - 1, -1, -1):
+        s, ext = outer[j]
+        kind = "par" if j == 0 and _big(total, policy) else "seq"
+        level = [Loop(s, ext, kind, tuple(level), work=total if kind == "par" else None)]
+
+    # parameters
+    body_all = tuple(level)
+    reads = set()
+    for e in [kernel.body]:
+        reads |= set(E.buffers_read(e))
+    params = [Param(b, program.buffers[b].dtype, "in") for b in sorted(reads - {kernel.buf})]
+    role = "inout" if kernel.buf in reads else "out"
+    params.append(Param(kernel.buf, program.buffers[kernel.buf].dtype, role))
+    sizes: set[sympy.Symbol] = set()
+    args: dict[str, DType] = {}
+    _collect(body_all, sizes, args)
+    return LoopFunc(
+        kernel.name,
+        tuple(params),
+        tuple(sorted(sizes, key=lambda s: s.name)),
+        tuple(sorted(args.items())),
+        body_all,
+    )
+
+
+def _outer_extent(outer: Sequence[tuple[sympy.Symbol, sympy.Expr]]) -> Any:
+    n: Any = sympy.Integer(1)
+    for _, e in outer:
+        n = n * e
+    return n
+
+
+def _big(total: sympy.Expr, policy: SchedulePolicy) -> bool:
+    """Whether a loop may be parallel: false only when the work is a small constant."""
+    t = sympy.sympify(total)
+    return not (t.is_Integer and int(t) < policy.parallel_threshold)
+
+
+def sub_e(e: Any, subst: dict[sympy.Symbol, Any]) -> sympy.Expr:
+    return sympy.sympify(e).xreplace(subst) if subst else sympy.sympify(e)
+
+
+def _collect(stmts: Sequence[Stmt], sizes: set[sympy.Symbol], args: dict[str, DType]) -> None:
+    def syms_of(x: Any) -> None:
+        for s in sympy.sympify(x).free_symbols:
+            if isinstance(s, sympy.Symbol) and not E.is_loop_symbol(s):
+                sizes.add(s)
+
+    def expr(e: E.Expr) -> None:
+        for x in E.walk(e):
+            if isinstance(x, E.Load):
+                syms_of(x.offset)
+            elif isinstance(x, E.Index):
+                syms_of(x.expr)
+            elif isinstance(x, E.Arg):
+                args[x.name] = x.dtype
+
+    for s in stmts:
+        if isinstance(s, Loop):
+            syms_of(s.extent)
+            if s.work is not None:
+                syms_of(s.work)
+            _collect(s.body, sizes, args)
+        elif isinstance(s, (Let, Accumulate)):
+            expr(s.expr)
+        elif isinstance(s, Store):
+            syms_of(s.offset)
+            expr(s.expr)
+
+
+def schedule_program(program: TensorProgram, policy: SchedulePolicy | None = None) -> list[LoopFunc]:
+    """Every kernel of ``program`` (nested regions included) as a Loop IR function."""
+    policy = policy or SchedulePolicy()
+    out = []
+    for k in program.kernels():
+        owner = _owner(program, k)
+        out.append(schedule_kernel(k, owner, policy))
+    return out
+
+
+def _owner(program: TensorProgram, kernel: Kernel) -> TensorProgram:
+    from cuvil_ir.tensor_ir.program import Control
+
+    if kernel in program.steps:
+        return program
+    for s in program.steps:
+        if isinstance(s, Control):
+            for r in s.regions:
+                if kernel in r.kernels():
+                    return _owner(r, kernel)
+    raise KeyError(kernel.name)

@@ -1,0 +1,396 @@
+"""Graph IR -> Tensor IR: tensors as index functions, realized into kernels only when needed.
+
+See docs/tensor-and-loop-ir.md. The per-op rules live in
+:mod:`cuvil_ir.tensor_ir.rules`; this module holds the mechanism: lazy tensors,
+the realization policy, the split of reductions the scheduler could not hoist
+without recomputing them, extern calls, control flow and outputs.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import sympy
+
+from cuvil_ir.graph_ir.nodes import Block, Graph, Node, Value
+from cuvil_ir.graph_ir.registry import REGISTRY
+from cuvil_ir.graph_ir.types import DType, ScalarKind, ScalarType, TensorType
+from cuvil_ir.symbolic import Dim
+from cuvil_ir.tensor_ir import expr as E
+from cuvil_ir.tensor_ir.program import (
+    Buffer,
+    Control,
+    Extern,
+    Kernel,
+    Operand,
+    ProgramInput,
+    ScalarRef,
+    Step,
+    TensorProgram,
+    View,
+    contiguous_strides,
+)
+
+SCALAR_DTYPES = {ScalarKind.bool: DType.bool, ScalarKind.int: DType.i64, ScalarKind.float: DType.f64}
+
+
+@dataclass(frozen=True)
+class FusionPolicy:
+    """What a backend wants from lowering (data, not target-name checks)."""
+
+    #: a value used more than once is recomputed in each consumer when its cost
+    #: (see :func:`cuvil_ir.tensor_ir.expr.cost`) is at most this, else realized
+    recompute_budget: int = 4
+    #: realize an expression that grew past this many nodes
+    max_expr_nodes: int = 256
+    #: element types kernels can hold; an op touching another dtype runs as an extern
+    dtypes: frozenset[DType] = frozenset(
+        {DType.f32, DType.f64, DType.i64, DType.i32, DType.i16, DType.i8, DType.u8, DType.bool}
+    )
+    #: ops never lowered into kernels (run by their reference as externs)
+    extern_ops: frozenset[str] = frozenset()
+
+
+class NotLowered(Exception):
+    """An op (or this use of it) has no kernel lowering: it runs as an extern call."""
+
+
+@dataclass(frozen=True)
+class Lazy:
+    """A tensor as a function of its index: ``body`` over ``_i0 .. _i{rank-1}``."""
+
+    shape: tuple[Dim, ...]
+    dtype: DType
+    body: E.Expr
+
+    @property
+    def rank(self) -> int:
+        return len(self.shape)
+
+    def at(self, idx: Sequence[Any]) -> E.Expr:
+        """The element at ``idx`` (sympy index expressions, one per dimension)."""
+        if len(idx) != self.rank:
+            raise ValueError(f"rank {self.rank} tensor indexed with {len(idx)} indices")
+        return E.substitute(
+            self.body, {E.index_symbol(k): sympy.sympify(i) for k, i in enumerate(idx) if i != E.index_symbol(k)}
+        )
+
+
+Val = Lazy | E.Expr  # a tensor, or a scalar expression
+
+
+def idx(rank: int) -> list[sympy.Symbol]:
+    return [E.index_symbol(k) for k in range(rank)]
+
+
+def linear_offset(shape: Sequence[Dim], index: Sequence[Any], base: Any = 0) -> sympy.Expr:
+    off: Any = sympy.sympify(base)
+    for i, s in zip(index, contiguous_strides(tuple(shape))):
+        off = off + sympy.sympify(i) * s
+    return sympy.expand(off)
+
+
+def strided_view(lz: Lazy) -> tuple[str, tuple[Dim, ...], Dim] | None:
+    """``(buffer, strides, offset)`` when ``lz`` is an affine view of one buffer."""
+    if not isinstance(lz.body, E.Load):
+        return None
+    off = sympy.expand(lz.body.offset)
+    syms = idx(lz.rank)
+    base = sympy.sympify(off.xreplace({s: 0 for s in syms}))
+    strides = []
+    for s in syms:
+        c = off.coeff(s)
+        if c.free_symbols & set(syms) or E.is_loop_symbol(c):
+            return None
+        strides.append(c)
+    rebuilt = base + sum((c * s for c, s in zip(strides, syms)), sympy.Integer(0))
+    if sympy.expand(rebuilt - off) != 0 or any(E.is_loop_symbol(s) for s in base.free_symbols):
+        return None
+    return lz.body.buf, tuple(_dim(c) for c in strides), _dim(base)
+
+
+def _dim(e: Any) -> Dim:
+    e = sympy.sympify(e)
+    return int(e) if e.is_Integer else e
+
+
+class Lowering:
+    """Lowers one graph (or region) to a :class:`TensorProgram`."""
+
+    def __init__(self, policy: FusionPolicy, prefix: str = "") -> None:
+        self.policy = policy
+        self.prefix = prefix
+        self.buffers: dict[str, Buffer] = {}
+        self.steps: list[Step] = []
+        self.env: dict[str, Val] = {}
+        self.uses: Counter[str] = Counter()
+        self._count: Counter[str] = Counter()
+        self._reduce_count = 0
+        self.rules = _rules()
+
+    # -- names -------------------------------------------------------------------
+    def fresh(self, kind: str) -> str:
+        n = self._count[kind]
+        self._count[kind] += 1
+        return f"{self.prefix}{kind}{n}"
+
+    def reduce_symbol(self) -> sympy.Symbol:
+        # temporary: make_reduce renames it canonically
+        s = sympy.Symbol(f"_rt{self._reduce_count}", integer=True, nonnegative=True)
+        self._reduce_count += 1
+        return s
+
+    # -- buffers and kernels -------------------------------------------------------
+    def add_buffer(self, dtype: DType, shape: tuple[Dim, ...], kind: str, name: str | None = None) -> str:
+        name = name or self.fresh("b")
+        self.buffers[name] = Buffer(name, dtype, tuple(_dim(d) for d in shape), kind)
+        return name
+
+    def load(self, buf: str) -> Lazy:
+        b = self.buffers[buf]
+        return Lazy(b.shape, b.dtype, E.Load(buf, linear_offset(b.shape, idx(len(b.shape))), b.dtype))
+
+    def is_whole(self, lz: Lazy) -> str | None:
+        """The buffer ``lz`` is exactly (same shape, contiguous, offset 0), if any."""
+        if isinstance(lz.body, E.Load):
+            b = self.buffers[lz.body.buf]
+            if tuple(b.shape) == tuple(lz.shape) and b.dtype == lz.dtype:
+                if sympy.expand(lz.body.offset - linear_offset(b.shape, idx(lz.rank))) == 0:
+                    return b.name
+        return None
+
+    def realize(self, lz: Lazy, kind: str = "temp") -> Lazy:
+        """Write ``lz`` into a new buffer with one kernel (unless it already is a buffer)."""
+        if kind == "temp" and self.is_whole(lz) is not None:
+            return lz
+        body = self._split_reductions(lz.body, lz.shape)
+        buf = self.add_buffer(lz.dtype, lz.shape, kind)
+        self.steps.append(Kernel(self.fresh("k"), buf, tuple(lz.shape), body))
+        return self.load(buf)
+
+    def _split_reductions(self, body: E.Expr, domain: tuple[Dim, ...]) -> E.Expr:
+        """Realize every Reduce the scheduler could not hoist without recomputing it.
+
+        A kernel over ``domain`` runs its outer indices ``_i0 .. _i{k-1}`` in parallel
+        and computes each hoisted reduction once per outer point; that is right only
+        when the reduction varies with every (non-unit) outer index and with no
+        index of an enclosing reduction. Others become buffers of their own.
+        """
+        while True:
+            reds = list(dict.fromkeys(r for r in E.walk(body) if isinstance(r, E.Reduce)))
+            if not reds:
+                return body
+            ranges = {s: n for r in reds for s, n in r.ranges}
+            free = {r: E.free_indices(r) for r in reds}
+            positions = [int(s.name[2:]) for r in reds for s in free[r] if s.name.startswith("_i")]
+            k = max(positions, default=-1) + 1
+            needed = {E.index_symbol(j) for j in range(k) if domain[j] != 1}
+            bad = [
+                r for r in reds if any(s.name.startswith("_r") for s in free[r]) or not needed <= free[r]
+            ]
+            if not bad:
+                return body
+            r = bad[-1]  # the innermost offender first (walk lists parents first)
+            syms = sorted(free[r], key=lambda s: (s.name[1], int(s.name[2:])))
+            shape = tuple(domain[int(s.name[2:])] if s.name.startswith("_i") else ranges[s] for s in syms)
+            inner = E.substitute(r, {s: E.index_symbol(j) for j, s in enumerate(syms)})
+            done = self.realize(Lazy(shape, r.dtype, inner))
+            repl = done.at(syms)
+            body = E.transform(body, lambda x: repl if x == r else None)
+
+    # -- graph walking -------------------------------------------------------------
+    def lower_graph(self, graph: Graph, name: str) -> TensorProgram:
+        inputs = []
+        for v in graph.inputs:
+            inputs.append(self.bind_input(v))
+        return self.lower_block(graph, name, graph.nodes, graph.outputs, tuple(inputs))
+
+    def bind_input(self, v: Value) -> ProgramInput:
+        if isinstance(v.type, TensorType):
+            buf = self.add_buffer(v.type.dtype, v.type.shape, "input", name=self.fresh("in"))
+            self.env[v.name] = self.load(buf)
+            return ProgramInput(buf, True)
+        assert isinstance(v.type, ScalarType)
+        name = self.fresh("arg")
+        self.env[v.name] = E.Arg(name, SCALAR_DTYPES[v.type.kind])
+        return ProgramInput(name, False)
+
+    def lower_block(
+        self,
+        graph: Graph,
+        name: str,
+        nodes: Sequence[Node],
+        results: Sequence[Value],
+        inputs: tuple[ProgramInput, ...],
+        outer_symbols: tuple[sympy.Symbol, ...] = (),
+    ) -> TensorProgram:
+        for n in nodes:
+            for v in n.inputs:
+                self.uses[v.name] += 1
+            for v in _region_free_values(n):
+                self.uses[v.name] += 1
+        for v in results:
+            self.uses[v.name] += 1
+        for n in nodes:
+            self.lower_node(n)
+        outputs: list[str | E.Expr] = []
+        seen: set[str] = set()
+        for v in results:
+            val = self.env[v.name]
+            if isinstance(val, Lazy):
+                buf = self.is_whole(val)
+                if buf is not None and buf not in seen and self.buffers[buf].kind in ("temp", "output"):
+                    b = self.buffers[buf]
+                    self.buffers[buf] = Buffer(b.name, b.dtype, b.shape, "output")
+                elif buf is None or buf in seen or self.buffers[buf].kind != "extern":
+                    buf = self.is_whole(self.realize(val, kind="output"))
+                assert buf is not None
+                seen.add(buf)
+                outputs.append(buf)
+            else:
+                outputs.append(val)
+        return TensorProgram(name, graph, inputs, dict(self.buffers), tuple(self.steps), tuple(outputs), outer_symbols)
+
+    def lower_node(self, n: Node) -> None:
+        ins = [self.env[v.name] for v in n.inputs]
+        out_vals: list[Val] | None = None
+        if n.op in ("if", "for", "while"):
+            self.lower_control(n, ins)
+            return
+        rule = self.rules.get(n.op)
+        if rule is not None and n.op not in self.policy.extern_ops and self._dtypes_ok(n):
+            try:
+                res = rule(self, n, *ins)
+                out_vals = list(res) if isinstance(res, (list, tuple)) else [res]
+            except NotLowered:
+                out_vals = None
+        if out_vals is None:
+            self.lower_extern(n, ins)
+            return
+        for v, val in zip(n.outputs, out_vals):
+            if isinstance(val, Lazy):
+                val = self._maybe_realize(v, val)
+            self.env[v.name] = val
+
+    def _dtypes_ok(self, n: Node) -> bool:
+        for v in (*n.inputs, *n.outputs):
+            if isinstance(v.type, TensorType) and v.type.dtype not in self.policy.dtypes:
+                return False
+        return True
+
+    def _maybe_realize(self, v: Value, lz: Lazy) -> Lazy:
+        if isinstance(lz.body, E.Load):
+            return lz
+        if E.size(lz.body) > self.policy.max_expr_nodes:
+            return self.realize(lz)
+        if self.uses[v.name] > 1 and E.cost(lz.body) > self.policy.recompute_budget:
+            return self.realize(lz)
+        return lz
+
+    # -- operands of externs and control flow ---------------------------------------
+    def operand(self, val: Val) -> Operand:
+        if not isinstance(val, Lazy):
+            return ScalarRef(val)
+        sv = strided_view(val)
+        if sv is None:
+            val = self.realize(val)
+            sv = strided_view(val)
+            assert sv is not None
+        buf, strides, offset = sv
+        return View(buf, tuple(val.shape), strides, offset)
+
+    def lower_extern(self, n: Node, ins: list[Val]) -> None:
+        operands = tuple(self.operand(v) for v in ins)
+        outs = []
+        for v in n.outputs:
+            if isinstance(v.type, TensorType):
+                buf = self.add_buffer(v.type.dtype, v.type.shape, "extern")
+                outs.append(buf)
+                self.env[v.name] = self.load(buf)
+            else:
+                assert isinstance(v.type, ScalarType)
+                name = self.fresh("s")
+                outs.append(name)
+                self.env[v.name] = E.Arg(name, SCALAR_DTYPES[v.type.kind])
+        self.steps.append(Extern(self.fresh("e"), n, operands, tuple(outs)))
+
+    def lower_control(self, n: Node, ins: list[Val]) -> None:
+        free = _region_free_values(n)
+        operands = tuple(self.operand(v) for v in ins) + tuple(self.operand(self.env[v.name]) for v in free)
+        name = self.fresh("c")
+        regions = []
+        loop_var: tuple[sympy.Symbol, ...] = ()
+        if n.op == "for":
+            from cuvil_ir.symbolic import symbol
+
+            loop_var = (symbol(str(n.attr("var"))),)
+        for r, block in enumerate(n.regions):
+            sub = Lowering(self.policy, prefix=f"{name}r{r}_")
+            inputs = tuple(sub.bind_input(a) for a in block.args) + tuple(sub.bind_input(v) for v in free)
+            regions.append(
+                sub.lower_block(
+                    Graph(f"{name}r{r}", (*block.args, *free), block.nodes, block.results),
+                    f"{name}r{r}",
+                    block.nodes,
+                    block.results,
+                    inputs,
+                    loop_var,
+                )
+            )
+        outs = []
+        for v in n.outputs:
+            if isinstance(v.type, TensorType):
+                buf = self.add_buffer(v.type.dtype, v.type.shape, "extern")
+                outs.append(buf)
+                self.env[v.name] = self.load(buf)
+            else:
+                assert isinstance(v.type, ScalarType)
+                sname = self.fresh("s")
+                outs.append(sname)
+                self.env[v.name] = E.Arg(sname, SCALAR_DTYPES[v.type.kind])
+        self.steps.append(Control(name, n, operands, tuple(regions), tuple(outs)))
+
+
+def _region_free_values(n: Node) -> list[Value]:
+    """Values a node's regions use but do not define (values of enclosing blocks)."""
+    if not n.regions:
+        return []
+    defined: set[str] = set()
+    used: dict[str, Value] = {}
+
+    def visit(block: Block) -> None:
+        for a in block.args:
+            defined.add(a.name)
+        for m in block.nodes:
+            for v in m.inputs:
+                used.setdefault(v.name, v)
+            for r in m.regions:
+                visit(r)
+            for v in m.outputs:
+                defined.add(v.name)
+        for v in block.results:
+            used.setdefault(v.name, v)
+
+    for r in n.regions:
+        visit(r)
+    return [v for k, v in sorted(used.items()) if k not in defined]
+
+
+def lower(graph: Graph, policy: FusionPolicy | None = None) -> TensorProgram:
+    """Lower a verified Graph IR graph to Tensor IR, then plan its memory."""
+    from cuvil_ir.tensor_ir.memory import plan_program
+
+    program = Lowering(policy or FusionPolicy()).lower_graph(graph, graph.name)
+    return plan_program(program)
+
+
+def _rules() -> dict[str, Any]:
+    from cuvil_ir.tensor_ir.rules import RULES
+
+    return RULES
+
+
+__all__ = ["FusionPolicy", "Lazy", "Lowering", "NotLowered", "lower", "REGISTRY"]

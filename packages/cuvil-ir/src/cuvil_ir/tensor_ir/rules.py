@@ -1,0 +1,745 @@
+"""Lowering rules: each Graph IR op as a composition of scalar expressions.
+
+A rule is ``rule(lowering, node, *operands) -> value | [values]`` where operands
+and values are :class:`~cuvil_ir.tensor_ir.lower.Lazy` tensors or scalar
+expressions. Raising :class:`~cuvil_ir.tensor_ir.lower.NotLowered` makes the node
+an extern call. Ops without a rule (matmul, conv, embedding ...) are externs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import sympy
+
+from cuvil_ir.graph_ir.nodes import Node
+from cuvil_ir.graph_ir.types import DType, TensorType
+from cuvil_ir.symbolic import Dim
+from cuvil_ir.tensor_ir import expr as E
+from cuvil_ir.tensor_ir.lower import Lazy, Lowering, NotLowered, Val, idx, linear_offset, strided_view
+
+Rule = Callable[..., Any]
+RULES: dict[str, Rule] = {}
+
+
+def rule(*names: str) -> Callable[[Rule], Rule]:
+    def deco(fn: Rule) -> Rule:
+        for n in names:
+            RULES[n] = fn
+        return fn
+
+    return deco
+
+
+# -- helpers ------------------------------------------------------------------------
+def out_type(n: Node, k: int = 0) -> TensorType:
+    t = n.outputs[k].type
+    assert isinstance(t, TensorType)
+    return t
+
+
+def const(value: Any, dtype: DType) -> E.Const:
+    if dtype == DType.bool:
+        return E.Const(bool(value), dtype)
+    if dtype.is_floating:
+        return E.Const(float(value), dtype)
+    return E.Const(int(value), dtype)
+
+
+def cast(e: E.Expr, dtype: DType) -> E.Expr:
+    if e.dtype == dtype:
+        return e
+    if isinstance(e, E.Const) and not (isinstance(e.value, float) and not math.isfinite(e.value) and not dtype.is_floating):
+        return const(e.value, dtype)
+    return E.Call("cast", (e,), dtype)
+
+
+def call(fn: str, *args: E.Expr, dtype: DType | None = None) -> E.Expr:
+    return E.Call(fn, tuple(args), dtype or args[0].dtype)
+
+
+def element(v: Val, out_shape: Sequence[Dim], index: Sequence[Any] | None = None) -> E.Expr:
+    """``v`` broadcast to ``out_shape`` (numpy rules), at ``index`` (default: ``_i0 ...``)."""
+    if not isinstance(v, Lazy):
+        return v
+    index = list(index if index is not None else idx(len(out_shape)))
+    lead = len(out_shape) - v.rank
+    sub = []
+    for d in range(v.rank):
+        od = out_shape[lead + d]
+        if v.shape[d] == 1 and od != 1:
+            sub.append(sympy.Integer(0))
+        else:
+            sub.append(index[lead + d])
+    return v.at(sub)
+
+
+def pointwise(n: Node, fn: Callable[..., E.Expr], *vals: Val, compute: DType | None = None) -> Lazy:
+    t = out_type(n)
+    args = [element(v, t.shape) for v in vals]
+    if compute is not None:
+        args = [cast(a, compute) for a in args]
+    return Lazy(t.shape, t.dtype, cast(fn(*args), t.dtype))
+
+
+def compute_dtype(n: Node) -> DType:
+    """The dtype torch computes a comparison in (promotion of its operands)."""
+    from cuvil_ir.graph_ir.ops._rules import result_dtype
+
+    return result_dtype(*(v.type for v in n.inputs))
+
+
+def norm_dims(dims: Any, rank: int) -> tuple[int, ...]:
+    if dims is None or dims == ():
+        return tuple(range(rank))
+    if isinstance(dims, int):
+        dims = (dims,)
+    return tuple(sorted({d % max(rank, 1) for d in dims}))
+
+
+def reduce(lw: Lowering, kind: str, x: Lazy, dims: Sequence[int], body: Callable[[E.Expr], E.Expr] | None = None,
+           out_index: Sequence[Any] | None = None, keep: bool = True, dtype: DType | None = None) -> E.Expr:
+    """``kind`` over ``dims`` of ``x`` at the kept-dims index ``out_index``.
+
+    ``out_index`` lists one index per dim of ``x`` when ``keep`` (reduced dims'
+    entries are ignored), else one per kept dim.
+    """
+    rsyms = {d: lw.reduce_symbol() for d in dims}
+    out_index = list(out_index if out_index is not None else idx(x.rank if keep else x.rank - len(dims)))
+    full: list[Any] = []
+    k = 0
+    for d in range(x.rank):
+        if d in rsyms:
+            full.append(rsyms[d])
+            if keep:
+                k += 1
+        else:
+            full.append(out_index[k])
+            k += 1
+    e = x.at(full)
+    if dtype is not None:
+        e = cast(e, dtype)
+    if body is not None:
+        e = body(e)
+    return E.make_reduce(kind, e, tuple((rsyms[d], sympy.sympify(x.shape[d])) for d in dims), e.dtype)
+
+
+def count(x: Lazy, dims: Sequence[int], dtype: DType) -> E.Expr:
+    n: Any = sympy.Integer(1)
+    for d in dims:
+        n = n * x.shape[d]
+    n = sympy.expand(n)
+    return const(int(n), dtype) if n.is_Integer else cast(E.Index(n, DType.i64), dtype)
+
+
+def tensor_operand(v: Val) -> Lazy:
+    if not isinstance(v, Lazy):
+        raise NotLowered("scalar where a tensor was expected")
+    return v
+
+
+# -- elementwise --------------------------------------------------------------------
+_UNARY = {
+    "neg": "neg", "abs": "abs", "exp": "exp", "expm1": "expm1", "log": "log", "log1p": "log1p",
+    "log2": "log2", "sqrt": "sqrt", "rsqrt": "rsqrt", "sin": "sin", "cos": "cos", "tan": "tan",
+    "atan": "atan", "tanh": "tanh", "erf": "erf", "sigmoid": "sigmoid", "reciprocal": "reciprocal",
+    "sign": "sign", "bitwise_not": "bitnot",
+}
+_ROUNDING = {"floor": "floor", "ceil": "ceil", "trunc": "trunc"}
+_BINARY = {
+    "add": "add", "sub": "sub", "mul": "mul", "div": "div", "maximum": "max", "minimum": "min",
+    "atan2": "atan2", "fmod": "fmod", "remainder": "mod", "floor_divide": "floordiv",
+    "bitwise_and": "bitand", "bitwise_or": "bitor", "bitwise_xor": "bitxor",
+}
+_COMPARE = {"eq": "eq", "ne": "ne", "lt": "lt", "le": "le", "gt": "gt", "ge": "ge"}
+_LOGICAL = {"logical_and": "and", "logical_or": "or", "logical_xor": "xor"}
+
+
+def _unary(fn: str) -> Rule:
+    def lower_unary(lw: Lowering, n: Node, x: Val) -> Lazy:
+        t = out_type(n)
+        if fn == "bitnot" and t.dtype == DType.bool:
+            return pointwise(n, lambda a: call("not", a), x, compute=DType.bool)
+        return pointwise(n, lambda a: call(fn, a), x, compute=t.dtype)
+
+    return lower_unary
+
+
+for _name, _fn in _UNARY.items():
+    rule(_name)(_unary(_fn))
+
+
+@rule(*_ROUNDING)
+def _rounding(lw: Lowering, n: Node, x: Val) -> Lazy:
+    t = out_type(n)
+    if not t.dtype.is_floating:
+        return pointwise(n, lambda a: a, x, compute=t.dtype)
+    return pointwise(n, lambda a: call(_ROUNDING[n.op], a), x, compute=t.dtype)
+
+
+@rule("round")
+def _round(lw: Lowering, n: Node, x: Val) -> Lazy:
+    if n.attr("decimals", 0) != 0:
+        raise NotLowered("round with decimals")
+    t = out_type(n)
+    if not t.dtype.is_floating:
+        return pointwise(n, lambda a: a, x, compute=t.dtype)
+    return pointwise(n, lambda a: call("round", a), x, compute=t.dtype)
+
+
+def _binary(fn: str) -> Rule:
+    def lower_binary(lw: Lowering, n: Node, a: Val, b: Val) -> Lazy:
+        t = out_type(n)
+        if fn == "floordiv" and t.dtype.is_floating:
+            return pointwise(n, lambda x, y: call("floor", call("div", x, y)), a, b, compute=t.dtype)
+        return pointwise(n, lambda x, y: call(fn, x, y), a, b, compute=t.dtype)
+
+    return lower_binary
+
+
+for _name, _fn in _BINARY.items():
+    rule(_name)(_binary(_fn))
+
+
+@rule(*_COMPARE)
+def _compare(lw: Lowering, n: Node, a: Val, b: Val) -> Lazy:
+    c = compute_dtype(n)
+    return pointwise(n, lambda x, y: call(_COMPARE[n.op], x, y, dtype=DType.bool), a, b, compute=c)
+
+
+@rule(*_LOGICAL)
+def _logical(lw: Lowering, n: Node, a: Val, b: Val) -> Lazy:
+    return pointwise(n, lambda x, y: call(_LOGICAL[n.op], x, y, dtype=DType.bool), a, b, compute=DType.bool)
+
+
+@rule("logical_not")
+def _logical_not(lw: Lowering, n: Node, x: Val) -> Lazy:
+    return pointwise(n, lambda a: call("not", a, dtype=DType.bool), x, compute=DType.bool)
+
+
+@rule("where")
+def _where(lw: Lowering, n: Node, c: Val, a: Val, b: Val) -> Lazy:
+    t = out_type(n)
+    return Lazy(
+        t.shape,
+        t.dtype,
+        E.Call(
+            "where",
+            (cast(element(c, t.shape), DType.bool), cast(element(a, t.shape), t.dtype), cast(element(b, t.shape), t.dtype)),
+            t.dtype,
+        ),
+    )
+
+
+@rule("pow")
+def _pow(lw: Lowering, n: Node, a: Val, b: Val) -> Lazy:
+    t = out_type(n)
+    if isinstance(b, E.Const) and t.dtype.is_floating:
+        e = b.value
+        if e == 2:
+            return pointwise(n, lambda x: call("mul", x, x), a, compute=t.dtype)
+        if e == 3:
+            return pointwise(n, lambda x: call("mul", call("mul", x, x), x), a, compute=t.dtype)
+        if e == 1:
+            return pointwise(n, lambda x: x, a, compute=t.dtype)
+        if e == 0.5:
+            return pointwise(n, lambda x: call("sqrt", x), a, compute=t.dtype)
+        if e == -1:
+            return pointwise(n, lambda x: call("reciprocal", x), a, compute=t.dtype)
+    if not t.dtype.is_floating:
+        raise NotLowered("integer pow")
+    return pointwise(n, lambda x, y: call("pow", x, y), a, b, compute=t.dtype)
+
+
+@rule("square")
+def _square(lw: Lowering, n: Node, x: Val) -> Lazy:
+    return pointwise(n, lambda a: call("mul", a, a), x, compute=out_type(n).dtype)
+
+
+@rule("cast")
+def _cast(lw: Lowering, n: Node, x: Val) -> Lazy:
+    return pointwise(n, lambda a: a, x)
+
+
+@rule("clamp")
+def _clamp(lw: Lowering, n: Node, x: Val) -> Lazy:
+    t = out_type(n)
+    lo, hi = n.attr("min"), n.attr("max")
+
+    def f(a: E.Expr) -> E.Expr:
+        if lo is not None:
+            a = call("max", a, const(lo, t.dtype))
+        if hi is not None:
+            a = call("min", a, const(hi, t.dtype))
+        return a
+
+    return pointwise(n, f, x, compute=t.dtype)
+
+
+# -- activations --------------------------------------------------------------------
+def _c(v: float, like: E.Expr) -> E.Expr:
+    return const(v, like.dtype)
+
+
+def _gelu(a: E.Expr, approximate: str) -> E.Expr:
+    half = call("mul", _c(0.5, a), a)
+    if approximate == "tanh":
+        inner = call("mul", _c(math.sqrt(2 / math.pi), a), call("add", a, call("mul", _c(0.044715, a), call("mul", call("mul", a, a), a))))
+        return call("mul", half, call("add", _c(1.0, a), call("tanh", inner)))
+    return call("mul", half, call("add", _c(1.0, a), call("erf", call("mul", a, _c(math.sqrt(0.5), a)))))
+
+
+def _softplus(a: E.Expr, beta: float, threshold: float) -> E.Expr:
+    ax = call("mul", a, _c(beta, a)) if beta != 1 else a
+    soft = call("log1p", call("exp", ax))
+    if beta != 1:
+        soft = call("div", soft, _c(beta, a))
+    return E.Call("where", (call("gt", ax, _c(threshold, a), dtype=DType.bool), a, soft), a.dtype)
+
+
+def _hardsigmoid(a: E.Expr) -> E.Expr:
+    return call("min", call("max", call("add", call("div", a, _c(6.0, a)), _c(0.5, a)), _c(0.0, a)), _c(1.0, a))
+
+
+_ACTIVATIONS: dict[str, Callable[[E.Expr, Node], E.Expr]] = {
+    "relu": lambda a, n: E.Call("where", (call("gt", a, _c(0, a), dtype=DType.bool), a, _c(0, a)), a.dtype),
+    "gelu": lambda a, n: _gelu(a, str(n.attr("approximate", "none"))),
+    "silu": lambda a, n: call("mul", a, call("sigmoid", a)),
+    "leaky_relu": lambda a, n: E.Call(
+        "where", (call("gt", a, _c(0, a), dtype=DType.bool), a, call("mul", a, _c(float(n.attr("negative_slope")), a))), a.dtype
+    ),
+    "elu": lambda a, n: E.Call(
+        "where", (call("gt", a, _c(0, a), dtype=DType.bool), a, call("mul", _c(float(n.attr("alpha")), a), call("expm1", a))), a.dtype
+    ),
+    "softplus": lambda a, n: _softplus(a, float(n.attr("beta")), float(n.attr("threshold"))),
+    "hardsigmoid": lambda a, n: _hardsigmoid(a),
+    "hardswish": lambda a, n: call("mul", a, _hardsigmoid(a)),
+    "mish": lambda a, n: call("mul", a, call("tanh", _softplus(a, 1.0, 20.0))),
+    "logsigmoid": lambda a, n: call(
+        "sub", call("min", a, _c(0.0, a)), call("log1p", call("exp", call("neg", call("abs", a))))
+    ),
+}
+
+
+@rule(*_ACTIVATIONS)
+def _activation(lw: Lowering, n: Node, x: Val) -> Lazy:
+    t = out_type(n)
+    if n.op != "relu" and not t.dtype.is_floating:
+        raise NotLowered("integer activation")
+    return pointwise(n, lambda a: _ACTIVATIONS[n.op](a, n), x, compute=t.dtype)
+
+
+@rule("tril", "triu")
+def _triangle(lw: Lowering, n: Node, x: Val) -> Lazy:
+    t = out_type(n)
+    diag = n.attr("diagonal")
+    i, j = idx(t.rank)[-2:]
+    offset = sympy.sympify(j - i - diag)  # tril keeps j - i <= diagonal
+    keep = E.Call("le" if n.op == "tril" else "ge", (E.Index(offset, DType.i64), const(0, DType.i64)), DType.bool)
+    return Lazy(t.shape, t.dtype, E.Call("where", (keep, element(x, t.shape), const(0, t.dtype)), t.dtype))
+
+
+# -- factories and constants ----------------------------------------------------------
+@rule("const")
+def _const(lw: Lowering, n: Node) -> E.Expr:
+    v = n.attr("value")
+    t = n.outputs[0].type
+    if isinstance(t, TensorType):
+        raise NotLowered("tensor constant")
+    from cuvil_ir.tensor_ir.lower import SCALAR_DTYPES
+
+    dtype = SCALAR_DTYPES[t.kind]  # type: ignore[union-attr]
+    if isinstance(v, sympy.Basic):
+        if not v.is_number:
+            if isinstance(v, (sympy.Rel, sympy.logic.boolalg.Boolean)) and not isinstance(v, sympy.Symbol):
+                raise NotLowered("size predicate")
+            return E.Index(v, dtype)
+        v = bool(v) if dtype == DType.bool else (float(v) if dtype.is_floating else int(v))
+    if not isinstance(v, (bool, int, float)):
+        raise NotLowered(f"constant {v!r}")
+    return const(v, dtype)
+
+
+@rule("full")
+def _full(lw: Lowering, n: Node) -> Lazy:
+    t = out_type(n)
+    v = n.attr("value")
+    if not isinstance(v, (bool, int, float)):
+        raise NotLowered("symbolic fill value")
+    return Lazy(t.shape, t.dtype, const(v, t.dtype))
+
+
+@rule("arange")
+def _arange(lw: Lowering, n: Node) -> Lazy:
+    t = out_type(n)
+    start, step = n.attr("start"), n.attr("step")
+    if not all(isinstance(v, (int, float, sympy.Basic)) for v in (start, step)):
+        raise NotLowered("arange bounds")
+    if t.dtype.is_floating and (isinstance(start, float) or isinstance(step, float)):
+        body: E.Expr = call(
+            "add", const(float(start), DType.f64), call("mul", cast(E.Index(idx(1)[0], DType.i64), DType.f64), const(float(step), DType.f64))
+        )
+        return Lazy(t.shape, t.dtype, cast(body, t.dtype))
+    if isinstance(start, float) or isinstance(step, float):
+        raise NotLowered("float arange into an integer tensor")
+    return Lazy(t.shape, t.dtype, cast(E.Index(sympy.sympify(start) + idx(1)[0] * step, DType.i64), t.dtype))
+
+
+# -- views ----------------------------------------------------------------------------
+@rule("permute")
+def _permute(lw: Lowering, n: Node, x: Val) -> Lazy:
+    x = tensor_operand(x)
+    perm = [int(p) for p in n.attr("perm")]  # type: ignore[union-attr]
+    t = out_type(n)
+    src: list[Any] = [0] * x.rank
+    for j, p in enumerate(perm):
+        src[p] = idx(t.rank)[j]
+    return Lazy(t.shape, t.dtype, x.at(src))
+
+
+@rule("expand")
+def _expand(lw: Lowering, n: Node, x: Val) -> Lazy:
+    t = out_type(n)
+    return Lazy(t.shape, t.dtype, element(x, t.shape))
+
+
+@rule("unsqueeze")
+def _unsqueeze(lw: Lowering, n: Node, x: Val) -> Lazy:
+    x = tensor_operand(x)
+    t = out_type(n)
+    d = int(n.attr("dim")) % t.rank  # type: ignore[arg-type]
+    i = idx(t.rank)
+    return Lazy(t.shape, t.dtype, x.at(i[:d] + i[d + 1 :]))
+
+
+@rule("squeeze")
+def _squeeze(lw: Lowering, n: Node, x: Val) -> Lazy:
+    x = tensor_operand(x)
+    t = out_type(n)
+    dims = norm_dims(n.attr("dims"), x.rank)
+    gone = {d for d in dims if x.shape[d] == 1}
+    if len(gone) != x.rank - t.rank:
+        raise NotLowered("squeeze of a dimension whose size is not known to be 1")
+    i = iter(idx(t.rank))
+    return Lazy(t.shape, t.dtype, x.at([0 if d in gone else next(i) for d in range(x.rank)]))
+
+
+def _norm_index(v: Any, size: Dim, default: Any) -> Any:
+    if v is None:
+        return default
+    if isinstance(v, int) and v < 0:
+        return size + v
+    return v
+
+
+@rule("slice")
+def _slice(lw: Lowering, n: Node, x: Val) -> Lazy:
+    x = tensor_operand(x)
+    t = out_type(n)
+    d = int(n.attr("dim")) % x.rank  # type: ignore[arg-type]
+    start = _norm_index(n.attr("start"), x.shape[d], 0)
+    if isinstance(start, int) and isinstance(x.shape[d], int):
+        start = min(max(start, 0), x.shape[d])
+    step = int(n.attr("step"))  # type: ignore[arg-type]
+    i = idx(t.rank)
+    src = list(i)
+    src[d] = sympy.sympify(start) + i[d] * step
+    return Lazy(t.shape, t.dtype, x.at(src))
+
+
+@rule("select")
+def _select(lw: Lowering, n: Node, x: Val) -> Lazy:
+    x = tensor_operand(x)
+    t = out_type(n)
+    d = int(n.attr("dim")) % x.rank  # type: ignore[arg-type]
+    index = _norm_index(n.attr("index"), x.shape[d], 0)
+    i = idx(t.rank)
+    return Lazy(t.shape, t.dtype, x.at(i[:d] + [sympy.sympify(index)] + i[d:]))
+
+
+@rule("flip")
+def _flip(lw: Lowering, n: Node, x: Val) -> Lazy:
+    x = tensor_operand(x)
+    t = out_type(n)
+    dims = norm_dims(n.attr("dims"), x.rank)
+    i = idx(t.rank)
+    return Lazy(t.shape, t.dtype, x.at([x.shape[d] - 1 - i[d] if d in dims else i[d] for d in range(x.rank)]))
+
+
+@rule("reshape")
+def _reshape(lw: Lowering, n: Node, x: Val) -> Lazy:
+    x = tensor_operand(x)
+    t = out_type(n)
+    sv = strided_view(x)
+    if sv is None or not _is_contiguous(x.shape, sv[1]):
+        x = lw.realize(x)
+        sv = strided_view(x)
+        assert sv is not None
+    buf, _, base = sv
+    return Lazy(t.shape, t.dtype, E.Load(buf, linear_offset(t.shape, idx(t.rank), base), t.dtype))
+
+
+def _is_contiguous(shape: Sequence[Dim], strides: Sequence[Dim]) -> bool:
+    from cuvil_ir.tensor_ir.program import contiguous_strides
+
+    expected = contiguous_strides(tuple(shape))
+    return all(d == 1 or sympy.expand(s - c) == 0 for d, s, c in zip(shape, strides, expected))
+
+
+@rule("split")
+def _split(lw: Lowering, n: Node, x: Val) -> list[Lazy]:
+    x = tensor_operand(x)
+    d = int(n.attr("dim")) % x.rank  # type: ignore[arg-type]
+    outs = []
+    start: Any = 0
+    for k, v in enumerate(n.outputs):
+        t = out_type(n, k)
+        i = idx(t.rank)
+        src = list(i)
+        src[d] = i[d] + start
+        outs.append(Lazy(t.shape, t.dtype, x.at(src)))
+        start = start + t.shape[d]
+    return outs
+
+
+@rule("cat")
+def _cat(lw: Lowering, n: Node, *xs: Val) -> Lazy:
+    t = out_type(n)
+    d = int(n.attr("dim")) % t.rank  # type: ignore[arg-type]
+    parts = [tensor_operand(x) for x in xs]
+    parts = [p for p in parts if not (p.rank == 1 and p.shape[0] == 0)]
+    i = idx(t.rank)
+    starts: list[Any] = []
+    acc: Any = 0
+    for p in parts:
+        starts.append(acc)
+        acc = acc + p.shape[d]
+    body: E.Expr | None = None
+    for p, s in reversed(list(zip(parts, starts))):
+        src = list(i)
+        src[d] = i[d] - s
+        val = cast(p.at(src), t.dtype)
+        if body is None:
+            body = val
+        else:
+            cond = E.Call("lt", (E.Index(i[d], DType.i64), E.Index(sympy.sympify(s + p.shape[d]), DType.i64)), DType.bool)
+            body = E.Call("where", (cond, val, body), t.dtype)
+    if body is None:
+        raise NotLowered("empty cat")
+    return Lazy(t.shape, t.dtype, body)
+
+
+@rule("pad")
+def _pad(lw: Lowering, n: Node, x: Val) -> Lazy:
+    if n.attr("mode") != "constant":
+        raise NotLowered("non-constant padding")
+    x = tensor_operand(x)
+    t = out_type(n)
+    pad = list(n.attr("pad"))  # type: ignore[arg-type]
+    value = n.attr("value") or 0
+    i = idx(t.rank)
+    src = list(i)
+    conds = []
+    for k in range(len(pad) // 2):
+        d = t.rank - 1 - k
+        left = pad[2 * k]
+        if isinstance(left, int) and left < 0 or isinstance(pad[2 * k + 1], int) and pad[2 * k + 1] < 0:
+            raise NotLowered("negative padding")
+        src[d] = i[d] - left
+        if left != 0:
+            conds.append(E.Call("ge", (E.Index(i[d], DType.i64), E.Index(sympy.sympify(left), DType.i64)), DType.bool))
+        conds.append(E.Call("lt", (E.Index(i[d] - left, DType.i64), E.Index(sympy.sympify(x.shape[d]), DType.i64)), DType.bool))
+    inside: E.Expr = conds[0]
+    for c in conds[1:]:
+        inside = E.Call("and", (inside, c), DType.bool)
+    return Lazy(t.shape, t.dtype, E.Call("where", (inside, x.at(src), const(value, t.dtype)), t.dtype))
+
+
+@rule("repeat")
+def _repeat(lw: Lowering, n: Node, x: Val) -> Lazy:
+    x = tensor_operand(x)
+    t = out_type(n)
+    i = idx(t.rank)
+    lead = t.rank - x.rank
+    src = [sympy.Mod(i[lead + d], x.shape[d]) if x.shape[d] != 1 else sympy.Integer(0) for d in range(x.rank)]
+    return Lazy(t.shape, t.dtype, x.at(src))
+
+
+# -- reductions -----------------------------------------------------------------------
+_REDUCE = {"sum": "sum", "prod": "prod", "amax": "max", "amin": "min", "any": "any", "all": "all"}
+
+
+@rule(*_REDUCE)
+def _reduction(lw: Lowering, n: Node, x: Val) -> Lazy:
+    x = tensor_operand(x)
+    t = out_type(n)
+    dims = norm_dims(n.attr("dims"), x.rank)
+    if x.rank == 0:
+        return Lazy(t.shape, t.dtype, cast(x.body, t.dtype))
+    keep = bool(n.attr("keepdim"))
+    kind = _REDUCE[n.op]
+    dt = DType.bool if kind in ("any", "all") else t.dtype
+    body = reduce(lw, kind, x, dims, keep=keep, dtype=dt)
+    return Lazy(t.shape, t.dtype, cast(body, t.dtype))
+
+
+@rule("mean")
+def _mean(lw: Lowering, n: Node, x: Val) -> Lazy:
+    x = tensor_operand(x)
+    t = out_type(n)
+    dims = norm_dims(n.attr("dims"), x.rank)
+    if x.rank == 0:
+        return Lazy(t.shape, t.dtype, cast(x.body, t.dtype))
+    s = reduce(lw, "sum", x, dims, keep=bool(n.attr("keepdim")), dtype=t.dtype)
+    return Lazy(t.shape, t.dtype, call("div", s, count(x, dims, t.dtype)))
+
+
+def _variance(lw: Lowering, x: Lazy, dims: Sequence[int], correction: Any, keep: bool, dtype: DType) -> E.Expr:
+    """Two-pass variance (the mean first): stable without Welford's serial dependency."""
+    mean = call("div", reduce(lw, "sum", x, dims, keep=True, dtype=dtype,
+                              out_index=_keep_index(x.rank, dims, keep)), count(x, dims, dtype))
+
+    def sq(e: E.Expr) -> E.Expr:
+        dv = call("sub", e, mean)
+        return call("mul", dv, dv)
+
+    ss = reduce(lw, "sum", x, dims, body=sq, keep=keep, dtype=dtype)
+    denom = call("sub", count(x, dims, dtype), const(correction, dtype))
+    return call("div", ss, call("max", denom, const(0, dtype)))
+
+
+def _keep_index(rank: int, dims: Sequence[int], keep: bool) -> list[Any]:
+    """The index (one per dim of x, reduced ones ignored) of an output with/without kept dims."""
+    i = iter(idx(rank if keep else rank - len(dims)))
+    return [next(i) if (keep or d not in dims) else sympy.Integer(0) for d in range(rank)]
+
+
+@rule("var", "std")
+def _var(lw: Lowering, n: Node, x: Val) -> Lazy:
+    x = tensor_operand(x)
+    t = out_type(n)
+    if not t.dtype.is_floating or x.rank == 0:
+        raise NotLowered("var of a non-float or 0-d tensor")
+    dims = norm_dims(n.attr("dims"), x.rank)
+    v = _variance(lw, x, dims, n.attr("correction"), bool(n.attr("keepdim")), t.dtype)
+    return Lazy(t.shape, t.dtype, call("sqrt", v) if n.op == "std" else v)
+
+
+@rule("logsumexp")
+def _logsumexp(lw: Lowering, n: Node, x: Val) -> Lazy:
+    x = tensor_operand(x)
+    t = out_type(n)
+    if not t.dtype.is_floating or x.rank == 0:
+        raise NotLowered("logsumexp of a non-float or 0-d tensor")
+    dims = norm_dims(n.attr("dims"), x.rank)
+    keep = bool(n.attr("keepdim"))
+    m = reduce(lw, "max", x, dims, keep=True, dtype=t.dtype, out_index=_keep_index(x.rank, dims, keep))
+    # max of an all -inf row is -inf; subtracting it would give nan
+    safe = E.Call("where", (call("eq", call("abs", m), const(math.inf, t.dtype), dtype=DType.bool), const(0, t.dtype), m), t.dtype)
+    s = reduce(lw, "sum", x, dims, body=lambda e: call("exp", call("sub", e, safe)), keep=keep, dtype=t.dtype)
+    return Lazy(t.shape, t.dtype, call("add", call("log", s), safe))
+
+
+def _softmax_parts(lw: Lowering, n: Node, x: Val) -> tuple[Lazy, int, E.Expr, E.Expr, E.Expr, DType]:
+    x = tensor_operand(x)
+    t = out_type(n)
+    if not t.dtype.is_floating:
+        raise NotLowered("softmax of a non-float tensor")
+    if x.rank == 0:
+        raise NotLowered("softmax of a 0-d tensor")
+    d = int(n.attr("dim")) % x.rank  # type: ignore[arg-type]
+    xi = cast(x.body, t.dtype)
+    m = reduce(lw, "max", x, (d,), keep=True, dtype=t.dtype)
+    shifted = call("sub", xi, m)
+    s = reduce(lw, "sum", x, (d,), body=lambda e: call("exp", call("sub", e, m)), keep=True, dtype=t.dtype)
+    return x, d, m, shifted, s, t.dtype
+
+
+@rule("softmax")
+def _softmax(lw: Lowering, n: Node, x: Val) -> Lazy:
+    """Max-subtracted softmax: max, sum of exp, then exp / sum -- one kernel after hoisting."""
+    x, d, m, shifted, s, dt = _softmax_parts(lw, n, x)
+    return Lazy(x.shape, dt, call("div", call("exp", shifted), s))
+
+
+@rule("log_softmax")
+def _log_softmax(lw: Lowering, n: Node, x: Val) -> Lazy:
+    x, d, m, shifted, s, dt = _softmax_parts(lw, n, x)
+    return Lazy(x.shape, dt, call("sub", shifted, call("log", s)))
+
+
+def _affine(x: Lazy, dims_from: int, body: E.Expr, params: Sequence[Val], dtype: DType) -> E.Expr:
+    """``body * w + b`` with per-element params over the dims ``dims_from ..`` of ``x``."""
+    for k, p in enumerate(params):
+        pe = cast(element(p, x.shape), dtype)
+        body = call("mul" if k == 0 else "add", body, pe)
+    return body
+
+
+@rule("layer_norm")
+def _layer_norm(lw: Lowering, n: Node, x: Val, *params: Val) -> Lazy:
+    x = tensor_operand(x)
+    t = out_type(n)
+    if not t.dtype.is_floating:
+        raise NotLowered("layer_norm of a non-float tensor")
+    k = len(n.attr("normalized_shape"))  # type: ignore[arg-type]
+    dims = tuple(range(x.rank - k, x.rank))
+    dt = t.dtype
+    mean = call("div", reduce(lw, "sum", x, dims, keep=True, dtype=dt), count(x, dims, dt))
+    var = _variance(lw, x, dims, 0, True, dt)
+    y = call("mul", call("sub", cast(x.body, dt), mean), call("rsqrt", call("add", var, const(n.attr("eps"), dt))))
+    ps = list(params)
+    if not n.attr("has_weight") and n.attr("has_bias"):
+        y = call("add", y, cast(element(ps[0], x.shape), dt))
+    else:
+        y = _affine(x, x.rank - k, y, ps, dt)
+    return Lazy(t.shape, dt, y)
+
+
+@rule("rms_norm")
+def _rms_norm(lw: Lowering, n: Node, x: Val, *params: Val) -> Lazy:
+    x = tensor_operand(x)
+    t = out_type(n)
+    if not t.dtype.is_floating:
+        raise NotLowered("rms_norm of a non-float tensor")
+    import torch
+
+    k = len(n.attr("normalized_shape"))  # type: ignore[arg-type]
+    dims = tuple(range(x.rank - k, x.rank))
+    dt = t.dtype
+    eps = n.attr("eps")
+    if eps is None:
+        eps = torch.finfo(dt.torch).eps
+    ms = call("div", reduce(lw, "sum", x, dims, body=lambda e: call("mul", e, e), keep=True, dtype=dt), count(x, dims, dt))
+    y = call("mul", cast(x.body, dt), call("rsqrt", call("add", ms, const(eps, dt))))
+    return Lazy(t.shape, dt, _affine(x, x.rank - k, y, list(params), dt))
+
+
+@rule("batch_norm")
+def _batch_norm(lw: Lowering, n: Node, x: Val, mean: Val, var: Val, *params: Val) -> Lazy:
+    """Inference batch norm: a per-channel affine map (channels on dim 1)."""
+    x = tensor_operand(x)
+    t = out_type(n)
+    if not t.dtype.is_floating or x.rank < 2:
+        raise NotLowered("batch_norm of a non-float or 1-d tensor")
+    dt = t.dtype
+    c = idx(x.rank)[1]
+
+    def per_channel(p: Val) -> E.Expr:
+        return cast(tensor_operand(p).at([c]), dt)
+
+    y = call("mul", call("sub", cast(x.body, dt), per_channel(mean)),
+             call("rsqrt", call("add", per_channel(var), const(n.attr("eps"), dt))))
+    ps = list(params)
+    if n.attr("has_weight"):
+        y = call("mul", y, per_channel(ps.pop(0)))
+    if n.attr("has_bias"):
+        y = call("add", y, per_channel(ps.pop(0)))
+    return Lazy(t.shape, dt, y)
+
+
+@rule("dropout")
+def _dropout(lw: Lowering, n: Node, x: Val) -> Lazy:
+    raise NotLowered("training-mode dropout runs through torch (its RNG stream)")

@@ -1,0 +1,148 @@
+"""Backend conformance: every corpus program, compiled for one target, matches eager.
+
+A backend package's ``tests/test_conformance.py`` is these lines (plus
+``import pytest``)::
+
+    from cuvil_runtime.testing.conformance import check_program, conformance_params
+    @pytest.mark.parametrize("program", conformance_params({"some_program": "why it fails yet"}))
+    def test_conformance(program): check_program(program, "cpu")
+
+For each program of :data:`cuvil_runtime.testing.PROGRAMS`, :func:`check_program`
+compiles a fresh callable with ``cuvil.compile(fn, target=..., fallback="error")``,
+runs every shape variant on fresh inputs and compares with eager PyTorch
+(:func:`assert_same`: same output structure, same dtypes, values within the
+program's tolerance), then runs variant 0 again (the artifact is reused, and a
+second run of an executable gives the same result). It fails when a call falls
+back to eager, a variant compiles more than once, or an artifact ran on another
+target.
+
+``cuvil`` (and pytest, in :func:`conformance_params`) are imported inside the
+functions: ``cuvil-runtime`` does not depend on ``cuvil``, and importing this
+module must not need it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+from cuvil_runtime.testing.corpus import PROGRAMS, Program, instantiate
+
+if TYPE_CHECKING:
+    from cuvil import CompiledFunction, Stats
+
+__all__ = ["assert_same", "check_program", "compile_and_check", "conformance_params"]
+
+
+def assert_same(actual: Any, expected: Any, *, rtol: float | None, atol: float | None, where: str) -> None:
+    """Same pytree structure, and leaf by leaf: same dtype and close values (or equal non-tensors).
+
+    ``rtol``/``atol`` are both ``None`` (``torch.testing.assert_close``'s
+    dtype-based defaults) or both set; NaNs compare equal. ``where`` starts
+    every failure message (``"layer_norm on cpu, variant 1"``).
+    """
+    a_leaves, a_spec = pytree.tree_flatten(actual)
+    e_leaves, e_spec = pytree.tree_flatten(expected)
+    assert a_spec == e_spec, f"{where}: output structure differs:\n  compiled {a_spec}\n  eager    {e_spec}"
+    for k, (a, e) in enumerate(zip(a_leaves, e_leaves)):
+        if isinstance(e, torch.Tensor):
+            assert isinstance(a, torch.Tensor), (
+                f"{where}: output leaf {k} is a {type(a).__name__}, not a tensor"
+            )
+            assert a.dtype == e.dtype, f"{where}: output leaf {k} has dtype {a.dtype}, eager {e.dtype}"
+            torch.testing.assert_close(
+                a,
+                e,
+                rtol=rtol,
+                atol=atol,
+                equal_nan=True,
+                msg=_prefixed(f"{where}, output leaf {k}"),
+            )
+        else:
+            assert type(a) is type(e) and a == e, f"{where}: output leaf {k} is {a!r}, eager {e!r}"
+
+
+def _prefixed(prefix: str) -> Callable[[str], str]:
+    """An ``assert_close`` message callback: its own message, after ``prefix``."""
+    return lambda message: f"{prefix}: {message}"
+
+
+def compile_and_check(
+    program: Program, target: str, *, compile_kwargs: Mapping[str, Any] | None = None
+) -> CompiledFunction:
+    """:func:`check_program`, returning the compiled callable (its ``graphs``, ``artifacts``, ``stats``)."""
+    import cuvil
+
+    options = dict(compile_kwargs or {})
+    clash = sorted({"target", "fallback"} & options.keys())
+    if clash:
+        raise ValueError(f"compile_kwargs must not set {clash}: conformance runs target=, fallback='error'")
+    fn = instantiate(program)
+    compiled = cuvil.compile(fn, target=target, fallback="error", **options)
+    tol = program.tolerance
+
+    def run(variant: int) -> None:
+        args, kwargs = program.call_args(variant)
+        expected = fn(*args, **kwargs)
+        args, kwargs = program.call_args(variant)  # fresh inputs: eager must not leak into compiled
+        actual = compiled(*args, **kwargs)
+        where = f"{program.name} on {target}, variant {variant}"
+        assert_same(actual, expected, rtol=tol.get("rtol"), atol=tol.get("atol"), where=where)
+
+    for variant in range(program.num_variants):
+        run(variant)
+    stats = compiled.stats
+    assert stats.fallbacks == 0, f"{program.name} on {target} fell back to eager: {stats.fallback_reasons}"
+    assert 1 <= stats.compiles <= program.num_variants, (
+        f"{program.name} on {target}: {stats.compiles} compiles for {program.num_variants} shape variants; "
+        f"recompile reasons: {stats.recompile_reasons}"
+    )
+    compiles = stats.compiles
+    run(0)  # a variant seen before runs its artifact again, after the others ran
+    assert compiled.stats.compiles == compiles, (
+        f"{program.name} on {target}: variant 0 compiled again: {compiled.stats.recompile_reasons}"
+    )
+    elsewhere = sorted({str(a.target) for a in compiled.artifacts if a.target != target})
+    assert not elsewhere, f"{program.name}: asked for target {target!r}, artifacts ran on {elsewhere}"
+    return compiled
+
+
+def check_program(program: Program, target: str, *, compile_kwargs: Mapping[str, Any] | None = None) -> Stats:
+    """Compile ``program`` for ``target`` (``fallback="error"``), run every shape variant, compare with eager.
+
+    ``compile_kwargs`` go to ``cuvil.compile`` too (``opt_level``, ``dynamic``,
+    ...; not ``target`` or ``fallback``). A target that cannot compile a
+    program raises ``cuvil.CompileError``; a wrong result, a fallback or an
+    extra compile fails an assertion. Returns the compiled callable's ``stats``.
+    """
+    return compile_and_check(program, target, compile_kwargs=compile_kwargs).stats
+
+
+def conformance_params(
+    xfail: Mapping[str, str] = {},
+    *,
+    raises: type[BaseException] | tuple[type[BaseException], ...] | None = None,
+) -> list[Any]:
+    """One ``pytest.param`` per corpus program (id: its name), for ``@pytest.mark.parametrize``.
+
+    ``xfail`` maps program names to the reason a target cannot run them yet;
+    those get a strict ``xfail`` mark (an unexpected pass fails, so a fixed
+    program must leave the list), restricted to ``raises`` when given. A name
+    that is not a corpus program is an error, so a renamed program cannot keep
+    a stale entry.
+    """
+    import pytest
+
+    unknown = sorted(set(xfail) - {p.name for p in PROGRAMS})
+    if unknown:
+        raise ValueError(f"xfail names programs that are not in the corpus: {unknown}")
+    params = []
+    for p in PROGRAMS:
+        marks = []
+        if p.name in xfail:
+            marks.append(pytest.mark.xfail(reason=xfail[p.name], strict=True, raises=raises))
+        params.append(pytest.param(p, id=p.name, marks=marks))
+    return params

@@ -1,0 +1,85 @@
+"""The conformance harness itself, on the built-in ``reference`` target.
+
+Every corpus program passes :func:`check_program` on ``reference`` (the whole
+corpus takes about 5 s here, so no subset), and the harness catches what it is
+meant to catch. ``cuvil-runtime`` does not depend on ``cuvil``: in an
+environment without it (``nox -s "tests_pkg(runtime)"``) the tests that compile
+are skipped.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from cuvil_runtime.testing import PROGRAMS, Program, get_program
+from cuvil_runtime.testing.conformance import assert_same, check_program, conformance_params
+
+needs_cuvil = pytest.mark.skipif(
+    importlib.util.find_spec("cuvil") is None, reason="compiling needs cuvil (cuvil-core), not installed"
+)
+
+
+@needs_cuvil
+@pytest.mark.parametrize("program", conformance_params())
+def test_reference_conforms(program: Program) -> None:
+    stats = check_program(program, "reference")
+    assert stats.fallbacks == 0 and 1 <= stats.compiles <= program.num_variants
+
+
+def test_params_are_the_corpus_with_strict_xfails() -> None:
+    name = PROGRAMS[0].name
+    params = conformance_params({name: "a known bug"}, raises=ValueError)
+    assert [p.id for p in params] == [p.name for p in PROGRAMS]
+    assert [p.values[0] for p in params] == PROGRAMS
+    (mark,) = params[0].marks
+    assert mark.name == "xfail"
+    assert mark.kwargs == {"reason": "a known bug", "strict": True, "raises": ValueError}
+    assert all(not p.marks for p in params[1:])
+    with pytest.raises(ValueError, match="not in the corpus"):
+        conformance_params({"no_such_program": "typo"})
+
+
+def test_assert_same_catches_differences() -> None:
+    x = torch.arange(4.0)
+    assert_same((x, 3), (x.clone(), 3), rtol=None, atol=None, where="w")
+    assert_same(x + 1e-3, x, rtol=0.0, atol=1e-2, where="w")
+    cases = [
+        ((x,), [x], "structure"),
+        (x.double(), x, "dtype"),
+        (x + 1, x, "w, output leaf 0"),
+        (3, x, "not a tensor"),
+        ((x, 3), (x, 4), "is 3, eager 4"),
+    ]
+    for actual, expected, message in cases:
+        with pytest.raises(AssertionError, match=message):
+            assert_same(actual, expected, rtol=None, atol=None, where="w")
+
+
+@needs_cuvil
+def test_check_program_refuses_target_and_fallback_overrides() -> None:
+    with pytest.raises(ValueError, match="fallback"):
+        check_program(PROGRAMS[0], "reference", compile_kwargs={"fallback": "eager"})
+
+
+@needs_cuvil
+def test_check_program_passes_compile_kwargs() -> None:
+    # dynamic=False specializes every size: one compile per shape variant, still conforming
+    p = get_program("helper_chain")
+    stats = check_program(p, "reference", compile_kwargs={"dynamic": False})
+    assert stats.compiles == p.num_variants
+
+
+@needs_cuvil
+def test_check_program_names_an_unknown_target() -> None:
+    with pytest.raises(LookupError, match="no_such_target"):
+        check_program(PROGRAMS[0], "no_such_target")
+
+
+def test_importing_the_harness_does_not_import_cuvil() -> None:
+    code = "import sys, cuvil_runtime.testing.conformance; assert 'cuvil' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
