@@ -74,8 +74,9 @@ class CKernel:
 
     name: str
     source: str
-    #: derived int64 arguments (size expressions evaluated by the wrapper), in order after the sizes
-    derived: list[sympy.Expr] = field(default_factory=list)
+    #: derived arguments (size expressions the wrapper evaluates per binding), after the sizes:
+    #: (expression, C type: "int64_t", or "double" for a float-valued one such as ``x_2**-0.5``)
+    derived: list[tuple[sympy.Expr, str]] = field(default_factory=list)
     func: LoopFunc | None = None
 
 
@@ -84,7 +85,7 @@ class _Gen:
         self.func = func
         self.simd_math = simd_math
         self.threshold = parallel_threshold
-        self.derived: dict[sympy.Expr, str] = {}
+        self.derived: dict[tuple[sympy.Expr, str], str] = {}
         self.lines: list[str] = []
 
     # -- index arithmetic ----------------------------------------------------------
@@ -98,7 +99,7 @@ class _Gen:
         loop = any(E.is_loop_symbol(s) for s in e.free_symbols)
         if isinstance(e, sympy.Add):
             return "(" + " + ".join(self.index(a) for a in sorted(e.args, key=sympy.default_sort_key)) + ")"
-        if isinstance(e, sympy.Mul) and all(a.is_integer for a in e.args):
+        if isinstance(e, sympy.Mul) and not any(a.is_Rational and not a.is_Integer for a in e.args):
             return "(" + " * ".join(self.index(a) for a in sorted(e.args, key=sympy.default_sort_key)) + ")"
         if isinstance(e, sympy.Pow) and e.exp.is_Integer and int(e.exp) > 0 and e.base.is_integer:
             return "(" + " * ".join([self.index(e.base)] * int(e.exp)) + ")"
@@ -111,10 +112,14 @@ class _Gen:
             return f"cu_floordiv({self.index(sympy.expand(num))}, {self.index(den)})"
         if loop:
             raise CodegenError(f"index expression {e} has no C form")
-        # a size expression that is not a polynomial: the wrapper computes it
-        if e not in self.derived:
-            self.derived[e] = f"d{len(self.derived)}"
-        return self.derived[e]
+        return self.derived_arg(e, "int64_t")
+
+    def derived_arg(self, e: sympy.Expr, ctype: str) -> str:
+        """A size expression without a C form (or float-valued): the wrapper computes it."""
+        key = (e, ctype)
+        if key not in self.derived:
+            self.derived[key] = f"d{len(self.derived)}"
+        return self.derived[key]
 
     # -- scalar expressions ----------------------------------------------------------
     def const(self, c: E.Const) -> str:
@@ -146,7 +151,10 @@ class _Gen:
         if isinstance(e, E.Load):
             return f"p_{e.buf}[{self.index(e.offset)}]"
         if isinstance(e, E.Index):
-            return f"(({C_TYPES[e.dtype]}){self.index(e.expr)})"
+            x = sympy.sympify(e.expr)
+            if e.dtype.is_floating and not x.is_integer and not any(E.is_loop_symbol(s) for s in x.free_symbols):
+                return f"(({C_TYPES[e.dtype]}){self.derived_arg(x, 'double')})"
+            return f"(({C_TYPES[e.dtype]}){self.index(x)})"
         if isinstance(e, E.Reduce):
             raise CodegenError("a Reduce survived scheduling")
         return self.call(e)
@@ -258,7 +266,7 @@ class _Gen:
             params.append(f"{const}{C_TYPES[p.dtype]}*{q} p_{p.name}")
         params += [f"int64_t s_{s.name}" for s in self.func.sizes]
         derived = list(self.derived)
-        params += [f"int64_t {self.derived[e]}" for e in derived]
+        params += [f"{key[1]} {self.derived[key]}" for key in derived]
         params += [f"{C_TYPES[d]} a_{n}" for n, d in self.func.args]
         head = [PRELUDE]
         if self.simd_math:

@@ -106,7 +106,9 @@ class CpuProgram:
             temps[name] = t
             ptrs[name] = t.data_ptr()
         derived = {
-            k: tuple(int(evaluate(e, b)) for e in ck.derived) for k, (_, ck) in self.kernels.items() if ck.derived
+            k: tuple(_value(evaluate(e, b), t) for e, t in ck.derived)
+            for k, (_, ck) in self.kernels.items()
+            if ck.derived
         }
         attrs = {}
         for s in prog.steps:
@@ -277,6 +279,10 @@ class CpuProgram:
         return run_while
 
 
+def _value(v: Any, ctype: str) -> Any:
+    return float(v) if ctype == "double" else int(v)
+
+
 def _tname(d: DType) -> str:
     return str(d.torch).removeprefix("torch.")
 
@@ -327,7 +333,8 @@ def bind_ctypes(lib: ctypes.CDLL, ck: CKernel) -> Any:
     assert ck.func is not None
     fn = lib[ck.name]
     types: list[Any] = [ctypes.c_void_p] * len(ck.func.buffers)
-    types += [ctypes.c_int64] * (len(ck.func.sizes) + len(ck.derived))
+    types += [ctypes.c_int64] * len(ck.func.sizes)
+    types += [_CTYPES[t] for _, t in ck.derived]
     types += [_CTYPES[C_TYPES[d]] for _, d in ck.func.args]
     fn.argtypes = types
     fn.restype = None

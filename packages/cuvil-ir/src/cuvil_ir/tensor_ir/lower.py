@@ -295,7 +295,7 @@ class Lowering:
         if not isinstance(val, Lazy):
             return ScalarRef(val)
         sv = strided_view(val)
-        if sv is None:
+        if sv is None or not all(sympy.sympify(s).is_nonnegative for s in (*sv[1], sv[2])):
             val = self.realize(val)
             sv = strided_view(val)
             assert sv is not None
@@ -379,11 +379,85 @@ def _region_free_values(n: Node) -> list[Value]:
     return [v for k, v in sorted(used.items()) if k not in defined]
 
 
+def known_sizes(assumptions: Sequence[sympy.Basic]) -> dict[sympy.Symbol, Any]:
+    """Sizes the graph's assumptions pin down: ``Eq(s, 1)`` gives ``s -> 1`` and
+    ``Eq(a, b)`` of two symbols gives the later name -> the earlier one."""
+    out: dict[sympy.Symbol, Any] = {}
+    for a in assumptions:
+        if not isinstance(a, sympy.Eq):
+            continue
+        lhs, rhs = a.lhs, a.rhs
+        if isinstance(rhs, sympy.Symbol) and not isinstance(lhs, sympy.Symbol):
+            lhs, rhs = rhs, lhs
+        if not isinstance(lhs, sympy.Symbol):
+            continue
+        if rhs.is_Integer:
+            out[lhs] = rhs
+        elif isinstance(rhs, sympy.Symbol):
+            lo, hi = sorted((lhs, rhs), key=lambda s: s.name)
+            out[hi] = lo
+    # resolve chains (c -> b -> a) to a fixed point
+    for _ in range(len(out)):
+        changed = False
+        for k, v in list(out.items()):
+            nv = sympy.sympify(v).xreplace(out)
+            if nv != v:
+                out[k] = nv
+                changed = True
+        if not changed:
+            break
+    return {k: v for k, v in out.items() if k not in sympy.sympify(v).free_symbols}
+
+
+def specialize(graph: Graph) -> Graph:
+    """``graph`` with every size its assumptions pin down substituted in types and attributes.
+
+    The guards check these facts before a call, so lowering may use them: a dim
+    known to be 1 broadcasts, two dims known equal index alike.
+    """
+    from dataclasses import replace as dc_replace
+
+    from cuvil_ir.graph_ir.nodes import KV
+
+    known = known_sizes(graph.assumptions)
+    if not known:
+        return graph
+    values: dict[str, Value] = {}
+
+    def val(v: Value) -> Value:
+        if v.name not in values:
+            t = v.type
+            if isinstance(t, TensorType):
+                t = dc_replace(t, shape=tuple(_dim(sympy.sympify(d).xreplace(known)) for d in t.shape))
+            values[v.name] = Value(v.name, t)
+        return values[v.name]
+
+    def attr(a: Any) -> Any:
+        if isinstance(a, sympy.Basic):
+            return a.xreplace(known)
+        if isinstance(a, tuple):
+            return tuple(attr(x) for x in a)
+        if isinstance(a, KV):
+            return KV(tuple((k, attr(x)) for k, x in a.items))
+        return a
+
+    def block(b: Block) -> Block:
+        return Block(tuple(val(a) for a in b.args), tuple(node(n) for n in b.nodes), tuple(val(r) for r in b.results))
+
+    def node(n: Node) -> Node:
+        return Node(n.op, tuple(val(v) for v in n.inputs), tuple(val(v) for v in n.outputs),
+                    tuple((k, attr(a)) for k, a in n.attrs), tuple(block(r) for r in n.regions), n.loc)
+
+    inputs = tuple(val(v) for v in graph.inputs)
+    nodes = tuple(node(n) for n in graph.nodes)
+    return Graph(graph.name, inputs, nodes, tuple(val(v) for v in graph.outputs), graph.assumptions)
+
+
 def lower(graph: Graph, policy: FusionPolicy | None = None) -> TensorProgram:
     """Lower a verified Graph IR graph to Tensor IR, then plan its memory."""
     from cuvil_ir.tensor_ir.memory import plan_program
 
-    program = Lowering(policy or FusionPolicy()).lower_graph(graph, graph.name)
+    program = Lowering(policy or FusionPolicy()).lower_graph(specialize(graph), graph.name)
     return plan_program(program)
 
 
