@@ -192,10 +192,11 @@ def test_unknown_target_lists_the_known_ones() -> None:
 
 
 def test_default_target_picks_the_highest_priority_available_target(make_dist: MakeDist) -> None:
-    make_dist("cuvil-test-slow", "slow", priority=5)
-    make_dist("cuvil-test-fast", "fast", priority=10)
-    make_dist("cuvil-test-gpu", "gpu", priority=100, devices=("cuda",))
-    make_dist("cuvil-test-best", "best", priority=50, check="lambda: 'no compiler'")
+    # priorities above every real backend's (cpu is 10), so installed backends do not interfere
+    make_dist("cuvil-test-slow", "slow", priority=500)
+    make_dist("cuvil-test-fast", "fast", priority=1000)
+    make_dist("cuvil-test-gpu", "gpu", priority=10000, devices=("cuda",))
+    make_dist("cuvil-test-best", "best", priority=5000, check="lambda: 'no compiler'")
     assert registry.default_target("cpu") == "fast"  # best is unavailable, gpu runs elsewhere
     assert registry.default_target("cuda") == "gpu"
     assert registry.default_target("meta") == "reference"
@@ -204,8 +205,8 @@ def test_default_target_picks_the_highest_priority_available_target(make_dist: M
 
 
 def test_default_target_breaks_priority_ties_by_name(make_dist: MakeDist) -> None:
-    make_dist("cuvil-test-b", "bravo", priority=3)
-    make_dist("cuvil-test-a", "alpha", priority=3)
+    make_dist("cuvil-test-b", "bravo", priority=300)
+    make_dist("cuvil-test-a", "alpha", priority=300)
     assert registry.default_target("cpu") == "alpha"
 
 

@@ -330,7 +330,9 @@ class Lowering:
         for r, block in enumerate(n.regions):
             sub = Lowering(self.policy, prefix=f"{name}r{r}_")
             inputs = tuple(sub.bind_input(a) for a in block.args) + tuple(sub.bind_input(v) for v in free)
-            regions.append(
+            from cuvil_ir.tensor_ir.memory import plan_program
+
+            regions.append(plan_program(
                 sub.lower_block(
                     Graph(f"{name}r{r}", (*block.args, *free), block.nodes, block.results),
                     f"{name}r{r}",
@@ -339,7 +341,7 @@ class Lowering:
                     inputs,
                     loop_var,
                 )
-            )
+            ))
         outs = []
         for v in n.outputs:
             if isinstance(v.type, TensorType):
