@@ -120,13 +120,21 @@ def check(out: Any, ref: Any) -> str:
         return f"mismatch ({short_error(exc)})"
 
 
+#: target length of one implementation's block of back-to-back calls in a round
+BLOCK_S = 0.02
+
+
 def time_round_robin(
-    impls: dict[str, Any], args: tuple[Any, ...], budget_s: float, min_reps: int, rounds: int
+    impls: dict[str, Any], args: tuple[Any, ...], budget_s: float, min_reps: int
 ) -> dict[str, dict[str, Any]]:
-    """Median time per call of each implementation, measured in ``rounds`` rounds; in
-    each round every implementation runs its share of calls back to back, and the
-    order rotates from round to round, so a slow spell on the shared machine hits
-    every implementation alike."""
+    """Median time per call of each implementation, interleaved round-robin.
+
+    Each implementation gets enough calls for about ``budget_s`` seconds (at least
+    ``min_reps``). The calls run in rounds: in each round every implementation that
+    still owes calls makes one block of them back to back (a block lasts about
+    ``BLOCK_S``, at least one call), and the order rotates from round to round. So
+    a slow spell on a shared machine hits every implementation alike.
+    """
     names = list(impls)
     per_call = {}
     for name in names:  # estimate after warm-up: the median of 3 calls
@@ -137,17 +145,19 @@ def time_round_robin(
             samples.append(time.perf_counter() - t0)
         per_call[name] = max(sorted(samples)[1], 1e-6)
     reps = {n: max(min_reps, min(20000, math.ceil(budget_s / per_call[n]))) for n in names}
-    per_round = {n: max(1, math.ceil(reps[n] / rounds)) for n in names}
+    block = {n: max(1, min(reps[n], int(BLOCK_S / per_call[n]))) for n in names}
     times: dict[str, list[float]] = {n: [] for n in names}
-    for r in range(rounds):
+    r = 0
+    gc.collect()
+    while any(len(times[n]) < reps[n] for n in names):
         order = names[r % len(names) :] + names[: r % len(names)]
+        r += 1
         for name in order:
-            fn = impls[name]
-            gc.collect()
-            for _ in range(per_round[name]):
+            fn, done = impls[name], times[name]
+            for _ in range(min(block[name], reps[name] - len(done))):
                 t0 = time.perf_counter()
                 fn(*args)
-                times[name].append(time.perf_counter() - t0)
+                done.append(time.perf_counter() - t0)
     out = {}
     for name in names:
         ts = sorted(times[name])
@@ -156,6 +166,7 @@ def time_round_robin(
             "min_ms": ts[0] * 1e3,
             "p90_ms": ts[min(len(ts) - 1, int(len(ts) * 0.9))] * 1e3,
             "reps": len(ts),
+            "rounds": r,
         }
     return out
 
@@ -198,8 +209,8 @@ def measure_in_process(wl: Workload, target: str, quick: bool) -> dict[str, Any]
                 reason = stats.fallback_reasons[0] if stats.fallback_reasons else "?"
                 correct[name] = f"FALLBACK to eager ({reason.splitlines()[0][:200]})"
         impls[name] = impl
-    budget, min_reps, rounds = (0.2, 3, 2) if quick else (1.0, 10, 5)
-    timed = time_round_robin(impls, args, budget, min_reps, rounds) if impls else {}
+    budget, min_reps = (0.2, 3) if quick else (1.0, 10)
+    timed = time_round_robin(impls, args, budget, min_reps) if impls else {}
     for name, t in timed.items():
         info[name].update(t)
     return {"impls": info, "correct": correct}

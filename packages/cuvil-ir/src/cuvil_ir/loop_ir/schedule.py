@@ -39,6 +39,8 @@ class SchedulePolicy:
     collapse: bool = True
     #: vectorize innermost loops
     vectorize: bool = True
+    #: let a reduction phase keep a costly value in the output for the store (see _find_stash)
+    stash: bool = True
 
 
 def _sym(x: Any) -> sympy.Expr:
@@ -230,9 +232,9 @@ def schedule_kernel(kernel: Kernel, program: TensorProgram, policy: SchedulePoli
     def vec_kind(is_innermost: bool) -> str:
         return "vec" if (is_innermost and policy.vectorize) else "seq"
 
-    def reduction_nest(v: E.Var, r: E.Reduce, body: E.Expr, top: bool) -> list[Stmt]:
+    def reduction_nest(v: E.Var, r: E.Reduce, body: E.Expr, top: bool, pre: Sequence[Stmt] = ()) -> list[Stmt]:
         lets, expr = _cse(sub(body), names)
-        stmts: list[Stmt] = [*lets, Accumulate(v.name, r.kind, expr)]
+        stmts: list[Stmt] = [*pre, *lets, Accumulate(v.name, r.kind, expr)]
         rs = list(r.ranges)
         for j in range(len(rs) - 1, -1, -1):
             s, ext = rs[j]
@@ -243,11 +245,28 @@ def schedule_kernel(kernel: Kernel, program: TensorProgram, policy: SchedulePoli
                           work=total if kind in ("par", "parvec") else None)]
         return [Let(v.name, _init(r.kind, r.dtype), r.dtype, mutable=True), *stmts]
 
+    store_e = sub(store_expr)
+    store_o = sympy.expand(store_off.xreplace(subst))
+    stash = _find_stash(phases, inner, store_e, kernel, policy, sub) if not _reads_own(kernel) else None
     level: list[Stmt] = []
-    for v, r, body in phases:
-        level.extend(reduction_nest(v, r, body, top=not outer))
-    lets, expr = _cse(sub(store_expr), names)
-    store: list[Stmt] = [*lets, Store(kernel.buf, sympy.expand(store_off.xreplace(subst)), expr)]
+    for pi, (v, r, body) in enumerate(phases):
+        if stash is not None and stash[0] == pi:
+            _, s_r, s_i, rsym, isym = stash
+            t = E.Var(names("s"), s_r.dtype)
+            body = E.transform(sub(body), lambda y: t if y == s_r else None)
+            nest = reduction_nest(v, r, body, top=not outer, pre=[
+                Let(t.name, s_r, t.dtype), Store(kernel.buf, store_o.xreplace({isym: rsym}), t)])
+            store_e = E.transform(store_e, lambda y: E.Load(kernel.buf, store_o, s_i.dtype) if y == s_i else None)
+        else:
+            nest = reduction_nest(v, r, body, top=not outer)
+        level.extend(nest)
+    inner_syms = {s for s, _ in inner}
+    hoisted: list[Stmt] = []
+    if inner:
+        store_e = _hoist_reciprocals(store_e, inner_syms, hoisted, names)
+    level.extend(hoisted)
+    lets, expr = _cse(store_e, names)
+    store: list[Stmt] = [*lets, Store(kernel.buf, store_o, expr)]
     for j in range(len(inner) - 1, -1, -1):
         s, ext = inner[j]
         kind = vec_kind(j == len(inner) - 1)
@@ -278,6 +297,61 @@ def schedule_kernel(kernel: Kernel, program: TensorProgram, policy: SchedulePoli
         tuple(sorted(args.items())),
         body_all,
     )
+
+
+def _reads_own(kernel: Kernel) -> bool:
+    return kernel.buf in E.buffers_read(kernel.body)
+
+
+def _find_stash(phases: Sequence[tuple[E.Var, E.Reduce, E.Expr]], inner: Sequence[tuple[sympy.Symbol, Any]],
+                store_e: E.Expr, kernel: Kernel, policy: SchedulePolicy, sub: Any) -> Any:
+    """A costly value the store computes that a reduction phase already computed at the
+    same element (softmax's ``exp(x - max)``): the phase writes it into the output
+    buffer, and the store reads it back instead of computing it again.
+
+    Returns ``(phase index, value over the reduction index, value over the store
+    index, reduction symbol, store symbol)`` or ``None``.
+    """
+    if not policy.stash or len(inner) != 1:
+        return None
+    isym, iext = inner[0]
+    out_dtype = store_e.dtype
+    cands = sorted(
+        {x for x in E.walk(store_e) if isinstance(x, E.Call) and x.dtype == out_dtype and E.cost(x) >= 4
+         and isym in E.free_indices(x)},
+        key=lambda x: (-E.size(x), E.expr_str(x)),
+    )
+    for pi, (_, r, body) in enumerate(phases):
+        if len(r.ranges) != 1:
+            continue
+        rsym, rext = r.ranges[0]
+        if sympy.expand(sympy.sympify(sub_e(rext, {})) - iext) != 0:
+            continue
+        inside = set(E.walk(sub(body)))
+        for c in cands:
+            c_r = E.substitute(c, {isym: rsym})
+            if c_r in inside:
+                return pi, c_r, c, rsym, isym
+    return None
+
+
+def _hoist_reciprocals(e: E.Expr, inner: set[sympy.Symbol], out: list[Stmt], names: _Names) -> E.Expr:
+    """``a / b`` with ``b`` invariant in the inner loops becomes ``a * (1 / b)``, the
+    reciprocal computed once before them (a multiply is several times cheaper)."""
+    memo: dict[E.Expr, E.Var] = {}
+
+    def fn(x: E.Expr) -> E.Expr | None:
+        if isinstance(x, E.Call) and x.fn == "div" and x.dtype.is_floating:
+            b = x.args[1]
+            if not (E.free_indices(b) & inner) and not isinstance(b, E.Const):
+                if b not in memo:
+                    v = E.Var(names("inv"), b.dtype)
+                    out.append(Let(v.name, E.Call("reciprocal", (b,), b.dtype), b.dtype))
+                    memo[b] = v
+                return E.Call("mul", (x.args[0], memo[b]), x.dtype)
+        return None
+
+    return E.transform(e, fn)
 
 
 def _outer_extent(outer: Sequence[tuple[sympy.Symbol, sympy.Expr]]) -> Any:
