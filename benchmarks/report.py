@@ -191,7 +191,7 @@ def render_markdown(data: dict[str, Any]) -> str:
         f"torch.compile vs eager {g('torch_compile_vs_eager')}.",
         "",
         "Times are medians of steady-state calls in one process (implementations interleaved "
-        "round-robin). `x vs eager` = eager ms / cuvil ms, `x vs torch.compile` = torch.compile ms / cuvil ms "
+        "round-robin in ~20 ms blocks). `x vs eager` = eager ms / cuvil ms, `x vs torch.compile` = torch.compile ms / cuvil ms "
         "(above 1: Cuvil is faster; in parentheses when an output did not match). Cold / warm first call: "
         "the first call in a fresh process with an empty / already-filled compile cache. Peak RSS: "
         "eager child / torch.compile cold child / cuvil cold child. Compiles in sweep: graphs compiled "
