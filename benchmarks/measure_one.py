@@ -24,6 +24,7 @@ import os
 import resource
 import sys
 import time
+import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -134,6 +135,7 @@ def measure(workload: str, impl: str, target: str, steady_calls: int, threads: i
             result["graph_breaks"] = tc_graph_breaks()
     except Exception as exc:  # reported, not raised: the parent puts it in the table
         result["error"] = f"{type(exc).__name__}: {exc}"[:500]
+        result["traceback"] = traceback.format_exc()[-3000:]
     result["peak_rss_mb"] = peak_rss_mb()
     result["ru_maxrss_mb"] = ru_maxrss_mb()
     return result

@@ -89,6 +89,8 @@ class CompiledFunction:
         self.stats = Stats()
         self.artifacts: list[_Artifact] = []
         self._warned: set[str] = set()
+        #: number of positional tensors -> the tree spec of ``(args, {})`` (see __call__)
+        self._flat_specs: dict[int, Any] = {}
         sig_fn = type(self.module).forward if self.module is not None else fn
         try:
             sig = inspect.signature(sig_fn)
@@ -179,8 +181,19 @@ class CompiledFunction:
         return (flags, state)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        bargs, bkwargs = self._bind(args, kwargs)
-        leaves, spec = pytree.tree_flatten((bargs, bkwargs))
+        # Fast path: plain positional tensors, bound and flattened like this before
+        # (no defaults filled in, no containers), reuse the remembered tree spec.
+        spec = None if kwargs else self._flat_specs.get(len(args))
+        if spec is not None and all(type(a) is torch.Tensor for a in args):
+            leaves: list[Any] = list(args)
+            bargs, bkwargs = args, {}
+        else:
+            bargs, bkwargs = self._bind(args, kwargs)
+            leaves, spec = pytree.tree_flatten((bargs, bkwargs))
+            if not kwargs and not bkwargs and len(bargs) == len(args) and all(
+                type(a) is torch.Tensor for a in bargs
+            ):
+                self._flat_specs[len(args)] = spec
         key = (spec, tuple(leaf_key(x, self.dynamic) for x in leaves))
         extra = self._extra_key()
         for art in self.artifacts:
@@ -310,6 +323,8 @@ def _run(art: _Artifact, leaves: list[Any]) -> Any:
             inputs.append(where())
     results = art.executable(*inputs)
     out = [results[i] if kind == "graph" else i for kind, i in c.outputs]
+    if c.out_spec.is_leaf():
+        return out[0]
     return pytree.tree_unflatten(out, c.out_spec)
 
 
