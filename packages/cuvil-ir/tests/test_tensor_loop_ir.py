@@ -96,8 +96,14 @@ def test_layer_norm_and_gelu_fuse_and_row_loops_collapse() -> None:
     [func] = schedule_program(p)
     outer = _loops(func.body)[0]
     assert outer.kind == "par"
-    assert sympy.expand(outer.extent - sympy.Symbol("x_0", integer=True, nonnegative=True)
-                        * sympy.Symbol("x_1", integer=True, nonnegative=True)) == 0  # rows collapsed
+    assert (
+        sympy.expand(
+            outer.extent
+            - sympy.Symbol("x_0", integer=True, nonnegative=True)
+            * sympy.Symbol("x_1", integer=True, nonnegative=True)
+        )
+        == 0
+    )  # rows collapsed
     # mean, then sum of squares around it: two reductions, one each
     assert [lp.reduces for lp in _loops(func.body) if lp.reduces] == [(("acc0", "sum"),), (("acc1", "sum"),)]
 

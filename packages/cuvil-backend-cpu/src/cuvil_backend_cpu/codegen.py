@@ -14,6 +14,7 @@ vector variants.
 from __future__ import annotations
 
 import math
+from typing import Any
 from dataclasses import dataclass, field
 
 import sympy
@@ -56,14 +57,43 @@ static inline double cu_rem(double a, double b) {
 """
 
 _FLOAT_FNS = {
-    "exp": "exp", "expm1": "expm1", "log": "log", "log1p": "log1p", "log2": "log2", "sqrt": "sqrt",
-    "sin": "sin", "cos": "cos", "tan": "tan", "atan": "atan", "tanh": "tanh", "erf": "erf",
-    "floor": "floor", "ceil": "ceil", "trunc": "trunc", "round": "nearbyint", "abs": "fabs",
-    "fmod": "fmod", "pow": "pow", "atan2": "atan2",
+    "exp": "exp",
+    "expm1": "expm1",
+    "log": "log",
+    "log1p": "log1p",
+    "log2": "log2",
+    "sqrt": "sqrt",
+    "sin": "sin",
+    "cos": "cos",
+    "tan": "tan",
+    "atan": "atan",
+    "tanh": "tanh",
+    "erf": "erf",
+    "floor": "floor",
+    "ceil": "ceil",
+    "trunc": "trunc",
+    "round": "nearbyint",
+    "abs": "fabs",
+    "fmod": "fmod",
+    "pow": "pow",
+    "atan2": "atan2",
 }
 _INFIX = {
-    "add": "+", "sub": "-", "mul": "*", "div": "/", "eq": "==", "ne": "!=", "lt": "<", "le": "<=",
-    "gt": ">", "ge": ">=", "and": "&&", "or": "||", "bitand": "&", "bitor": "|", "bitxor": "^",
+    "add": "+",
+    "sub": "-",
+    "mul": "*",
+    "div": "/",
+    "eq": "==",
+    "ne": "!=",
+    "lt": "<",
+    "le": "<=",
+    "gt": ">",
+    "ge": ">=",
+    "and": "&&",
+    "or": "||",
+    "bitand": "&",
+    "bitor": "|",
+    "bitxor": "^",
 }
 _OMP_REDUCTION = {"sum": "+", "prod": "*", "max": "max", "min": "min", "any": "|", "all": "&"}
 
@@ -89,8 +119,8 @@ class _Gen:
         self.lines: list[str] = []
 
     # -- index arithmetic ----------------------------------------------------------
-    def index(self, e: object) -> str:
-        e = sympy.sympify(e)
+    def index(self, value: object) -> str:
+        e: Any = sympy.sympify(value)
         if e.is_Integer:
             v = int(e)
             return f"INT64_C({v})" if abs(v) >= 2**31 else str(v)
@@ -152,7 +182,11 @@ class _Gen:
             return f"p_{e.buf}[{self.index(e.offset)}]"
         if isinstance(e, E.Index):
             x = sympy.sympify(e.expr)
-            if e.dtype.is_floating and not x.is_integer and not any(E.is_loop_symbol(s) for s in x.free_symbols):
+            if (
+                e.dtype.is_floating
+                and not x.is_integer
+                and not any(E.is_loop_symbol(s) for s in x.free_symbols)
+            ):
                 return f"(({C_TYPES[e.dtype]}){self.derived_arg(x, 'double')})"
             return f"(({C_TYPES[e.dtype]}){self.index(x)})"
         if isinstance(e, E.Reduce):
@@ -241,9 +275,13 @@ class _Gen:
             elif s.kind == "prod":
                 self.lines.append(f"{ind}{n} *= {x};")
             elif s.kind == "max":
-                self.lines.append(f"{ind}{{ const __typeof__({n}) v_ = {x}; {n} = (v_ > {n} || v_ != v_) ? v_ : {n}; }}")
+                self.lines.append(
+                    f"{ind}{{ const __typeof__({n}) v_ = {x}; {n} = (v_ > {n} || v_ != v_) ? v_ : {n}; }}"
+                )
             elif s.kind == "min":
-                self.lines.append(f"{ind}{{ const __typeof__({n}) v_ = {x}; {n} = (v_ < {n} || v_ != v_) ? v_ : {n}; }}")
+                self.lines.append(
+                    f"{ind}{{ const __typeof__({n}) v_ = {x}; {n} = (v_ < {n} || v_ != v_) ? v_ : {n}; }}"
+                )
             elif s.kind == "any":
                 self.lines.append(f"{ind}{n} |= (({x}) != 0);")
             elif s.kind == "all":
@@ -283,7 +321,8 @@ def _comment(text: str) -> str:
     return text.replace("*/", "* /")
 
 
-def generate_c(func: LoopFunc, *, simd_math: bool = True, parallel_threshold: int = 32768,
-               restrict: bool = True) -> CKernel:
+def generate_c(
+    func: LoopFunc, *, simd_math: bool = True, parallel_threshold: int = 32768, restrict: bool = True
+) -> CKernel:
     """C source for one Loop IR function (exported under the function's name)."""
     return _Gen(func, simd_math, parallel_threshold).generate(restrict)

@@ -11,16 +11,15 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
+from cuvil_backend_cpu.backend import CompileReport, CpuExecutable, dump_dir
+from cuvil_backend_cpu.codegen import CKernel, generate_c
+from cuvil_backend_cpu.kernel_cache import KernelCache
+from cuvil_backend_cpu.wrapper import CpuProgram, bind_ctypes
 from cuvil_ir.graph_ir.nodes import Graph
 from cuvil_ir.loop_ir.schedule import SchedulePolicy, schedule_kernel
 from cuvil_ir.tensor_ir.lower import FusionPolicy, lower
 from cuvil_ir.tensor_ir.program import Control, Kernel, TensorProgram
 from cuvil_runtime.target import CompileOptions
-
-from cuvil_backend_cpu.backend import CompileReport, CpuExecutable, dump_dir
-from cuvil_backend_cpu.codegen import CKernel, generate_c
-from cuvil_backend_cpu.kernel_cache import KernelCache
-from cuvil_backend_cpu.wrapper import CpuProgram, bind_ctypes
 
 FUSION = FusionPolicy()
 
@@ -36,8 +35,12 @@ def _sha(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def _generate(program: TensorProgram, policy: SchedulePolicy, simd_math: bool,
-              out: dict[str, tuple[TensorProgram, CKernel]]) -> None:
+def _generate(
+    program: TensorProgram,
+    policy: SchedulePolicy,
+    simd_math: bool,
+    out: dict[str, tuple[TensorProgram, CKernel]],
+) -> None:
     """C for every kernel of ``program`` and its regions, keyed by kernel name."""
     slot_of = program.plan.slot_of
     for step in program.steps:
@@ -45,8 +48,9 @@ def _generate(program: TensorProgram, policy: SchedulePolicy, simd_math: bool,
             func = schedule_kernel(step, program, policy)
             reads = {p.name for p in func.buffers if p.name != step.buf}
             in_place = step.buf in slot_of and any(slot_of.get(r) == slot_of[step.buf] for r in reads)
-            ck = generate_c(func, simd_math=simd_math, parallel_threshold=policy.parallel_threshold,
-                            restrict=not in_place)
+            ck = generate_c(
+                func, simd_math=simd_math, parallel_threshold=policy.parallel_threshold, restrict=not in_place
+            )
             out[step.name] = (program, ck)
         elif isinstance(step, Control):
             for r in step.regions:
@@ -54,9 +58,7 @@ def _generate(program: TensorProgram, policy: SchedulePolicy, simd_math: bool,
 
 
 def _wrap(program: TensorProgram, fns: dict[str, tuple[Any, CKernel]]) -> CpuProgram:
-    regions = {
-        s.name: [_wrap(r, fns) for r in s.regions] for s in program.steps if isinstance(s, Control)
-    }
+    regions = {s.name: [_wrap(r, fns) for r in s.regions] for s in program.steps if isinstance(s, Control)}
     mine = {s.name: fns[s.name] for s in program.steps if isinstance(s, Kernel)}
     return CpuProgram(program, mine, regions)
 

@@ -19,13 +19,13 @@ from typing import Any
 import sympy
 import torch
 
+from cuvil_backend_cpu.codegen import C_TYPES, CKernel
 from cuvil_ir.graph_ir.registry import REGISTRY
 from cuvil_ir.graph_ir.types import DType, TensorType
 from cuvil_ir.symbolic import evaluate
 from cuvil_ir.tensor_ir import expr as E
 from cuvil_ir.tensor_ir.memory import ALIGN
 from cuvil_ir.tensor_ir.program import Control, Extern, Kernel, ScalarRef, TensorProgram, View
-from cuvil_backend_cpu.codegen import C_TYPES, CKernel
 
 _CTYPES = {
     "float": ctypes.c_float,
@@ -61,8 +61,12 @@ class CpuProgram:
     """A compiled :class:`TensorProgram`: call it with the graph inputs (and, for a loop
     body, the loop index binding) to get the flat outputs."""
 
-    def __init__(self, program: TensorProgram, kernels: dict[str, tuple[Any, CKernel]],
-                 regions: dict[str, list[CpuProgram]]) -> None:
+    def __init__(
+        self,
+        program: TensorProgram,
+        kernels: dict[str, tuple[Any, CKernel]],
+        regions: dict[str, list[CpuProgram]],
+    ) -> None:
         self.program = program
         self.kernels = kernels
         self.regions = regions
@@ -119,7 +123,12 @@ class CpuProgram:
     # -- code generation ----------------------------------------------------------------
     def _generate(self) -> tuple[str, Callable[..., Any]]:
         prog = self.program
-        ns: dict[str, Any] = {"torch": torch, "math": __import__("math"), "_self": self, "_as_strided": torch.as_strided}
+        ns: dict[str, Any] = {
+            "torch": torch,
+            "math": __import__("math"),
+            "_self": self,
+            "_as_strided": torch.as_strided,
+        }
         lines: list[str] = []
         args = ", ".join(f"v_{i.name}" for i in prog.inputs)
         lines.append(f"def run(_b, {args}):" if args else "def run(_b):")
@@ -165,9 +174,13 @@ class CpuProgram:
             b = prog.buffers[o.buf]
             from cuvil_ir.tensor_ir.program import contiguous_strides
 
-            if tuple(o.shape) == tuple(b.shape) and o.offset == 0 and all(
-                d == 1 or sympy.expand(sympy.sympify(s) - c) == 0
-                for d, s, c in zip(o.shape, o.strides, contiguous_strides(tuple(b.shape)))
+            if (
+                tuple(o.shape) == tuple(b.shape)
+                and o.offset == 0
+                and all(
+                    d == 1 or sympy.expand(sympy.sympify(s) - c) == 0
+                    for d, s, c in zip(o.shape, o.strides, contiguous_strides(tuple(b.shape)))
+                )
             ):
                 return base
             shp = "(" + "".join(f"{self._size_code(d)}, " for d in o.shape) + ")"
@@ -180,7 +193,9 @@ class CpuProgram:
                 ns[f"_k_{step.name}"] = fn
                 buf = prog.buffers[step.buf]
                 if buf.kind == "output":
-                    body.append(f"v_{step.buf} = torch.empty({shape_code(step.buf)}, dtype=torch.{_tname(buf.dtype)})")
+                    body.append(
+                        f"v_{step.buf} = torch.empty({shape_code(step.buf)}, dtype=torch.{_tname(buf.dtype)})"
+                    )
                     tensor[step.buf] = f"v_{step.buf}"
                     ptr[step.buf] = f"v_{step.buf}.data_ptr()"
                 assert ck.func is not None
@@ -193,26 +208,41 @@ class CpuProgram:
                 op = REGISTRY.get(step.node.op)
                 ns[f"_x_{step.name}"] = op.reference
                 ops = ", ".join(operand(o) for o in step.inputs)
-                body.append(f"_r = _x_{step.name}({ops}{',' if step.inputs else ''} **_p.attrs[{step.name!r}])")
+                body.append(
+                    f"_r = _x_{step.name}({ops}{',' if step.inputs else ''} **_p.attrs[{step.name!r}])"
+                )
                 self._bind_results(body, step.outputs, step.node.outputs, tensor, ptr, "_r")
             else:
                 assert isinstance(step, Control)
                 ns[f"_c_{step.name}"] = self._control(step)
                 ops = ", ".join(operand(o) for o in step.inputs)
                 body.append(f"_r = _c_{step.name}(_nb, {ops}{',' if step.inputs else ''})")
-                self._bind_results(body, step.outputs, step.node.outputs, tensor, ptr, "_r", tuple_result=True)
+                self._bind_results(
+                    body, step.outputs, step.node.outputs, tensor, ptr, "_r", tuple_result=True
+                )
         outs = []
         for o in prog.outputs:
-            outs.append(tensor[o] if isinstance(o, str) and o in tensor else
-                        (f"v_{o}" if isinstance(o, str) else self._scalar_code(o)))
+            outs.append(
+                tensor[o]
+                if isinstance(o, str) and o in tensor
+                else (f"v_{o}" if isinstance(o, str) else self._scalar_code(o))
+            )
         body.append(f"return ({''.join(x + ', ' for x in outs)})")
         lines += ["    " + line for line in body]
         source = "\n".join(lines) + "\n"
         exec(compile(source, f"<cuvil cpu wrapper {prog.name}>", "exec"), ns)
         return source, ns["run"]
 
-    def _bind_results(self, body: list[str], names: tuple[str, ...], values: tuple[Any, ...],
-                      tensor: dict[str, str], ptr: dict[str, str], var: str, tuple_result: bool = False) -> None:
+    def _bind_results(
+        self,
+        body: list[str],
+        names: tuple[str, ...],
+        values: tuple[Any, ...],
+        tensor: dict[str, str],
+        ptr: dict[str, str],
+        var: str,
+        tuple_result: bool = False,
+    ) -> None:
         if len(names) == 1 and not tuple_result:
             body.append(f"{var} = ({var},)")
         for k, (name, v) in enumerate(zip(names, values)):
@@ -321,9 +351,9 @@ def _symbols(program: TensorProgram) -> tuple[sympy.Symbol, ...]:
                     add(o.value.expr)
             for _, v in s.node.attrs:
                 add(v)
-    for o in program.outputs:
-        if isinstance(o, E.Index):
-            add(o.expr)
+    for out in program.outputs:
+        if isinstance(out, E.Index):
+            add(out.expr)
     add(tuple(program.outer_symbols))
     return tuple(sorted(syms, key=lambda s: s.name))
 

@@ -190,8 +190,11 @@ class CompiledFunction:
         else:
             bargs, bkwargs = self._bind(args, kwargs)
             leaves, spec = pytree.tree_flatten((bargs, bkwargs))
-            if not kwargs and not bkwargs and len(bargs) == len(args) and all(
-                type(a) is torch.Tensor for a in bargs
+            if (
+                not kwargs
+                and not bkwargs
+                and len(bargs) == len(args)
+                and all(type(a) is torch.Tensor for a in bargs)
             ):
                 self._flat_specs[len(args)] = spec
         key = (spec, tuple(leaf_key(x, self.dynamic) for x in leaves))

@@ -3,4 +3,14 @@
 from cuvil_ir.loop_ir.nodes import Accumulate, Let, Loop, LoopFunc, Param, Store
 from cuvil_ir.loop_ir.schedule import SchedulePolicy, schedule_kernel, schedule_program
 
-__all__ = ["Accumulate", "Let", "Loop", "LoopFunc", "Param", "SchedulePolicy", "Store", "schedule_kernel", "schedule_program"]
+__all__ = [
+    "Accumulate",
+    "Let",
+    "Loop",
+    "LoopFunc",
+    "Param",
+    "SchedulePolicy",
+    "Store",
+    "schedule_kernel",
+    "schedule_program",
+]

@@ -25,10 +25,10 @@ from typing import Any
 import sympy
 
 from cuvil_ir.graph_ir.types import DType
+from cuvil_ir.loop_ir.nodes import Accumulate, Let, Loop, LoopFunc, Param, Stmt, Store
 from cuvil_ir.symbolic import Dim
 from cuvil_ir.tensor_ir import expr as E
 from cuvil_ir.tensor_ir.program import Kernel, TensorProgram, contiguous_strides
-from cuvil_ir.loop_ir.nodes import Accumulate, Let, Loop, LoopFunc, Param, Stmt, Store
 
 
 @dataclass(frozen=True)
@@ -55,8 +55,13 @@ def _offset(domain: Sequence[Dim], syms: Sequence[sympy.Symbol]) -> sympy.Expr:
 
 
 def hoist_depth(body: E.Expr) -> int:
-    pos = [int(s.name[2:]) for r in E.walk(body) if isinstance(r, E.Reduce) for s in E.free_indices(r)
-           if s.name.startswith("_i")]
+    pos = [
+        int(s.name[2:])
+        for r in E.walk(body)
+        if isinstance(r, E.Reduce)
+        for s in E.free_indices(r)
+        if s.name.startswith("_i")
+    ]
     has_reduce = any(isinstance(r, E.Reduce) for r in E.walk(body))
     return max(pos, default=-1) + 1 if has_reduce else 0
 
@@ -132,8 +137,9 @@ def _cse(stmt_expr: E.Expr, names: _Names) -> tuple[list[Let], E.Expr]:
     return lets, rebuild(stmt_expr)
 
 
-def _collapse(loops: list[tuple[sympy.Symbol, sympy.Expr]], exprs: list[sympy.Expr],
-              opaque: frozenset[sympy.Symbol]) -> tuple[list[tuple[sympy.Symbol, sympy.Expr]], dict[sympy.Symbol, Any]]:
+def _collapse(
+    loops: list[tuple[sympy.Symbol, sympy.Expr]], exprs: list[sympy.Expr], opaque: frozenset[sympy.Symbol]
+) -> tuple[list[tuple[sympy.Symbol, sympy.Expr]], dict[sympy.Symbol, Any]]:
     """Merge adjacent loops (outer j, inner j+1) whose every access is contiguous across them.
 
     Returns the new loops and a substitution to apply to all offsets (the outer
@@ -232,7 +238,9 @@ def schedule_kernel(kernel: Kernel, program: TensorProgram, policy: SchedulePoli
     def vec_kind(is_innermost: bool) -> str:
         return "vec" if (is_innermost and policy.vectorize) else "seq"
 
-    def reduction_nest(v: E.Var, r: E.Reduce, body: E.Expr, top: bool, pre: Sequence[Stmt] = ()) -> list[Stmt]:
+    def reduction_nest(
+        v: E.Var, r: E.Reduce, body: E.Expr, top: bool, pre: Sequence[Stmt] = ()
+    ) -> list[Stmt]:
         lets, expr = _cse(sub(body), names)
         stmts: list[Stmt] = [*pre, *lets, Accumulate(v.name, r.kind, expr)]
         rs = list(r.ranges)
@@ -241,8 +249,16 @@ def schedule_kernel(kernel: Kernel, program: TensorProgram, policy: SchedulePoli
             kind = vec_kind(j == len(rs) - 1)
             if top and j == 0 and _big(total, policy):
                 kind = "parvec" if len(rs) == 1 and policy.vectorize else "par"
-            stmts = [Loop(s, sub_e(ext, subst), kind, tuple(stmts), ((v.name, r.kind),),
-                          work=total if kind in ("par", "parvec") else None)]
+            stmts = [
+                Loop(
+                    s,
+                    sub_e(ext, subst),
+                    kind,
+                    tuple(stmts),
+                    ((v.name, r.kind),),
+                    work=total if kind in ("par", "parvec") else None,
+                )
+            ]
         return [Let(v.name, _init(r.kind, r.dtype), r.dtype, mutable=True), *stmts]
 
     store_e = sub(store_expr)
@@ -253,10 +269,15 @@ def schedule_kernel(kernel: Kernel, program: TensorProgram, policy: SchedulePoli
         if stash is not None and stash[0] == pi:
             _, s_r, s_i, rsym, isym = stash
             t = E.Var(names("s"), s_r.dtype)
-            body = E.transform(sub(body), lambda y: t if y == s_r else None)
-            nest = reduction_nest(v, r, body, top=not outer, pre=[
-                Let(t.name, s_r, t.dtype), Store(kernel.buf, store_o.xreplace({isym: rsym}), t)])
-            store_e = E.transform(store_e, lambda y: E.Load(kernel.buf, store_o, s_i.dtype) if y == s_i else None)
+            body = E.replace(sub(body), s_r, t)
+            nest = reduction_nest(
+                v,
+                r,
+                body,
+                top=not outer,
+                pre=[Let(t.name, s_r, t.dtype), Store(kernel.buf, store_o.xreplace({isym: rsym}), t)],
+            )
+            store_e = E.replace(store_e, s_i, E.Load(kernel.buf, store_o, s_i.dtype))
         else:
             nest = reduction_nest(v, r, body, top=not outer)
         level.extend(nest)
@@ -303,8 +324,14 @@ def _reads_own(kernel: Kernel) -> bool:
     return kernel.buf in E.buffers_read(kernel.body)
 
 
-def _find_stash(phases: Sequence[tuple[E.Var, E.Reduce, E.Expr]], inner: Sequence[tuple[sympy.Symbol, Any]],
-                store_e: E.Expr, kernel: Kernel, policy: SchedulePolicy, sub: Any) -> Any:
+def _find_stash(
+    phases: Sequence[tuple[E.Var, E.Reduce, E.Expr]],
+    inner: Sequence[tuple[sympy.Symbol, Any]],
+    store_e: E.Expr,
+    kernel: Kernel,
+    policy: SchedulePolicy,
+    sub: Any,
+) -> Any:
     """A costly value the store computes that a reduction phase already computed at the
     same element (softmax's ``exp(x - max)``): the phase writes it into the output
     buffer, and the store reads it back instead of computing it again.
@@ -317,8 +344,11 @@ def _find_stash(phases: Sequence[tuple[E.Var, E.Reduce, E.Expr]], inner: Sequenc
     isym, iext = inner[0]
     out_dtype = store_e.dtype
     cands = sorted(
-        {x for x in E.walk(store_e) if isinstance(x, E.Call) and x.dtype == out_dtype and E.cost(x) >= 4
-         and isym in E.free_indices(x)},
+        {
+            x
+            for x in E.walk(store_e)
+            if isinstance(x, E.Call) and x.dtype == out_dtype and E.cost(x) >= 4 and isym in E.free_indices(x)
+        },
         key=lambda x: (-E.size(x), E.expr_str(x)),
     )
     for pi, (_, r, body) in enumerate(phases):

@@ -112,12 +112,16 @@ TRANSCENDENTAL = frozenset(
 REDUCE_KINDS = ("sum", "prod", "max", "min", "any", "all")
 
 
-def make_reduce(kind: str, body: Expr, ranges: tuple[tuple[sympy.Symbol, sympy.Expr], ...], dtype: DType) -> Reduce:
+def make_reduce(
+    kind: str, body: Expr, ranges: tuple[tuple[sympy.Symbol, sympy.Expr], ...], dtype: DType
+) -> Reduce:
     """A Reduce whose bound symbols are named canonically: ``_r{100*depth + k}``, where
     depth is one more than the deepest Reduce in ``body``. Two reductions built apart
     from the same parts compare equal (so a kernel computes them once), and nested
     reductions never share a symbol."""
-    depth = 1 + max((int(r.ranges[0][0].name[2:]) // 100 for r in walk(body) if isinstance(r, Reduce)), default=0)
+    depth = 1 + max(
+        (int(r.ranges[0][0].name[2:]) // 100 for r in walk(body) if isinstance(r, Reduce)), default=0
+    )
     names = {s: reduce_symbol(100 * depth + k) for k, (s, _) in enumerate(ranges)}
     body = substitute(body, names)
     return Reduce(kind, body, tuple((names[s], n) for s, n in ranges), dtype)
@@ -158,6 +162,11 @@ def transform(e: Expr, fn: Callable[[Expr], Expr | None]) -> Expr:
         return memo[x]
 
     return go(e)
+
+
+def replace(e: Expr, old: Expr, new: Expr) -> Expr:
+    """``e`` with every occurrence of the subexpression ``old`` replaced by ``new``."""
+    return transform(e, lambda x: new if x == old else None)
 
 
 def substitute(e: Expr, mapping: Mapping[sympy.Basic, sympy.Basic]) -> Expr:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import sympy
@@ -75,7 +75,8 @@ class Lazy:
         if len(idx) != self.rank:
             raise ValueError(f"rank {self.rank} tensor indexed with {len(idx)} indices")
         return E.substitute(
-            self.body, {E.index_symbol(k): sympy.sympify(i) for k, i in enumerate(idx) if i != E.index_symbol(k)}
+            self.body,
+            {E.index_symbol(k): sympy.sympify(i) for k, i in enumerate(idx) if i != E.index_symbol(k)},
         )
 
 
@@ -188,9 +189,7 @@ class Lowering:
             positions = [int(s.name[2:]) for r in reds for s in free[r] if s.name.startswith("_i")]
             k = max(positions, default=-1) + 1
             needed = {E.index_symbol(j) for j in range(k) if domain[j] != 1}
-            bad = [
-                r for r in reds if any(s.name.startswith("_r") for s in free[r]) or not needed <= free[r]
-            ]
+            bad = [r for r in reds if any(s.name.startswith("_r") for s in free[r]) or not needed <= free[r]]
             if not bad:
                 return body
             r = bad[-1]  # the innermost offender first (walk lists parents first)
@@ -199,7 +198,7 @@ class Lowering:
             inner = E.substitute(r, {s: E.index_symbol(j) for j, s in enumerate(syms)})
             done = self.realize(Lazy(shape, r.dtype, inner))
             repl = done.at(syms)
-            body = E.transform(body, lambda x: repl if x == r else None)
+            body = E.replace(body, r, repl)
 
     # -- graph walking -------------------------------------------------------------
     def lower_graph(self, graph: Graph, name: str) -> TensorProgram:
@@ -252,7 +251,9 @@ class Lowering:
                 outputs.append(buf)
             else:
                 outputs.append(val)
-        return TensorProgram(name, graph, inputs, dict(self.buffers), tuple(self.steps), tuple(outputs), outer_symbols)
+        return TensorProgram(
+            name, graph, inputs, dict(self.buffers), tuple(self.steps), tuple(outputs), outer_symbols
+        )
 
     def lower_node(self, n: Node) -> None:
         ins = [self.env[v.name] for v in n.inputs]
@@ -332,16 +333,18 @@ class Lowering:
             inputs = tuple(sub.bind_input(a) for a in block.args) + tuple(sub.bind_input(v) for v in free)
             from cuvil_ir.tensor_ir.memory import plan_program
 
-            regions.append(plan_program(
-                sub.lower_block(
-                    Graph(f"{name}r{r}", (*block.args, *free), block.nodes, block.results),
-                    f"{name}r{r}",
-                    block.nodes,
-                    block.results,
-                    inputs,
-                    loop_var,
+            regions.append(
+                plan_program(
+                    sub.lower_block(
+                        Graph(f"{name}r{r}", (*block.args, *free), block.nodes, block.results),
+                        f"{name}r{r}",
+                        block.nodes,
+                        block.results,
+                        inputs,
+                        loop_var,
+                    )
                 )
-            ))
+            )
         outs = []
         for v in n.outputs:
             if isinstance(v.type, TensorType):
@@ -444,11 +447,19 @@ def specialize(graph: Graph) -> Graph:
         return a
 
     def block(b: Block) -> Block:
-        return Block(tuple(val(a) for a in b.args), tuple(node(n) for n in b.nodes), tuple(val(r) for r in b.results))
+        return Block(
+            tuple(val(a) for a in b.args), tuple(node(n) for n in b.nodes), tuple(val(r) for r in b.results)
+        )
 
     def node(n: Node) -> Node:
-        return Node(n.op, tuple(val(v) for v in n.inputs), tuple(val(v) for v in n.outputs),
-                    tuple((k, attr(a)) for k, a in n.attrs), tuple(block(r) for r in n.regions), n.loc)
+        return Node(
+            n.op,
+            tuple(val(v) for v in n.inputs),
+            tuple(val(v) for v in n.outputs),
+            tuple((k, attr(a)) for k, a in n.attrs),
+            tuple(block(r) for r in n.regions),
+            n.loc,
+        )
 
     inputs = tuple(val(v) for v in graph.inputs)
     nodes = tuple(node(n) for n in graph.nodes)

@@ -77,8 +77,10 @@ def _in_place(step: Kernel, src: str, program: TensorProgram) -> bool:
 
 
 def _aligned(n: Any) -> sympy.Expr:
-    return sympy.sympify(n + ALIGN - 1) // ALIGN * ALIGN if not sympy.sympify(n).is_Integer else sympy.Integer(
-        (int(n) + ALIGN - 1) // ALIGN * ALIGN
+    return (
+        sympy.sympify(n + ALIGN - 1) // ALIGN * ALIGN
+        if not sympy.sympify(n).is_Integer
+        else sympy.Integer((int(n) + ALIGN - 1) // ALIGN * ALIGN)
     )
 
 
@@ -120,7 +122,9 @@ def plan_program(program: TensorProgram) -> TensorProgram:
                     break
             if chosen is None and candidates:
                 s = candidates[0]
-                grown = need if _at_least(need, slots[s].size, assumptions) else sympy.Max(slots[s].size, need)
+                grown = (
+                    need if _at_least(need, slots[s].size, assumptions) else sympy.Max(slots[s].size, need)
+                )
                 slots[s] = replace(slots[s], size=grown)
                 chosen = s
             if chosen is None:
@@ -132,8 +136,8 @@ def plan_program(program: TensorProgram) -> TensorProgram:
         if isinstance(step, Control):
             continue  # region programs plan their own arenas
     peak = sympy.Integer(0)
-    for s in slots:
-        peak = peak + _aligned(s.size)
+    for slot in slots:
+        peak = peak + _aligned(slot.size)
     unplanned = sympy.Integer(0)
     for b in sorted(temps):
         unplanned = unplanned + _aligned(program.buffers[b].nbytes)

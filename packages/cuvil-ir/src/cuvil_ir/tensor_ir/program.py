@@ -200,9 +200,7 @@ def _indent(text: str) -> str:
 
 
 def print_program(p: TensorProgram) -> str:
-    ins = ", ".join(
-        str(p.buffers[i.name]) if i.is_tensor else f"${i.name}: scalar" for i in p.inputs
-    )
+    ins = ", ".join(str(p.buffers[i.name]) if i.is_tensor else f"${i.name}: scalar" for i in p.inputs)
     outs = ", ".join(f"%{o}" if isinstance(o, str) else expr_str(o) for o in p.outputs)
     lines = [f"program @{p.name}({ins}) -> ({outs}) {{"]
     for b in p.buffers.values():

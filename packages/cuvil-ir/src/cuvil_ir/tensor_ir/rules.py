@@ -15,7 +15,7 @@ from typing import Any
 import sympy
 
 from cuvil_ir.graph_ir.nodes import Node
-from cuvil_ir.graph_ir.types import DType, TensorType
+from cuvil_ir.graph_ir.types import DType, ScalarType, TensorType
 from cuvil_ir.symbolic import Dim
 from cuvil_ir.tensor_ir import expr as E
 from cuvil_ir.tensor_ir.lower import Lazy, Lowering, NotLowered, Val, idx, linear_offset, strided_view
@@ -40,6 +40,16 @@ def out_type(n: Node, k: int = 0) -> TensorType:
     return t
 
 
+def _num(n: Node, name: str) -> float:
+    v: Any = n.attr(name)
+    return float(v)
+
+
+def _ints(n: Node, name: str) -> tuple[int, ...]:
+    v: Any = n.attr(name)
+    return tuple(int(x) for x in v)
+
+
 def const(value: Any, dtype: DType) -> E.Const:
     if dtype == DType.bool:
         return E.Const(bool(value), dtype)
@@ -51,7 +61,9 @@ def const(value: Any, dtype: DType) -> E.Const:
 def cast(e: E.Expr, dtype: DType) -> E.Expr:
     if e.dtype == dtype:
         return e
-    if isinstance(e, E.Const) and not (isinstance(e.value, float) and not math.isfinite(e.value) and not dtype.is_floating):
+    if isinstance(e, E.Const) and not (
+        isinstance(e.value, float) and not math.isfinite(e.value) and not dtype.is_floating
+    ):
         return const(e.value, dtype)
     return E.Call("cast", (e,), dtype)
 
@@ -99,8 +111,16 @@ def norm_dims(dims: Any, rank: int) -> tuple[int, ...]:
     return tuple(sorted({d % max(rank, 1) for d in dims}))
 
 
-def reduce(lw: Lowering, kind: str, x: Lazy, dims: Sequence[int], body: Callable[[E.Expr], E.Expr] | None = None,
-           out_index: Sequence[Any] | None = None, keep: bool = True, dtype: DType | None = None) -> E.Expr:
+def reduce(
+    lw: Lowering,
+    kind: str,
+    x: Lazy,
+    dims: Sequence[int],
+    body: Callable[[E.Expr], E.Expr] | None = None,
+    out_index: Sequence[Any] | None = None,
+    keep: bool = True,
+    dtype: DType | None = None,
+) -> E.Expr:
     """``kind`` over ``dims`` of ``x`` at the kept-dims index ``out_index``.
 
     ``out_index`` lists one index per dim of ``x`` when ``keep`` (reduced dims'
@@ -142,16 +162,41 @@ def tensor_operand(v: Val) -> Lazy:
 
 # -- elementwise --------------------------------------------------------------------
 _UNARY = {
-    "neg": "neg", "abs": "abs", "exp": "exp", "expm1": "expm1", "log": "log", "log1p": "log1p",
-    "log2": "log2", "sqrt": "sqrt", "rsqrt": "rsqrt", "sin": "sin", "cos": "cos", "tan": "tan",
-    "atan": "atan", "tanh": "tanh", "erf": "erf", "sigmoid": "sigmoid", "reciprocal": "reciprocal",
-    "sign": "sign", "bitwise_not": "bitnot",
+    "neg": "neg",
+    "abs": "abs",
+    "exp": "exp",
+    "expm1": "expm1",
+    "log": "log",
+    "log1p": "log1p",
+    "log2": "log2",
+    "sqrt": "sqrt",
+    "rsqrt": "rsqrt",
+    "sin": "sin",
+    "cos": "cos",
+    "tan": "tan",
+    "atan": "atan",
+    "tanh": "tanh",
+    "erf": "erf",
+    "sigmoid": "sigmoid",
+    "reciprocal": "reciprocal",
+    "sign": "sign",
+    "bitwise_not": "bitnot",
 }
 _ROUNDING = {"floor": "floor", "ceil": "ceil", "trunc": "trunc"}
 _BINARY = {
-    "add": "add", "sub": "sub", "mul": "mul", "div": "div", "maximum": "max", "minimum": "min",
-    "atan2": "atan2", "fmod": "fmod", "remainder": "mod", "floor_divide": "floordiv",
-    "bitwise_and": "bitand", "bitwise_or": "bitor", "bitwise_xor": "bitxor",
+    "add": "add",
+    "sub": "sub",
+    "mul": "mul",
+    "div": "div",
+    "maximum": "max",
+    "minimum": "min",
+    "atan2": "atan2",
+    "fmod": "fmod",
+    "remainder": "mod",
+    "floor_divide": "floordiv",
+    "bitwise_and": "bitand",
+    "bitwise_or": "bitor",
+    "bitwise_xor": "bitxor",
 }
 _COMPARE = {"eq": "eq", "ne": "ne", "lt": "lt", "le": "le", "gt": "gt", "ge": "ge"}
 _LOGICAL = {"logical_and": "and", "logical_or": "or", "logical_xor": "xor"}
@@ -227,7 +272,11 @@ def _where(lw: Lowering, n: Node, c: Val, a: Val, b: Val) -> Lazy:
         t.dtype,
         E.Call(
             "where",
-            (cast(element(c, t.shape), DType.bool), cast(element(a, t.shape), t.dtype), cast(element(b, t.shape), t.dtype)),
+            (
+                cast(element(c, t.shape), DType.bool),
+                cast(element(a, t.shape), t.dtype),
+                cast(element(b, t.shape), t.dtype),
+            ),
             t.dtype,
         ),
     )
@@ -286,7 +335,11 @@ def _c(v: float, like: E.Expr) -> E.Expr:
 def _gelu(a: E.Expr, approximate: str) -> E.Expr:
     half = call("mul", _c(0.5, a), a)
     if approximate == "tanh":
-        inner = call("mul", _c(math.sqrt(2 / math.pi), a), call("add", a, call("mul", _c(0.044715, a), call("mul", call("mul", a, a), a))))
+        inner = call(
+            "mul",
+            _c(math.sqrt(2 / math.pi), a),
+            call("add", a, call("mul", _c(0.044715, a), call("mul", call("mul", a, a), a))),
+        )
         return call("mul", half, call("add", _c(1.0, a), call("tanh", inner)))
     return call("mul", half, call("add", _c(1.0, a), call("erf", call("mul", a, _c(math.sqrt(0.5), a)))))
 
@@ -300,7 +353,9 @@ def _softplus(a: E.Expr, beta: float, threshold: float) -> E.Expr:
 
 
 def _hardsigmoid(a: E.Expr) -> E.Expr:
-    return call("min", call("max", call("add", call("div", a, _c(6.0, a)), _c(0.5, a)), _c(0.0, a)), _c(1.0, a))
+    return call(
+        "min", call("max", call("add", call("div", a, _c(6.0, a)), _c(0.5, a)), _c(0.0, a)), _c(1.0, a)
+    )
 
 
 _ACTIVATIONS: dict[str, Callable[[E.Expr, Node], E.Expr]] = {
@@ -308,12 +363,20 @@ _ACTIVATIONS: dict[str, Callable[[E.Expr, Node], E.Expr]] = {
     "gelu": lambda a, n: _gelu(a, str(n.attr("approximate", "none"))),
     "silu": lambda a, n: call("mul", a, call("sigmoid", a)),
     "leaky_relu": lambda a, n: E.Call(
-        "where", (call("gt", a, _c(0, a), dtype=DType.bool), a, call("mul", a, _c(float(n.attr("negative_slope")), a))), a.dtype
+        "where",
+        (call("gt", a, _c(0, a), dtype=DType.bool), a, call("mul", a, _c(_num(n, "negative_slope"), a))),
+        a.dtype,
     ),
     "elu": lambda a, n: E.Call(
-        "where", (call("gt", a, _c(0, a), dtype=DType.bool), a, call("mul", _c(float(n.attr("alpha")), a), call("expm1", a))), a.dtype
+        "where",
+        (
+            call("gt", a, _c(0, a), dtype=DType.bool),
+            a,
+            call("mul", _c(_num(n, "alpha"), a), call("expm1", a)),
+        ),
+        a.dtype,
     ),
-    "softplus": lambda a, n: _softplus(a, float(n.attr("beta")), float(n.attr("threshold"))),
+    "softplus": lambda a, n: _softplus(a, _num(n, "beta"), _num(n, "threshold")),
     "hardsigmoid": lambda a, n: _hardsigmoid(a),
     "hardswish": lambda a, n: call("mul", a, _hardsigmoid(a)),
     "mish": lambda a, n: call("mul", a, call("tanh", _softplus(a, 1.0, 20.0))),
@@ -337,7 +400,9 @@ def _triangle(lw: Lowering, n: Node, x: Val) -> Lazy:
     diag = n.attr("diagonal")
     i, j = idx(t.rank)[-2:]
     offset = sympy.sympify(j - i - diag)  # tril keeps j - i <= diagonal
-    keep = E.Call("le" if n.op == "tril" else "ge", (E.Index(offset, DType.i64), const(0, DType.i64)), DType.bool)
+    keep = E.Call(
+        "le" if n.op == "tril" else "ge", (E.Index(offset, DType.i64), const(0, DType.i64)), DType.bool
+    )
     return Lazy(t.shape, t.dtype, E.Call("where", (keep, element(x, t.shape), const(0, t.dtype)), t.dtype))
 
 
@@ -350,7 +415,8 @@ def _const(lw: Lowering, n: Node) -> E.Expr:
         raise NotLowered("tensor constant")
     from cuvil_ir.tensor_ir.lower import SCALAR_DTYPES
 
-    dtype = SCALAR_DTYPES[t.kind]  # type: ignore[union-attr]
+    assert isinstance(t, ScalarType)
+    dtype = SCALAR_DTYPES[t.kind]
     if isinstance(v, sympy.Basic):
         if not v.is_number:
             if isinstance(v, (sympy.Rel, sympy.logic.boolalg.Boolean)) and not isinstance(v, sympy.Symbol):
@@ -379,7 +445,9 @@ def _arange(lw: Lowering, n: Node) -> Lazy:
         raise NotLowered("arange bounds")
     if t.dtype.is_floating and (isinstance(start, float) or isinstance(step, float)):
         body: E.Expr = call(
-            "add", const(float(start), DType.f64), call("mul", cast(E.Index(idx(1)[0], DType.i64), DType.f64), const(float(step), DType.f64))
+            "add",
+            const(float(start), DType.f64),  # type: ignore[arg-type]
+            call("mul", cast(E.Index(idx(1)[0], DType.i64), DType.f64), const(float(step), DType.f64)),  # type: ignore[arg-type]
         )
         return Lazy(t.shape, t.dtype, cast(body, t.dtype))
     if isinstance(start, float) or isinstance(step, float):
@@ -391,7 +459,7 @@ def _arange(lw: Lowering, n: Node) -> Lazy:
 @rule("permute")
 def _permute(lw: Lowering, n: Node, x: Val) -> Lazy:
     x = tensor_operand(x)
-    perm = [int(p) for p in n.attr("perm")]  # type: ignore[union-attr]
+    perm = [int(p) for p in _ints(n, "perm")]
     t = out_type(n)
     src: list[Any] = [0] * x.rank
     for j, p in enumerate(perm):
@@ -494,7 +562,7 @@ def _split(lw: Lowering, n: Node, x: Val) -> list[Lazy]:
     d = int(n.attr("dim")) % x.rank  # type: ignore[arg-type]
     outs = []
     start: Any = 0
-    for k, v in enumerate(n.outputs):
+    for k in range(len(n.outputs)):
         t = out_type(n, k)
         i = idx(t.rank)
         src = list(i)
@@ -524,7 +592,11 @@ def _cat(lw: Lowering, n: Node, *xs: Val) -> Lazy:
         if body is None:
             body = val
         else:
-            cond = E.Call("lt", (E.Index(i[d], DType.i64), E.Index(sympy.sympify(s + p.shape[d]), DType.i64)), DType.bool)
+            cond = E.Call(
+                "lt",
+                (E.Index(i[d], DType.i64), E.Index(sympy.sympify(s + p.shape[d]), DType.i64)),
+                DType.bool,
+            )
             body = E.Call("where", (cond, val, body), t.dtype)
     if body is None:
         raise NotLowered("empty cat")
@@ -549,8 +621,16 @@ def _pad(lw: Lowering, n: Node, x: Val) -> Lazy:
             raise NotLowered("negative padding")
         src[d] = i[d] - left
         if left != 0:
-            conds.append(E.Call("ge", (E.Index(i[d], DType.i64), E.Index(sympy.sympify(left), DType.i64)), DType.bool))
-        conds.append(E.Call("lt", (E.Index(i[d] - left, DType.i64), E.Index(sympy.sympify(x.shape[d]), DType.i64)), DType.bool))
+            conds.append(
+                E.Call("ge", (E.Index(i[d], DType.i64), E.Index(sympy.sympify(left), DType.i64)), DType.bool)
+            )
+        conds.append(
+            E.Call(
+                "lt",
+                (E.Index(i[d] - left, DType.i64), E.Index(sympy.sympify(x.shape[d]), DType.i64)),
+                DType.bool,
+            )
+        )
     inside: E.Expr = conds[0]
     for c in conds[1:]:
         inside = E.Call("and", (inside, c), DType.bool)
@@ -596,10 +676,15 @@ def _mean(lw: Lowering, n: Node, x: Val) -> Lazy:
     return Lazy(t.shape, t.dtype, call("div", s, count(x, dims, t.dtype)))
 
 
-def _variance(lw: Lowering, x: Lazy, dims: Sequence[int], correction: Any, keep: bool, dtype: DType) -> E.Expr:
+def _variance(
+    lw: Lowering, x: Lazy, dims: Sequence[int], correction: Any, keep: bool, dtype: DType
+) -> E.Expr:
     """Two-pass variance (the mean first): stable without Welford's serial dependency."""
-    mean = call("div", reduce(lw, "sum", x, dims, keep=True, dtype=dtype,
-                              out_index=_keep_index(x.rank, dims, keep)), count(x, dims, dtype))
+    mean = call(
+        "div",
+        reduce(lw, "sum", x, dims, keep=True, dtype=dtype, out_index=_keep_index(x.rank, dims, keep)),
+        count(x, dims, dtype),
+    )
 
     def sq(e: E.Expr) -> E.Expr:
         dv = call("sub", e, mean)
@@ -637,7 +722,11 @@ def _logsumexp(lw: Lowering, n: Node, x: Val) -> Lazy:
     keep = bool(n.attr("keepdim"))
     m = reduce(lw, "max", x, dims, keep=True, dtype=t.dtype, out_index=_keep_index(x.rank, dims, keep))
     # max of an all -inf row is -inf; subtracting it would give nan
-    safe = E.Call("where", (call("eq", call("abs", m), const(math.inf, t.dtype), dtype=DType.bool), const(0, t.dtype), m), t.dtype)
+    safe = E.Call(
+        "where",
+        (call("eq", call("abs", m), const(math.inf, t.dtype), dtype=DType.bool), const(0, t.dtype), m),
+        t.dtype,
+    )
     s = reduce(lw, "sum", x, dims, body=lambda e: call("exp", call("sub", e, safe)), keep=keep, dtype=t.dtype)
     return Lazy(t.shape, t.dtype, call("add", call("log", s), safe))
 
@@ -689,7 +778,9 @@ def _layer_norm(lw: Lowering, n: Node, x: Val, *params: Val) -> Lazy:
     dt = t.dtype
     mean = call("div", reduce(lw, "sum", x, dims, keep=True, dtype=dt), count(x, dims, dt))
     var = _variance(lw, x, dims, 0, True, dt)
-    y = call("mul", call("sub", cast(x.body, dt), mean), call("rsqrt", call("add", var, const(n.attr("eps"), dt))))
+    y = call(
+        "mul", call("sub", cast(x.body, dt), mean), call("rsqrt", call("add", var, const(n.attr("eps"), dt)))
+    )
     ps = list(params)
     if not n.attr("has_weight") and n.attr("has_bias"):
         y = call("add", y, cast(element(ps[0], x.shape), dt))
@@ -712,7 +803,11 @@ def _rms_norm(lw: Lowering, n: Node, x: Val, *params: Val) -> Lazy:
     eps = n.attr("eps")
     if eps is None:
         eps = torch.finfo(dt.torch).eps
-    ms = call("div", reduce(lw, "sum", x, dims, body=lambda e: call("mul", e, e), keep=True, dtype=dt), count(x, dims, dt))
+    ms = call(
+        "div",
+        reduce(lw, "sum", x, dims, body=lambda e: call("mul", e, e), keep=True, dtype=dt),
+        count(x, dims, dt),
+    )
     y = call("mul", cast(x.body, dt), call("rsqrt", call("add", ms, const(eps, dt))))
     return Lazy(t.shape, dt, _affine(x, x.rank - k, y, list(params), dt))
 
@@ -730,8 +825,11 @@ def _batch_norm(lw: Lowering, n: Node, x: Val, mean: Val, var: Val, *params: Val
     def per_channel(p: Val) -> E.Expr:
         return cast(tensor_operand(p).at([c]), dt)
 
-    y = call("mul", call("sub", cast(x.body, dt), per_channel(mean)),
-             call("rsqrt", call("add", per_channel(var), const(n.attr("eps"), dt))))
+    y = call(
+        "mul",
+        call("sub", cast(x.body, dt), per_channel(mean)),
+        call("rsqrt", call("add", per_channel(var), const(n.attr("eps"), dt))),
+    )
     ps = list(params)
     if n.attr("has_weight"):
         y = call("mul", y, per_channel(ps.pop(0)))
