@@ -14,8 +14,8 @@ vector variants.
 from __future__ import annotations
 
 import math
-from typing import Any
 from dataclasses import dataclass, field
+from typing import Any
 
 import sympy
 

@@ -186,7 +186,7 @@ class CompiledFunction:
         spec = None if kwargs else self._flat_specs.get(len(args))
         if spec is not None and all(type(a) is torch.Tensor for a in args):
             leaves: list[Any] = list(args)
-            bargs, bkwargs = args, {}
+            bargs, bkwargs = args, dict[str, Any]()
         else:
             bargs, bkwargs = self._bind(args, kwargs)
             leaves, spec = pytree.tree_flatten((bargs, bkwargs))
