@@ -13,6 +13,7 @@ from typing import Any
 
 from cuvil_backend_cpu.backend import CompileReport, CpuExecutable, dump_dir
 from cuvil_backend_cpu.codegen import CKernel, generate_c
+from cuvil_backend_cpu.externs import OUT_VARIANTS
 from cuvil_backend_cpu.kernel_cache import KernelCache
 from cuvil_backend_cpu.wrapper import CpuProgram, bind_ctypes
 from cuvil_ir.graph_ir.nodes import Graph
@@ -21,7 +22,7 @@ from cuvil_ir.tensor_ir.lower import FusionPolicy, lower
 from cuvil_ir.tensor_ir.program import Control, Kernel, TensorProgram
 from cuvil_runtime.target import CompileOptions
 
-FUSION = FusionPolicy()
+FUSION = FusionPolicy(out_variants=frozenset(OUT_VARIANTS))
 
 
 def schedule_policy(options: CompileOptions) -> SchedulePolicy:

@@ -139,10 +139,9 @@ class CpuProgram:
                 continue
             buf = prog.buffers[i.name]
             body.append(f"if not v_{i.name}.is_contiguous(): v_{i.name} = v_{i.name}.contiguous()")
-            body.append(f"shape = v_{i.name}.shape")
             for k, d in enumerate(buf.shape):
                 if isinstance(d, sympy.Symbol) and d not in bound:
-                    body.append(f"s_{d.name} = shape[{k}]")
+                    body.append(f"s_{d.name} = v_{i.name}.shape[{k}]")
                     bound.add(d)
         for s in self.symbols:
             if s not in bound:
@@ -204,6 +203,20 @@ class CpuProgram:
                 call_args += [self._scalar_code(E.Arg(n, d)) for n, d in ck.func.args]
                 star = f", *_p.derived[{step.name!r}]" if ck.derived else ""
                 body.append(f"_k_{step.name}({', '.join(call_args)}{star})")
+            elif isinstance(step, Extern) and step.into:
+                from cuvil_backend_cpu.externs import OUT_VARIANTS
+
+                ns[f"_x_{step.name}"] = OUT_VARIANTS[step.node.op]
+                outs_code = []
+                for o in step.outputs:
+                    buf = prog.buffers[o]
+                    if buf.kind == "output":
+                        body.append(f"v_{o} = torch.empty({shape_code(o)}, dtype=torch.{_tname(buf.dtype)})")
+                        tensor[o] = f"v_{o}"
+                        ptr[o] = f"v_{o}.data_ptr()"
+                    outs_code.append(tensor[o])
+                ops = ", ".join([*outs_code, *(operand(o) for o in step.inputs)])
+                body.append(f"_x_{step.name}({ops}, **_p.attrs[{step.name!r}])")
             elif isinstance(step, Extern):
                 op = REGISTRY.get(step.node.op)
                 ns[f"_x_{step.name}"] = op.reference

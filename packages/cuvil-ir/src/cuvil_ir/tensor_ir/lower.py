@@ -52,6 +52,8 @@ class FusionPolicy:
     )
     #: ops never lowered into kernels (run by their reference as externs)
     extern_ops: frozenset[str] = frozenset()
+    #: extern ops the backend can run into a preallocated (arena) buffer, ``out=`` style
+    out_variants: frozenset[str] = frozenset()
 
 
 class NotLowered(Exception):
@@ -306,9 +308,10 @@ class Lowering:
     def lower_extern(self, n: Node, ins: list[Val]) -> None:
         operands = tuple(self.operand(v) for v in ins)
         outs = []
+        into = n.op in self.policy.out_variants and all(isinstance(v.type, TensorType) for v in n.outputs)
         for v in n.outputs:
             if isinstance(v.type, TensorType):
-                buf = self.add_buffer(v.type.dtype, v.type.shape, "extern")
+                buf = self.add_buffer(v.type.dtype, v.type.shape, "temp" if into else "extern")
                 outs.append(buf)
                 self.env[v.name] = self.load(buf)
             else:
@@ -316,7 +319,7 @@ class Lowering:
                 name = self.fresh("s")
                 outs.append(name)
                 self.env[v.name] = E.Arg(name, SCALAR_DTYPES[v.type.kind])
-        self.steps.append(Extern(self.fresh("e"), n, operands, tuple(outs)))
+        self.steps.append(Extern(self.fresh("e"), n, operands, tuple(outs), into))
 
     def lower_control(self, n: Node, ins: list[Val]) -> None:
         free = _region_free_values(n)

@@ -101,12 +101,15 @@ class Extern:
     node: Node
     inputs: tuple[Operand, ...]
     outputs: tuple[str, ...]
+    #: the backend writes the result into its planned buffer (an ``out=`` variant)
+    into: bool = False
 
     def __str__(self) -> str:
         attrs = ", ".join(f"{k} = {_attr_str(v)}" for k, v in self.node.attrs)
         args = ", ".join(str(o) for o in self.inputs)
         outs = ", ".join(f"%{o}" for o in self.outputs)
-        return f"extern {self.name} = {self.node.op}({args}) {{{attrs}}} -> {outs}"
+        arrow = "into" if self.into else "->"
+        return f"extern {self.name} = {self.node.op}({args}) {{{attrs}}} {arrow} {outs}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,7 +18,8 @@ from cuvil_ir.graph_ir.nodes import Node
 from cuvil_ir.graph_ir.types import DType, ScalarType, TensorType
 from cuvil_ir.symbolic import Dim
 from cuvil_ir.tensor_ir import expr as E
-from cuvil_ir.tensor_ir.lower import Lazy, Lowering, NotLowered, Val, idx, linear_offset, strided_view
+from cuvil_ir.tensor_ir.lower import Lazy, Lowering, NotLowered, Val, idx, strided_view
+from cuvil_ir.tensor_ir.program import contiguous_strides
 
 Rule = Callable[..., Any]
 RULES: dict[str, Rule] = {}
@@ -541,17 +542,59 @@ def _reshape(lw: Lowering, n: Node, x: Val) -> Lazy:
     x = tensor_operand(x)
     t = out_type(n)
     sv = strided_view(x)
-    if sv is None or not _is_contiguous(x.shape, sv[1]):
+    strides = view_strides(x.shape, sv[1], t.shape) if sv is not None else None
+    if sv is not None and strides is None and _is_contiguous(x.shape, sv[1]):
+        strides = list(contiguous_strides(tuple(t.shape)))  # sizes the view rule cannot compare
+    if sv is None or strides is None:
         x = lw.realize(x)
         sv = strided_view(x)
         assert sv is not None
+        strides = list(contiguous_strides(tuple(t.shape)))
     buf, _, base = sv
-    return Lazy(t.shape, t.dtype, E.Load(buf, linear_offset(t.shape, idx(t.rank), base), t.dtype))
+    off: Any = sympy.sympify(base)
+    for i, st in zip(idx(t.rank), strides):
+        off = off + i * st
+    return Lazy(t.shape, t.dtype, E.Load(buf, sympy.expand(off), t.dtype))
+
+
+def _same(a: Any, b: Any) -> bool:
+    return bool(sympy.expand(sympy.sympify(a) - b) == 0)
+
+
+def view_strides(shape: Sequence[Dim], strides: Sequence[Dim], new: Sequence[Dim]) -> list[Any] | None:
+    """Strides of ``new`` viewing a tensor of ``shape``/``strides`` without a copy, or None.
+
+    torch's ``computeStride``: each run of old dims that are contiguous with each
+    other may be re-split into new dims of the same total size. Sizes are
+    compared symbolically; an undecidable comparison means "copy".
+    """
+    if not shape:
+        return [1] * len(new)
+    out: list[Any] = [0] * len(new)
+    view_d = len(new) - 1
+    chunk = sympy.sympify(strides[-1])
+    tensor_n: Any = sympy.Integer(1)
+    view_n: Any = sympy.Integer(1)
+    for d in range(len(shape) - 1, -1, -1):
+        tensor_n = tensor_n * shape[d]
+        if d == 0 or (shape[d - 1] != 1 and not _same(strides[d - 1], tensor_n * chunk)):
+            # consume new dims until their product is this chunk's (structurally equal)
+            while view_d >= 0 and (not _same(view_n, tensor_n) or new[view_d] == 1):
+                out[view_d] = sympy.expand(view_n * chunk)
+                view_n = view_n * new[view_d]
+                view_d -= 1
+            if not _same(view_n, tensor_n):
+                return None
+            if d > 0:
+                chunk = sympy.sympify(strides[d - 1])
+                tensor_n = sympy.Integer(1)
+                view_n = sympy.Integer(1)
+    if view_d != -1:
+        return None
+    return out
 
 
 def _is_contiguous(shape: Sequence[Dim], strides: Sequence[Dim]) -> bool:
-    from cuvil_ir.tensor_ir.program import contiguous_strides
-
     expected = contiguous_strides(tuple(shape))
     return all(d == 1 or sympy.expand(s - c) == 0 for d, s, c in zip(shape, strides, expected))
 

@@ -1,0 +1,40 @@
+#include <math.h>
+#include <stdint.h>
+static inline int64_t cu_floordiv(int64_t a, int64_t b) {
+  int64_t q = a / b; return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
+}
+static inline int64_t cu_mod(int64_t a, int64_t b) {
+  int64_t r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
+}
+static inline float cu_remf(float a, float b) {
+  float r = fmodf(a, b); return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
+}
+static inline double cu_rem(double a, double b) {
+  double r = fmod(a, b); return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
+}
+
+__attribute__((simd("notinbranch"))) float expf(float);
+__attribute__((simd("notinbranch"))) float logf(float);
+__attribute__((simd("notinbranch"))) float erff(float);
+__attribute__((simd("notinbranch"))) float tanhf(float);
+__attribute__((simd("notinbranch"))) float expm1f(float);
+__attribute__((simd("notinbranch"))) float log1pf(float);
+
+/* Loop IR:
+func k0(in %in0: f32*, in %in1: f32*, out %b0: f32*, b_0: i64, x_0: i64, x_1: i64) {
+  par _i1 in [0, x_0*x_1) if work >= b_0*x_0*x_1 {
+    vec _i2 in [0, b_0) {
+      %b0[_i1*b_0 + _i2] = add(%in0[_i1*b_0 + _i2], %in1[_i2])
+    }
+  }
+}
+*/
+void k0(const float* restrict p_in0, const float* restrict p_in1, float* restrict p_b0, int64_t s_b_0, int64_t s_x_0, int64_t s_x_1) {
+  #pragma omp parallel for schedule(static) if((s_b_0 * s_x_0 * s_x_1) >= 32768)
+  for (int64_t i1 = 0; i1 < (s_x_0 * s_x_1); ++i1) {
+    #pragma omp simd
+    for (int64_t i2 = 0; i2 < s_b_0; ++i2) {
+      p_b0[(i2 + (i1 * s_b_0))] = (p_in0[(i2 + (i1 * s_b_0))] + p_in1[i2]);
+    }
+  }
+}

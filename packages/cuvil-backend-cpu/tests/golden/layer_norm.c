@@ -1,0 +1,64 @@
+#include <math.h>
+#include <stdint.h>
+static inline int64_t cu_floordiv(int64_t a, int64_t b) {
+  int64_t q = a / b; return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
+}
+static inline int64_t cu_mod(int64_t a, int64_t b) {
+  int64_t r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
+}
+static inline float cu_remf(float a, float b) {
+  float r = fmodf(a, b); return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
+}
+static inline double cu_rem(double a, double b) {
+  double r = fmod(a, b); return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
+}
+
+__attribute__((simd("notinbranch"))) float expf(float);
+__attribute__((simd("notinbranch"))) float logf(float);
+__attribute__((simd("notinbranch"))) float erff(float);
+__attribute__((simd("notinbranch"))) float tanhf(float);
+__attribute__((simd("notinbranch"))) float expm1f(float);
+__attribute__((simd("notinbranch"))) float log1pf(float);
+
+/* Loop IR:
+func k0(in %in0: f32*, in %in1: f32*, in %in2: f32*, out %b0: f32*, b_0: i64, x_0: i64) {
+  par _i0 in [0, x_0) if work >= 3*b_0*x_0 {
+    var acc0: f32 = 0.0
+    vec _r100 in [0, b_0) reduce(sum: acc0) {
+      acc0 sum= %in0[_i0*b_0 + _r100]
+    }
+    var acc1: f32 = 0.0
+    vec _r200 in [0, b_0) reduce(sum: acc1) {
+      let s0: f32 = sub(%in0[_i0*b_0 + _r200], div(acc0, cast<f32>(idx(b_0))))
+      %b0[_i0*b_0 + _r200] = s0
+      acc1 sum= mul(s0, s0)
+    }
+    let inv0: f32 = reciprocal(max(sub(cast<f32>(idx(b_0)), 0.0), 0.0))
+    vec _i1 in [0, b_0) {
+      %b0[_i0*b_0 + _i1] = add(mul(mul(%b0[_i0*b_0 + _i1], rsqrt(add(mul(acc1, inv0), 1e-05))), %in1[_i1]), %in2[_i1])
+    }
+  }
+}
+*/
+void k0(const float* restrict p_in0, const float* restrict p_in1, const float* restrict p_in2, float* restrict p_b0, int64_t s_b_0, int64_t s_x_0) {
+  #pragma omp parallel for schedule(static) if((3 * s_b_0 * s_x_0) >= 32768)
+  for (int64_t i0 = 0; i0 < s_x_0; ++i0) {
+    float acc0 = 0.0f;
+    #pragma omp simd reduction(+:acc0)
+    for (int64_t r100 = 0; r100 < s_b_0; ++r100) {
+      acc0 += p_in0[(r100 + (i0 * s_b_0))];
+    }
+    float acc1 = 0.0f;
+    #pragma omp simd reduction(+:acc1)
+    for (int64_t r200 = 0; r200 < s_b_0; ++r200) {
+      const float s0 = (p_in0[(r200 + (i0 * s_b_0))] - (acc0 / ((float)(((int64_t)s_b_0)))));
+      p_b0[(r200 + (i0 * s_b_0))] = s0;
+      acc1 += (s0 * s0);
+    }
+    const float inv0 = (1.0f / ((((((float)(((int64_t)s_b_0))) - 0.0f)) > (0.0f) ? ((((float)(((int64_t)s_b_0))) - 0.0f)) : (0.0f))));
+    #pragma omp simd
+    for (int64_t i1 = 0; i1 < s_b_0; ++i1) {
+      p_b0[(i1 + (i0 * s_b_0))] = (((p_b0[(i1 + (i0 * s_b_0))] * (1.0f / sqrtf(((acc1 * inv0) + 1e-05f)))) * p_in1[i1]) + p_in2[i1]);
+    }
+  }
+}

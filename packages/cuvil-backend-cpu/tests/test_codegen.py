@@ -1,0 +1,275 @@
+"""What the cpu target generates: golden Loop IR and C, stage dumps, a missing compiler,
+and the kernel cache shared across processes.
+
+Regenerate the golden files (after a scheduling or code generation change, reviewing
+the diff) with::
+
+    .venv/bin/python -m pytest packages/cuvil-backend-cpu/tests/test_codegen.py -q --update-golden
+
+(``--update-golden`` is registered in the repository root ``conftest.py``.)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import cuvil as cu
+from cuvil_backend_cpu.backend import CpuExecutable
+from cuvil_backend_cpu.codegen import generate_c
+from cuvil_backend_cpu.compile import FUSION
+from cuvil_ir.loop_ir.schedule import SchedulePolicy, schedule_program
+from cuvil_ir.tensor_ir.lower import lower
+
+GOLDEN = Path(__file__).parent / "golden"
+UPDATE_CMD = "pytest packages/cuvil-backend-cpu/tests/test_codegen.py --update-golden"
+
+
+def compiled(fn: Callable[..., Any]) -> Any:
+    return cu.compile(fn, target="cpu", fallback="error")
+
+
+def executable(cf: Any) -> CpuExecutable:
+    ex = cf.artifacts[-1].executable
+    assert isinstance(ex, CpuExecutable), type(ex)
+    return ex
+
+
+def run_script(tmp_path: Path, name: str, source: str, env: dict[str, str], *args: str) -> subprocess.Popen:
+    script = tmp_path / f"{name}.py"
+    script.write_text(source)
+    return subprocess.Popen(
+        [sys.executable, str(script), *args],
+        env={**os.environ, "CUVIL_PROGRESS": "0", **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def finish(proc: subprocess.Popen) -> str:
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, f"exit status {proc.returncode}:\n{err[-3000:]}"
+    return out
+
+
+# -- golden Loop IR and C -------------------------------------------------------------
+
+
+def softmax_last(x):
+    return torch.softmax(x, dim=-1)
+
+
+def bias_add(x, b):
+    return x + b
+
+
+def layer_norm(x, w, b):
+    return F.layer_norm(x, (x.shape[-1],), w, b, 1e-5)
+
+
+GOLDEN_CASES: dict[str, tuple[Callable[..., Any], Callable[[], tuple[Any, ...]]]] = {
+    "softmax_last": (softmax_last, lambda: (torch.randn(2, 8),)),
+    "bias_add": (bias_add, lambda: (torch.randn(2, 3, 4), torch.randn(4))),
+    "layer_norm": (layer_norm, lambda: (torch.randn(3, 8), torch.randn(8), torch.randn(8))),
+}
+
+
+def generated(name: str) -> tuple[Any, str, str, CpuExecutable]:
+    """(the only Loop IR function, its text, its C, the compiled executable) of a golden case.
+
+    The graph comes from ``cu.compile``; lowering, scheduling and C generation run here
+    with fixed settings (default policies, libmvec declarations on), so the texts do not
+    depend on the machine's compiler.
+    """
+    fn, make = GOLDEN_CASES[name]
+    cf = compiled(fn)
+    args = make()
+    torch.testing.assert_close(cf(*args), fn(*args))
+    program = lower(cf.graphs[0], FUSION)
+    (func,) = schedule_program(program, SchedulePolicy())
+    ck = generate_c(func, simd_math=True, parallel_threshold=32768)
+    return func, func.text + "\n", ck.source, executable(cf)
+
+
+def check_golden(path: Path, text: str, update: bool) -> None:
+    if update:
+        GOLDEN.mkdir(exist_ok=True)
+        if not path.exists() or path.read_text() != text:
+            path.write_text(text)
+        return
+    if not path.exists():
+        pytest.fail(f"no golden file {path.name}: run `{UPDATE_CMD}` to create it")
+    assert text == path.read_text(), (
+        f"the generated text differs from {path.name} "
+        f"(if the change is intended, run `{UPDATE_CMD}` and review the diff)"
+    )
+
+
+def loops(func: Any) -> list[Any]:
+    from cuvil_ir.loop_ir.nodes import Loop
+
+    out: list[Any] = []
+
+    def visit(stmts: Any) -> None:
+        for s in stmts:
+            if isinstance(s, Loop):
+                out.append(s)
+                visit(s.body)
+
+    visit(func.body)
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(GOLDEN_CASES))
+def test_golden_loop_ir_and_c(name, request):
+    func, loop_text, c_text, ex = generated(name)
+    update = request.config.getoption("--update-golden", default=False)
+    check_golden(GOLDEN / f"{name}.loop.txt", loop_text, update)
+    check_golden(GOLDEN / f"{name}.c", c_text, update)
+    # the compile pipeline schedules the same way
+    assert ex.stages["loop_ir"] == func.text
+    assert ex.report.kernels == 1 and ex.report.externs == 0 and ex.program.plan.peak == 0
+    assert f"void {func.name}(" in c_text and "/* Loop IR:" in c_text
+
+
+def test_softmax_schedule_shape():
+    func, _, c, _ = generated("softmax_last")
+    ls = loops(func)
+    assert [lp.kind for lp in ls] == ["par", "vec", "vec", "vec"]  # one par loop, three phases
+    assert [r for lp in ls for r in lp.reduces] == [("acc0", "max"), ("acc1", "sum")]
+    assert c.count("#pragma omp parallel for") == 1 and c.count("#pragma omp simd") == 3
+    assert "reduction(max:acc0)" in c and "reduction(+:acc1)" in c
+    # exp(x - max) is stored into the output by the sum phase and read back by the store
+    body = c.split(f"void {func.name}(", 1)[1]
+    assert body.count("expf(") == 1
+    assert "p_b0[(r200 + (i0 * s_x_1))] = s0;" in c
+
+
+def test_bias_add_collapses_the_batch_dims():
+    func, text, c, _ = generated("bias_add")
+    ls = loops(func)
+    assert [lp.kind for lp in ls] == ["par", "vec"]
+    assert str(ls[0].extent) == "x_0*x_1"  # [B, S] collapsed; D stays (the bias walks it alone)
+    assert "for (int64_t i1 = 0; i1 < (s_x_0 * s_x_1); ++i1)" in c
+
+
+def test_layer_norm_is_one_nest():
+    func, _, c, _ = generated("layer_norm")
+    ls = loops(func)
+    assert [lp.kind for lp in ls] == ["par", "vec", "vec", "vec"]
+    assert [r for lp in ls for r in lp.reduces] == [("acc0", "sum"), ("acc1", "sum")]
+    assert "sqrtf(" in c
+
+
+def test_no_stale_golden_files():
+    names = {f"{n}.loop.txt" for n in GOLDEN_CASES} | {f"{n}.c" for n in GOLDEN_CASES}
+    stale = sorted(p.name for p in GOLDEN.iterdir() if p.name not in names)
+    assert not stale, f"golden files without a case: {stale}"
+
+
+# -- CUVIL_DUMP -----------------------------------------------------------------------
+
+
+def dumped(x, y):
+    # constants unique to this test: no other test compiles this graph in-process
+    return torch.softmax(x * 1.731 + y, -1), (x - 0.257).exp().sum(0)
+
+
+def test_cuvil_dump_writes_every_stage(tmp_path, monkeypatch):
+    monkeypatch.setenv("CUVIL_DUMP", str(tmp_path / "dump"))
+    cf = compiled(dumped)
+    x, y = torch.randn(3, 5), torch.randn(5)
+    torch.testing.assert_close(cf(x, y), dumped(x, y))
+    ex = executable(cf)
+    (folder,) = (tmp_path / "dump").iterdir()
+    assert folder.name == cf.graphs[0].hash[:12] == ex.report.graph_hash[:12]
+    files = sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
+    kernels = sorted(f"kernels/{k}.c" for k in ex.report.c_hashes)
+    assert len(kernels) == ex.report.kernels >= 2
+    assert files == sorted(["graph.txt", "tensor_ir.txt", "loop_ir.txt", "wrapper.py", *kernels])
+    assert (folder / "graph.txt").read_text() == ex.stages["graph"] == cf.graphs[0].text
+    assert (folder / "tensor_ir.txt").read_text() == ex.stages["tensor_ir"]
+    assert (folder / "loop_ir.txt").read_text() == ex.stages["loop_ir"]
+    assert (folder / "wrapper.py").read_text() == ex.stages["wrapper"]
+    for k in kernels:
+        text = (folder / k).read_text()
+        assert text in ex.stages["c"] and f"void {Path(k).stem}(" in text
+
+
+# -- a missing compiler ---------------------------------------------------------------
+
+_COMPILE_WITHOUT_CC = """
+import torch
+import cuvil as cu
+try:
+    cu.compile(lambda x: x + 1, target="cpu")
+except Exception as e:
+    print(type(e).__name__)
+    print(e)
+else:
+    print("no error")
+"""
+
+
+def test_missing_compiler_makes_the_target_unavailable(tmp_path):
+    env = {"CC": "/nonexistent/cc", "CUVIL_CACHE_DIR": str(tmp_path / "cache")}
+    backends = subprocess.Popen(
+        [sys.executable, "-m", "cuvil.cli", "backends"],
+        env={**os.environ, **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    compile_proc = run_script(tmp_path, "compile_without_cc", _COMPILE_WITHOUT_CC, env)
+    listing = finish(backends)
+    (cpu_row,) = [line for line in listing.splitlines() if line.startswith("cpu ")]
+    assert cpu_row.split()[1] == "no"
+    assert "no C compiler found" in cpu_row and "/nonexistent/cc" in cpu_row
+    assert any(line.startswith("reference ") and line.split()[1] == "yes" for line in listing.splitlines())
+
+    kind, message = finish(compile_proc).split("\n", 1)
+    assert kind == "TargetUnavailableError"
+    assert "target 'cpu' is unavailable" in message
+    assert "no C compiler found" in message and "CC='/nonexistent/cc'" in message
+
+
+# -- the kernel cache across processes ---------------------------------------------------
+
+_COMPILE_TWICE = """
+import json
+import torch
+import torch.nn.functional as F
+import cuvil as cu
+
+def f(x, w, b):
+    h = F.layer_norm(x, (x.shape[-1],), w, b)
+    return torch.softmax(h, -1), (h * 3).sum(0), F.gelu(x).amax(-1)
+
+cf = cu.compile(f, target="cpu", fallback="error")
+x, w, b = torch.randn(4, 8), torch.randn(8), torch.randn(8)
+for got, ref in zip(cf(x, w, b), f(x, w, b)):
+    torch.testing.assert_close(got, ref)
+r = cf.artifacts[-1].executable.report
+print(json.dumps({"hits": r.cache_hits, "misses": r.cache_misses, "kernels": r.kernels, "c": r.c_hashes}))
+"""
+
+
+def test_kernel_cache_is_reused_by_a_fresh_process(tmp_path):
+    env = {"CUVIL_CACHE_DIR": str(tmp_path / "cache")}
+    first = json.loads(finish(run_script(tmp_path, "first", _COMPILE_TWICE, env)).splitlines()[-1])
+    second = json.loads(finish(run_script(tmp_path, "second", _COMPILE_TWICE, env)).splitlines()[-1])
+    assert first["kernels"] == second["kernels"] >= 3
+    assert (first["hits"], first["misses"]) == (0, first["kernels"])  # an empty cache: all built
+    assert (second["hits"], second["misses"]) == (second["kernels"], 0)  # all reused
+    assert first["c"] == second["c"]
+    assert len(list((tmp_path / "cache").rglob("*.so"))) == first["kernels"]
