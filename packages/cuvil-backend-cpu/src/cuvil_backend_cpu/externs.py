@@ -24,7 +24,10 @@ def linear_into(out: torch.Tensor, x: torch.Tensor, w: torch.Tensor, *bias: torc
 
 
 def matmul_into(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
-    torch.matmul(a, b, out=out)
+    if a.dim() >= 2 and b.dim() >= 2:
+        torch.matmul(a, b, out=out)
+    else:  # torch's matrix-vector forms want an out of another shape (and would resize ours)
+        out.copy_(torch.matmul(a, b))
 
 
 OUT_VARIANTS: dict[str, Callable[..., Any]] = {"linear": linear_into, "matmul": matmul_into}
