@@ -17,6 +17,7 @@ graph relies on is visible in its text.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping
 from typing import Any, Union
 
@@ -96,6 +97,12 @@ def expr_str(expr: sympy.Basic | int) -> str:
     """Canonical text of a size expression or fact (deterministic across processes)."""
     if isinstance(expr, int):
         return str(expr)
+    return _expr_str(expr)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _expr_str(expr: sympy.Basic) -> str:
+    # memoised: the lower IR levels print the same offsets and sizes many times
     return str(_PRINTER.doprint(expr))
 
 

@@ -18,6 +18,7 @@ import sympy
 
 from cuvil_ir.graph_ir.types import DType
 from cuvil_ir.symbolic import dim_str
+from cuvil_ir.symbolic import expr_str as sexpr
 from cuvil_ir.tensor_ir.expr import Expr, expr_str
 
 LOOP_KINDS = ("par", "seq", "vec", "parvec")
@@ -111,7 +112,7 @@ def _stmt_lines(s: Stmt, indent: str) -> list[str]:
         return [f"{indent}{kw} {s.name}: {s.dtype.value} = {expr_str(s.expr)}"]
     if isinstance(s, Accumulate):
         return [f"{indent}{s.name} {s.kind}= {expr_str(s.expr)}"]
-    return [f"{indent}%{s.buf}[{sympy.sstr(s.offset)}] = {expr_str(s.expr)}"]
+    return [f"{indent}%{s.buf}[{sexpr(s.offset)}] = {expr_str(s.expr)}"]
 
 
 def print_func(f: LoopFunc) -> str:

@@ -147,27 +147,46 @@ def _collapse(
     """
     subst: dict[sympy.Symbol, Any] = {}
     loops = list(loops)
+    # each distinct offset once, as {loop symbol: coefficient}; None: not affine in the loops
+    syms = [s for s, _ in loops]
+    forms = [_affine(off, syms) for off in dict.fromkeys(sympy.expand(o) for o in exprs)]
     j = len(loops) - 2
     while j >= 0:
         (a, ea), (b, eb) = loops[j], loops[j + 1]
         ok = a not in opaque and b not in opaque
+        for form in forms if ok else ():
+            if form is None:
+                ok = False
+                break
+            ca, cb = form.get(a, 0), form.get(b, 0)
+            if sympy.expand(ca - cb * eb) != 0:
+                ok = False
+                break
         if ok:
-            for off in exprs:
-                off = sympy.expand(off.xreplace(subst))
-                if not off.is_polynomial(a, b) or sympy.degree(off, a) > 1 or sympy.degree(off, b) > 1:
-                    ok = False
-                    break
-                ca, cb = off.coeff(a), off.coeff(b)
-                if (ca.free_symbols | cb.free_symbols) & {a, b} or sympy.expand(ca - cb * eb) != 0:
-                    ok = False
-                    break
-        if ok:
+            # b now walks a*eb + b: its coefficient stays, a's disappears
+            for form in forms:
+                if form is not None:
+                    form.pop(a, None)
             subst = {k: v.xreplace({a: 0}) if isinstance(v, sympy.Basic) else v for k, v in subst.items()}
             subst[a] = sympy.Integer(0)
             loops[j] = (b, sympy.expand(ea * eb))
             del loops[j + 1]
         j -= 1
     return loops, subst
+
+
+def _affine(off: sympy.Expr, syms: Sequence[sympy.Symbol]) -> dict[sympy.Symbol, Any] | None:
+    """``off`` as ``{sym: coefficient}`` over ``syms`` when it is affine in them (else None)."""
+    out: dict[sympy.Symbol, Any] = {}
+    wanted = set(syms)
+    for term in sympy.Add.make_args(off):
+        if not (term.free_symbols & wanted):
+            continue
+        coeff, dep = term.as_independent(*wanted, as_Add=False)
+        if dep not in wanted:
+            return None
+        out[dep] = out.get(dep, 0) + coeff
+    return out
 
 
 def _offsets(e: E.Expr) -> list[sympy.Expr]:

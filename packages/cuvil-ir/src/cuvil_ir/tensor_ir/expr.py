@@ -16,6 +16,7 @@ from typing import Union
 import sympy
 
 from cuvil_ir.graph_ir.types import DType
+from cuvil_ir.symbolic import expr_str as sexpr
 
 
 def index_symbol(k: int) -> sympy.Symbol:
@@ -239,11 +240,11 @@ def expr_str(e: Expr) -> str:
     if isinstance(e, Var):
         return e.name
     if isinstance(e, Load):
-        return f"%{e.buf}[{sympy.sstr(e.offset)}]"
+        return f"%{e.buf}[{sexpr(e.offset)}]"
     if isinstance(e, Index):
-        return f"idx({sympy.sstr(e.expr)})"
+        return f"idx({sexpr(e.expr)})"
     if isinstance(e, Call):
         name = f"cast<{e.dtype.value}>" if e.fn == "cast" else e.fn
         return f"{name}({', '.join(expr_str(a) for a in e.args)})"
-    ranges = ", ".join(f"{s} < {sympy.sstr(n)}" for s, n in e.ranges)
+    ranges = ", ".join(f"{s} < {sexpr(n)}" for s, n in e.ranges)
     return f"{e.kind}({ranges}: {expr_str(e.body)})"

@@ -84,11 +84,24 @@ def _aligned(n: Any) -> sympy.Expr:
     )
 
 
-def _at_least(a: sympy.Expr, b: sympy.Expr, assumptions: tuple[sympy.Basic, ...]) -> bool | None:
-    ok = prove(sympy.Ge(a, b))
-    if ok is None and assumptions:
-        ok = prove(sympy.Implies(sympy.And(*assumptions), sympy.Ge(a, b)))
-    return ok
+def _max(a: sympy.Expr, b: sympy.Expr) -> sympy.Expr:
+    """``Max(a, b)`` without sympy's simplification (slow, and the plan only evaluates it)."""
+    args = list(a.args) if isinstance(a, sympy.Max) else [a]
+    if b not in args:
+        args.append(b)
+    return sympy.Max(*sorted(args, key=sympy.default_sort_key), evaluate=False)
+
+
+def _at_least(a: sympy.Expr, b: sympy.Expr, known: dict[sympy.Symbol, Any]) -> bool | None:
+    """``a >= b`` for all sizes (with the sizes the graph pins down substituted), or None."""
+    if isinstance(a, sympy.Max):
+        return True if any(_at_least(x, b, known) for x in a.args) else None
+    if isinstance(b, sympy.Max):
+        return True if all(_at_least(a, x, known) for x in b.args) else None
+    a, b = a.xreplace(known), b.xreplace(known)
+    if a == b:
+        return True
+    return prove(sympy.Ge(a, b))
 
 
 def plan_program(program: TensorProgram) -> TensorProgram:
@@ -100,7 +113,9 @@ def plan_program(program: TensorProgram) -> TensorProgram:
     slots: list[Slot] = []
     slot_of: dict[str, int] = {}
     free_at: dict[int, int] = {}  # slot -> step index after which it is free
-    assumptions = tuple(program.graph.assumptions)
+    from cuvil_ir.tensor_ir.lower import known_sizes
+
+    assumptions = known_sizes(program.graph.assumptions)
     for k, step in enumerate(program.steps):
         for buf in _writes(step):
             if buf not in temps:
@@ -122,9 +137,7 @@ def plan_program(program: TensorProgram) -> TensorProgram:
                     break
             if chosen is None and candidates:
                 s = candidates[0]
-                grown = (
-                    need if _at_least(need, slots[s].size, assumptions) else sympy.Max(slots[s].size, need)
-                )
+                grown = need if _at_least(need, slots[s].size, assumptions) else _max(slots[s].size, need)
                 slots[s] = replace(slots[s], size=grown)
                 chosen = s
             if chosen is None:

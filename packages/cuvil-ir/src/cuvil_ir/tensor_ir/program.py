@@ -15,6 +15,7 @@ import sympy
 from cuvil_ir.graph_ir.nodes import Graph, Node
 from cuvil_ir.graph_ir.types import DType
 from cuvil_ir.symbolic import Dim, dim_str
+from cuvil_ir.symbolic import expr_str as sexpr
 from cuvil_ir.tensor_ir.expr import Expr, expr_str
 
 #: buffer kinds: graph inputs, program outputs, arena temporaries, extern-allocated results
@@ -190,7 +191,7 @@ def _attr_str(v: Any) -> str:
     if isinstance(v, tuple):
         return "[" + ", ".join(_attr_str(x) for x in v) + "]"
     if isinstance(v, sympy.Basic):
-        return f"<{sympy.sstr(v)}>"
+        return f"<{sexpr(v)}>"
     if isinstance(v, str):
         return f'"{v}"'
     if isinstance(v, DType):
