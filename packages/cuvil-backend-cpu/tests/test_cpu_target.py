@@ -494,14 +494,9 @@ def test_stage_texts_do_not_depend_on_the_hash_seed(tmp_path):
     assert a == b
 
 
-# -- known bugs (strict xfails: each must go once fixed) ---------------------------------
+# -- NaN propagation, views of the arena, integer division edge cases --------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="amax/amin drop NaN: the `omp simd reduction(max/min)` combiner ignores it "
-    "(amax([1, nan, 2]) gives 2 or -inf, eager nan)",
-)
 def test_amax_amin_propagate_nan():
     x = torch.tensor([[1.0, float("nan"), 2.0], [3.0, 1.0, 2.0]])
     check(r_amax_amin, x)
@@ -511,11 +506,6 @@ def nan_elementwise(x, y):
     return torch.maximum(x, y), torch.minimum(x, y), x.clamp(-1.0, 1.0), torch.relu(x)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="elementwise maximum/minimum/clamp/relu drop NaN: `a > b ? a : b` picks b when a is "
-    "nan (relu(nan) gives 0, eager nan)",
-)
 def test_elementwise_max_min_clamp_relu_propagate_nan():
     nan = float("nan")
     check(nan_elementwise, torch.tensor([nan, 2.0, nan]), torch.tensor([1.0, nan, nan]))
@@ -527,11 +517,6 @@ def extern_alias(x):
     return (r + c.exp()) * c.exp()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="an extern returning a view of its operand (torch.real, torch.atleast_3d) aliases an "
-    "arena slot: a later temporary in the slot overwrites it",
-)
 def test_extern_result_aliasing_an_arena_temporary_within_a_call():
     check(extern_alias, randn(3, 4))
 
@@ -540,11 +525,6 @@ def real_of_temp(x):
     return torch.real(x.exp() * 3)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="an extern returning a view of its operand (torch.real) hands the caller an arena "
-    "slot, which the next call overwrites",
-)
 def test_extern_alias_output_survives_the_next_call():
     cf = compiled(real_of_temp)
     x = randn(2, 3)
@@ -582,23 +562,8 @@ else:  # INT64_MIN // -1 wraps to INT64_MIN in eager
 @pytest.mark.parametrize(
     ("case", "expected"),
     [
-        pytest.param(
-            "zero",
-            "raised",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="integer floor_divide/remainder by zero kills the process with SIGFPE "
-                "(eager raises RuntimeError: ZeroDivisionError)",
-            ),
-        ),
-        pytest.param(
-            "int64_min",
-            "equal",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="INT64_MIN // -1 kills the process with SIGFPE (eager returns INT64_MIN)",
-            ),
-        ),
+        pytest.param("zero", "raised"),  # eager raises; the compiled call must raise, not SIGFPE
+        pytest.param("int64_min", "equal"),  # INT64_MIN // -1 wraps as in eager
     ],
 )
 def test_integer_division_edge_cases_do_not_crash(tmp_path, case, expected):

@@ -42,10 +42,29 @@ C_TYPES = {
 PRELUDE = """\
 #include <math.h>
 #include <stdint.h>
-static inline int64_t cu_floordiv(int64_t a, int64_t b) {
+/* Integer division as Python/torch define it. A zero divisor sets *err (the kernel
+   then returns nonzero and the caller raises ZeroDivisionError) instead of SIGFPE;
+   INT64_MIN / -1 wraps as torch's does instead of trapping. */
+static inline int64_t cu_floordiv(int64_t a, int64_t b, int* err) {
+  if (b == 0) { *err = 1; return 0; }
+  if (b == -1) return (int64_t)(0 - (uint64_t)a);
   int64_t q = a / b; return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
 }
-static inline int64_t cu_mod(int64_t a, int64_t b) {
+static inline int64_t cu_mod(int64_t a, int64_t b, int* err) {
+  if (b == 0) { *err = 1; return 0; }
+  if (b == -1) return 0;
+  int64_t r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
+}
+static inline int64_t cu_fmod(int64_t a, int64_t b, int* err) {
+  if (b == 0) { *err = 1; return 0; }
+  if (b == -1) return 0;
+  return a % b;
+}
+/* index arithmetic (operands are sizes and indices: no zero divisors) */
+static inline int64_t cu_ifloordiv(int64_t a, int64_t b) {
+  int64_t q = a / b; return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
+}
+static inline int64_t cu_imod(int64_t a, int64_t b) {
   int64_t r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
 }
 static inline float cu_remf(float a, float b) {
@@ -108,6 +127,8 @@ class CKernel:
     #: (expression, C type: "int64_t", or "double" for a float-valued one such as ``x_2**-0.5``)
     derived: list[tuple[sympy.Expr, str]] = field(default_factory=list)
     func: LoopFunc | None = None
+    #: returns nonzero when an integer division met a zero divisor
+    may_fail: bool = False
 
 
 class _Gen:
@@ -117,6 +138,10 @@ class _Gen:
         self.threshold = parallel_threshold
         self.derived: dict[tuple[sympy.Expr, str], str] = {}
         self.lines: list[str] = []
+        self.local_types: dict[str, DType] = {}
+        self.nan_flags: set[str] = set()
+        #: the kernel uses a checked integer division (returns nonzero on a zero divisor)
+        self.may_fail = False
 
     # -- index arithmetic ----------------------------------------------------------
     def index(self, value: object) -> str:
@@ -134,12 +159,12 @@ class _Gen:
         if isinstance(e, sympy.Pow) and e.exp.is_Integer and int(e.exp) > 0 and e.base.is_integer:
             return "(" + " * ".join([self.index(e.base)] * int(e.exp)) + ")"
         if isinstance(e, sympy.Mod) and loop:
-            return f"cu_mod({self.index(e.args[0])}, {self.index(e.args[1])})"
+            return f"cu_imod({self.index(e.args[0])}, {self.index(e.args[1])})"
         if isinstance(e, sympy.floor) and loop:
             num, den = sympy.fraction(sympy.together(e.args[0]))
             if den.free_symbols & {s for s in den.free_symbols if E.is_loop_symbol(s)}:
                 raise CodegenError(f"index expression {e}")
-            return f"cu_floordiv({self.index(sympy.expand(num))}, {self.index(den)})"
+            return f"cu_ifloordiv({self.index(sympy.expand(num))}, {self.index(den)})"
         if loop:
             raise CodegenError(f"index expression {e} has no C form")
         return self.derived_arg(e, "int64_t")
@@ -215,10 +240,11 @@ class _Gen:
             return f"((!!({a[0]})) ^ (!!({a[1]})))"
         if fn == "where":
             return f"(({a[0]}) ? ({a[1]}) : ({a[2]}))"
-        if fn == "max":
-            return f"(({a[0]}) > ({a[1]}) ? ({a[0]}) : ({a[1]}))"
-        if fn == "min":
-            return f"(({a[0]}) < ({a[1]}) ? ({a[0]}) : ({a[1]}))"
+        if fn in ("max", "min"):
+            cmp = ">" if fn == "max" else "<"
+            if fl:  # torch propagates NaN from either side
+                return f"((({a[0]}) {cmp} ({a[1]}) || ({a[0]}) != ({a[0]})) ? ({a[0]}) : ({a[1]}))"
+            return f"(({a[0]}) {cmp} ({a[1]}) ? ({a[0]}) : ({a[1]}))"
         if fn == "sign":
             return f"(({C_TYPES[d]})((({a[0]}) > 0) - (({a[0]}) < 0)))"
         if fn == "reciprocal":
@@ -231,12 +257,9 @@ class _Gen:
         if not fl:
             if fn == "abs":
                 return f"(({a[0]}) < 0 ? -({a[0]}) : ({a[0]}))"
-            if fn == "floordiv":
-                return f"(({C_TYPES[d]})cu_floordiv({a[0]}, {a[1]}))"
-            if fn == "mod":
-                return f"(({C_TYPES[d]})cu_mod({a[0]}, {a[1]}))"
-            if fn == "fmod":
-                return f"(({a[0]}) % ({a[1]}))"
+            if fn in ("floordiv", "mod", "fmod"):
+                self.may_fail = True
+                return f"(({C_TYPES[d]})cu_{fn}({a[0]}, {a[1]}, &cu_err))"
             raise CodegenError(f"{fn} on {src.value}")
         if fn == "mod":
             return f"cu_rem{sfx}({a[0]}, {a[1]})"
@@ -249,8 +272,15 @@ class _Gen:
         if isinstance(s, Loop):
             v = s.var.name[1:]
             clauses = ""
+            # a float max/min also collects "saw a NaN" (OpenMP's max/min combiners drop NaN)
+            nans = [n for n, k in s.reduces if k in ("max", "min") and self.local_types[n].is_floating]
+            new_nans = [n for n in nans if n not in self.nan_flags]
+            for n in new_nans:
+                self.lines.append(f"{ind}uint8_t {n}_nan = 0;")
+                self.nan_flags.add(n)
             if s.reduces:
                 clauses = " " + " ".join(f"reduction({_OMP_REDUCTION[k]}:{n})" for n, k in s.reduces)
+                clauses += "".join(f" reduction(|:{n}_nan)" for n in nans)
             cond = ""
             if s.work is not None:
                 cond = f" if({self.index(s.work)} >= {self.threshold})"
@@ -264,7 +294,10 @@ class _Gen:
             for b in s.body:
                 self.emit(b, ind + "  ")
             self.lines.append(f"{ind}}}")
+            for n in new_nans:
+                self.lines.append(f"{ind}if ({n}_nan) {n} = NAN;")
         elif isinstance(s, Let):
+            self.local_types[s.name] = s.dtype
             const = "" if s.mutable else "const "
             self.lines.append(f"{ind}{const}{C_TYPES[s.dtype]} {s.name} = {self.expr(s.expr)};")
         elif isinstance(s, Accumulate):
@@ -274,14 +307,11 @@ class _Gen:
                 self.lines.append(f"{ind}{n} += {x};")
             elif s.kind == "prod":
                 self.lines.append(f"{ind}{n} *= {x};")
-            elif s.kind == "max":
-                self.lines.append(
-                    f"{ind}{{ const __typeof__({n}) v_ = {x}; {n} = (v_ > {n} || v_ != v_) ? v_ : {n}; }}"
-                )
-            elif s.kind == "min":
-                self.lines.append(
-                    f"{ind}{{ const __typeof__({n}) v_ = {x}; {n} = (v_ < {n} || v_ != v_) ? v_ : {n}; }}"
-                )
+            elif s.kind in ("max", "min"):
+                cmp = ">" if s.kind == "max" else "<"
+                ty = C_TYPES[self.local_types[n]]
+                nan = f" {n}_nan |= (v_ != v_);" if self.local_types[n].is_floating else ""
+                self.lines.append(f"{ind}{{ const {ty} v_ = {x}; {n} = v_ {cmp} {n} ? v_ : {n};{nan} }}")
             elif s.kind == "any":
                 self.lines.append(f"{ind}{n} |= (({x}) != 0);")
             elif s.kind == "all":
@@ -312,9 +342,14 @@ class _Gen:
 
             head.append(SIMD_MATH_DECLARATIONS)
         head.append(f"/* Loop IR:\n{_comment(self.func.text)}\n*/")
-        head.append(f"void {self.func.name}({', '.join(params) or 'void'}) {{")
+        if self.may_fail:
+            head.append(f"int {self.func.name}({', '.join(params) or 'void'}) {{")
+            head.append("  int cu_err = 0;")
+            body_lines.append("  return cu_err;")
+        else:
+            head.append(f"void {self.func.name}({', '.join(params) or 'void'}) {{")
         source = "\n".join(head + body_lines + ["}", ""])
-        return CKernel(self.func.name, source, derived, self.func)
+        return CKernel(self.func.name, source, derived, self.func, self.may_fail)
 
 
 def _comment(text: str) -> str:

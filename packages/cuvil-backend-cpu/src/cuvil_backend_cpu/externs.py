@@ -14,7 +14,9 @@ from typing import Any
 import torch
 
 
-def linear_into(out: torch.Tensor, x: torch.Tensor, w: torch.Tensor, *bias: torch.Tensor, has_bias: bool) -> None:
+def linear_into(
+    out: torch.Tensor, x: torch.Tensor, w: torch.Tensor, *bias: torch.Tensor, has_bias: bool
+) -> None:
     x2 = x.reshape(-1, x.shape[-1])
     o2 = out.view(-1, out.shape[-1])
     if has_bias:

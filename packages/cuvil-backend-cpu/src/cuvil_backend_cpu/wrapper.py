@@ -125,6 +125,7 @@ class CpuProgram:
         prog = self.program
         ns: dict[str, Any] = {
             "torch": torch,
+            "_own": _own,
             "math": __import__("math"),
             "_self": self,
             "_as_strided": torch.as_strided,
@@ -202,7 +203,12 @@ class CpuProgram:
                 call_args += [f"s_{s.name}" for s in ck.func.sizes]
                 call_args += [self._scalar_code(E.Arg(n, d)) for n, d in ck.func.args]
                 star = f", *_p.derived[{step.name!r}]" if ck.derived else ""
-                body.append(f"_k_{step.name}({', '.join(call_args)}{star})")
+                call = f"_k_{step.name}({', '.join(call_args)}{star})"
+                if ck.may_fail:
+                    ns["_zero_division"] = _zero_division
+                    body.append(f"if {call}: _zero_division()")
+                else:
+                    body.append(call)
             elif isinstance(step, Extern) and step.into:
                 from cuvil_backend_cpu.externs import OUT_VARIANTS
 
@@ -260,7 +266,9 @@ class CpuProgram:
             body.append(f"{var} = ({var},)")
         for k, (name, v) in enumerate(zip(names, values)):
             if isinstance(v.type, TensorType):
-                body.append(f"v_{name} = {var}[{k}].contiguous()")
+                # a result that is a view of the arena (torch.real, a reshape ...) would be
+                # overwritten when its slot is reused, or by the next call: copy it out
+                body.append(f"v_{name} = _own({var}[{k}], _p.arena)")
                 tensor[name] = f"v_{name}"
                 ptr[name] = f"v_{name}.data_ptr()"
             else:
@@ -322,6 +330,17 @@ class CpuProgram:
         return run_while
 
 
+def _own(t: torch.Tensor, arena: torch.Tensor) -> torch.Tensor:
+    """``t`` contiguous and not sharing the arena's storage."""
+    if t.untyped_storage().data_ptr() == arena.untyped_storage().data_ptr():
+        return t.clone(memory_format=torch.contiguous_format)
+    return t.contiguous()
+
+
+def _zero_division() -> None:
+    raise ZeroDivisionError("ZeroDivisionError: integer division or modulo by zero")
+
+
 def _value(v: Any, ctype: str) -> Any:
     return float(v) if ctype == "double" else int(v)
 
@@ -380,5 +399,5 @@ def bind_ctypes(lib: ctypes.CDLL, ck: CKernel) -> Any:
     types += [_CTYPES[t] for _, t in ck.derived]
     types += [_CTYPES[C_TYPES[d]] for _, d in ck.func.args]
     fn.argtypes = types
-    fn.restype = None
+    fn.restype = ctypes.c_int if ck.may_fail else None
     return fn

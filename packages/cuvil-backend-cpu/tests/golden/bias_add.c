@@ -1,9 +1,28 @@
 #include <math.h>
 #include <stdint.h>
-static inline int64_t cu_floordiv(int64_t a, int64_t b) {
+/* Integer division as Python/torch define it. A zero divisor sets *err (the kernel
+   then returns nonzero and the caller raises ZeroDivisionError) instead of SIGFPE;
+   INT64_MIN / -1 wraps as torch's does instead of trapping. */
+static inline int64_t cu_floordiv(int64_t a, int64_t b, int* err) {
+  if (b == 0) { *err = 1; return 0; }
+  if (b == -1) return (int64_t)(0 - (uint64_t)a);
   int64_t q = a / b; return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
 }
-static inline int64_t cu_mod(int64_t a, int64_t b) {
+static inline int64_t cu_mod(int64_t a, int64_t b, int* err) {
+  if (b == 0) { *err = 1; return 0; }
+  if (b == -1) return 0;
+  int64_t r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
+}
+static inline int64_t cu_fmod(int64_t a, int64_t b, int* err) {
+  if (b == 0) { *err = 1; return 0; }
+  if (b == -1) return 0;
+  return a % b;
+}
+/* index arithmetic (operands are sizes and indices: no zero divisors) */
+static inline int64_t cu_ifloordiv(int64_t a, int64_t b) {
+  int64_t q = a / b; return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
+}
+static inline int64_t cu_imod(int64_t a, int64_t b) {
   int64_t r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
 }
 static inline float cu_remf(float a, float b) {

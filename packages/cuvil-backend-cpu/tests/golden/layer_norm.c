@@ -1,9 +1,28 @@
 #include <math.h>
 #include <stdint.h>
-static inline int64_t cu_floordiv(int64_t a, int64_t b) {
+/* Integer division as Python/torch define it. A zero divisor sets *err (the kernel
+   then returns nonzero and the caller raises ZeroDivisionError) instead of SIGFPE;
+   INT64_MIN / -1 wraps as torch's does instead of trapping. */
+static inline int64_t cu_floordiv(int64_t a, int64_t b, int* err) {
+  if (b == 0) { *err = 1; return 0; }
+  if (b == -1) return (int64_t)(0 - (uint64_t)a);
   int64_t q = a / b; return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
 }
-static inline int64_t cu_mod(int64_t a, int64_t b) {
+static inline int64_t cu_mod(int64_t a, int64_t b, int* err) {
+  if (b == 0) { *err = 1; return 0; }
+  if (b == -1) return 0;
+  int64_t r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
+}
+static inline int64_t cu_fmod(int64_t a, int64_t b, int* err) {
+  if (b == 0) { *err = 1; return 0; }
+  if (b == -1) return 0;
+  return a % b;
+}
+/* index arithmetic (operands are sizes and indices: no zero divisors) */
+static inline int64_t cu_ifloordiv(int64_t a, int64_t b) {
+  int64_t q = a / b; return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
+}
+static inline int64_t cu_imod(int64_t a, int64_t b) {
   int64_t r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
 }
 static inline float cu_remf(float a, float b) {
@@ -33,9 +52,9 @@ func k0(in %in0: f32*, in %in1: f32*, in %in2: f32*, out %b0: f32*, b_0: i64, x_
       %b0[_i0*b_0 + _r200] = s0
       acc1 sum= mul(s0, s0)
     }
-    let inv0: f32 = reciprocal(max(sub(cast<f32>(idx(b_0)), 0.0), 0.0))
+    let inv0: f32 = rsqrt(add(div(acc1, cast<f32>(idx(b_0))), 1e-05))
     vec _i1 in [0, b_0) {
-      %b0[_i0*b_0 + _i1] = add(mul(mul(%b0[_i0*b_0 + _i1], rsqrt(add(mul(acc1, inv0), 1e-05))), %in1[_i1]), %in2[_i1])
+      %b0[_i0*b_0 + _i1] = add(mul(mul(%b0[_i0*b_0 + _i1], inv0), %in1[_i1]), %in2[_i1])
     }
   }
 }
@@ -55,10 +74,10 @@ void k0(const float* restrict p_in0, const float* restrict p_in1, const float* r
       p_b0[(r200 + (i0 * s_b_0))] = s0;
       acc1 += (s0 * s0);
     }
-    const float inv0 = (1.0f / ((((((float)(((int64_t)s_b_0))) - 0.0f)) > (0.0f) ? ((((float)(((int64_t)s_b_0))) - 0.0f)) : (0.0f))));
+    const float inv0 = (1.0f / sqrtf(((acc1 / ((float)(((int64_t)s_b_0)))) + 1e-05f)));
     #pragma omp simd
     for (int64_t i1 = 0; i1 < s_b_0; ++i1) {
-      p_b0[(i1 + (i0 * s_b_0))] = (((p_b0[(i1 + (i0 * s_b_0))] * (1.0f / sqrtf(((acc1 * inv0) + 1e-05f)))) * p_in1[i1]) + p_in2[i1]);
+      p_b0[(i1 + (i0 * s_b_0))] = (((p_b0[(i1 + (i0 * s_b_0))] * inv0) * p_in1[i1]) + p_in2[i1]);
     }
   }
 }

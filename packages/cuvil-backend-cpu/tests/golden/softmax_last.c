@@ -1,9 +1,28 @@
 #include <math.h>
 #include <stdint.h>
-static inline int64_t cu_floordiv(int64_t a, int64_t b) {
+/* Integer division as Python/torch define it. A zero divisor sets *err (the kernel
+   then returns nonzero and the caller raises ZeroDivisionError) instead of SIGFPE;
+   INT64_MIN / -1 wraps as torch's does instead of trapping. */
+static inline int64_t cu_floordiv(int64_t a, int64_t b, int* err) {
+  if (b == 0) { *err = 1; return 0; }
+  if (b == -1) return (int64_t)(0 - (uint64_t)a);
   int64_t q = a / b; return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
 }
-static inline int64_t cu_mod(int64_t a, int64_t b) {
+static inline int64_t cu_mod(int64_t a, int64_t b, int* err) {
+  if (b == 0) { *err = 1; return 0; }
+  if (b == -1) return 0;
+  int64_t r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
+}
+static inline int64_t cu_fmod(int64_t a, int64_t b, int* err) {
+  if (b == 0) { *err = 1; return 0; }
+  if (b == -1) return 0;
+  return a % b;
+}
+/* index arithmetic (operands are sizes and indices: no zero divisors) */
+static inline int64_t cu_ifloordiv(int64_t a, int64_t b) {
+  int64_t q = a / b; return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
+}
+static inline int64_t cu_imod(int64_t a, int64_t b) {
   int64_t r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
 }
 static inline float cu_remf(float a, float b) {
@@ -44,10 +63,12 @@ void k0(const float* restrict p_in0, float* restrict p_b0, int64_t s_x_0, int64_
   #pragma omp parallel for schedule(static) if((3 * s_x_0 * s_x_1) >= 32768)
   for (int64_t i0 = 0; i0 < s_x_0; ++i0) {
     float acc0 = (-INFINITY);
-    #pragma omp simd reduction(max:acc0)
+    uint8_t acc0_nan = 0;
+    #pragma omp simd reduction(max:acc0) reduction(|:acc0_nan)
     for (int64_t r100 = 0; r100 < s_x_1; ++r100) {
-      { const __typeof__(acc0) v_ = p_in0[(r100 + (i0 * s_x_1))]; acc0 = (v_ > acc0 || v_ != v_) ? v_ : acc0; }
+      { const float v_ = p_in0[(r100 + (i0 * s_x_1))]; acc0 = v_ > acc0 ? v_ : acc0; acc0_nan |= (v_ != v_); }
     }
+    if (acc0_nan) acc0 = NAN;
     float acc1 = 0.0f;
     #pragma omp simd reduction(+:acc1)
     for (int64_t r200 = 0; r200 < s_x_1; ++r200) {

@@ -303,7 +303,7 @@ def schedule_kernel(kernel: Kernel, program: TensorProgram, policy: SchedulePoli
     inner_syms = {s for s, _ in inner}
     hoisted: list[Stmt] = []
     if inner:
-        store_e = _hoist_reciprocals(store_e, inner_syms, hoisted, names)
+        store_e = _hoist_invariants(store_e, inner_syms, hoisted, names)
     level.extend(hoisted)
     lets, expr = _cse(store_e, names)
     store: list[Stmt] = [*lets, Store(kernel.buf, store_o, expr)]
@@ -384,23 +384,34 @@ def _find_stash(
     return None
 
 
-def _hoist_reciprocals(e: E.Expr, inner: set[sympy.Symbol], out: list[Stmt], names: _Names) -> E.Expr:
-    """``a / b`` with ``b`` invariant in the inner loops becomes ``a * (1 / b)``, the
-    reciprocal computed once before them (a multiply is several times cheaper)."""
+def _hoist_invariants(e: E.Expr, inner: set[sympy.Symbol], out: list[Stmt], names: _Names) -> E.Expr:
+    """Compute once, before the inner loops, every call that does not vary in them
+    (``rsqrt(var + eps)`` of a row); ``a / b`` with such a ``b`` becomes ``a * (1 / b)``
+    (a multiply is several times cheaper than a divide)."""
     memo: dict[E.Expr, E.Var] = {}
 
-    def fn(x: E.Expr) -> E.Expr | None:
-        if isinstance(x, E.Call) and x.fn == "div" and x.dtype.is_floating:
-            b = x.args[1]
-            if not (E.free_indices(b) & inner) and not isinstance(b, E.Const):
-                if b not in memo:
-                    v = E.Var(names("inv"), b.dtype)
-                    out.append(Let(v.name, E.Call("reciprocal", (b,), b.dtype), b.dtype))
-                    memo[b] = v
-                return E.Call("mul", (x.args[0], memo[b]), x.dtype)
-        return None
+    def hoisted(x: E.Expr) -> E.Var:
+        if x not in memo:
+            v = E.Var(names("inv"), x.dtype)
+            out.append(Let(v.name, x, x.dtype))
+            memo[x] = v
+        return memo[x]
 
-    return E.transform(e, fn)
+    def invariant(x: E.Expr) -> bool:
+        return isinstance(x, E.Call) and not (E.free_indices(x) & inner)
+
+    def go(x: E.Expr) -> E.Expr:
+        if invariant(x):
+            return hoisted(x)
+        if not isinstance(x, E.Call):
+            return x
+        if x.fn == "div" and x.dtype.is_floating and not (E.free_indices(x.args[1]) & inner):
+            b = x.args[1]
+            if not isinstance(b, E.Const):
+                return E.Call("mul", (go(x.args[0]), hoisted(E.Call("reciprocal", (b,), b.dtype))), x.dtype)
+        return E.Call(x.fn, tuple(go(a) for a in x.args), x.dtype)
+
+    return go(e)
 
 
 def _outer_extent(outer: Sequence[tuple[sympy.Symbol, sympy.Expr]]) -> Any:

@@ -360,7 +360,7 @@ def _hardsigmoid(a: E.Expr) -> E.Expr:
 
 
 _ACTIVATIONS: dict[str, Callable[[E.Expr, Node], E.Expr]] = {
-    "relu": lambda a, n: E.Call("where", (call("gt", a, _c(0, a), dtype=DType.bool), a, _c(0, a)), a.dtype),
+    "relu": lambda a, n: call("max", a, _c(0, a)),  # max propagates NaN, as torch's relu does
     "gelu": lambda a, n: _gelu(a, str(n.attr("approximate", "none"))),
     "silu": lambda a, n: call("mul", a, call("sigmoid", a)),
     "leaky_relu": lambda a, n: E.Call(
@@ -734,6 +734,8 @@ def _variance(
         return call("mul", dv, dv)
 
     ss = reduce(lw, "sum", x, dims, body=sq, keep=keep, dtype=dtype)
+    if correction == 0:
+        return call("div", ss, count(x, dims, dtype))
     denom = call("sub", count(x, dims, dtype), const(correction, dtype))
     return call("div", ss, call("max", denom, const(0, dtype)))
 
