@@ -43,7 +43,12 @@ class CpuExecutable:
         self.report = report
 
     def __call__(self, *inputs: Any) -> tuple[Any, ...]:
-        return self._runner(*inputs)  # type: ignore[no-any-return]
+        # inference: results carry no autograd history (kernels could not record one
+        # anyway), and out= extern calls refuse parameters that require grad
+        import torch  # (already loaded: keeps importing this spec module cheap)
+
+        with torch.no_grad():
+            return self._runner(*inputs)  # type: ignore[no-any-return]
 
 
 class CpuTarget:
