@@ -8,6 +8,8 @@ Every stage's text is kept on the executable (``stages``) and, with
 from __future__ import annotations
 
 import hashlib
+import pickle
+from dataclasses import replace as dc_replace
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,7 @@ from cuvil_ir.graph_ir.nodes import Graph
 from cuvil_ir.loop_ir.schedule import SchedulePolicy, schedule_kernel
 from cuvil_ir.tensor_ir.lower import FusionPolicy, lower
 from cuvil_ir.tensor_ir.program import Control, Kernel, TensorProgram
+from cuvil_runtime.cache import DiskCache
 from cuvil_runtime.target import CompileOptions
 
 FUSION = FusionPolicy(out_variants=frozenset(OUT_VARIANTS))
@@ -64,11 +67,50 @@ def _wrap(program: TensorProgram, fns: dict[str, tuple[Any, CKernel]]) -> CpuPro
     return CpuProgram(program, mine, regions)
 
 
-def compile_graph(graph: Graph, options: CompileOptions, cache: KernelCache) -> CpuExecutable:
+#: bump when the pickled form of a compiled program changes
+_PROGRAM_FORMAT = "1"
+
+
+def _program_key(graph: Graph, options: CompileOptions, cache: KernelCache) -> str:
+    from cuvil_backend_cpu import __version__
+
+    parts = [_PROGRAM_FORMAT, __version__, graph.text, repr(options), cache.toolchain.identity]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
+
+
+def _lower_and_generate(
+    graph: Graph, options: CompileOptions, cache: KernelCache
+) -> tuple[TensorProgram, dict[str, tuple[TensorProgram, CKernel]]]:
+    """Tensor IR and C for ``graph``: from the program cache on a warm start (the same
+    graph text, options, toolchain and backend version), else lowered, scheduled and
+    generated, then stored there. The program cache is a :class:`DiskCache` (atomic,
+    checksummed: a damaged entry is a miss) next to the kernel cache."""
+    store = DiskCache(cache.root.parent / "cpu-programs")
+    key = _program_key(graph, options, cache)
+    blob = store.get(key)
+    if blob is not None:
+        try:
+            program, generated = pickle.loads(blob)
+            program = dc_replace(program, graph=graph)
+            generated = {k: (program if owner is None else owner, ck) for k, (owner, ck) in generated.items()}
+            return program, generated
+        except Exception:  # an entry from an incompatible version: rebuild it
+            pass
     program = lower(graph, FUSION)
-    policy = schedule_policy(options)
     generated: dict[str, tuple[TensorProgram, CKernel]] = {}
-    _generate(program, policy, cache.toolchain.simd_math, generated)
+    _generate(program, schedule_policy(options), cache.toolchain.simd_math, generated)
+    try:
+        # the top-level graph is the caller's: stored once, not pickled again
+        slim = dc_replace(program, graph=None)
+        slim_gen = {k: (None if owner is program else owner, ck) for k, (owner, ck) in generated.items()}
+        store.put(key, pickle.dumps((slim, slim_gen), protocol=pickle.HIGHEST_PROTOCOL))
+    except OSError:
+        pass  # a read-only cache folder only costs the next process a re-lowering
+    return program, generated
+
+
+def compile_graph(graph: Graph, options: CompileOptions, cache: KernelCache) -> CpuExecutable:
+    program, generated = _lower_and_generate(graph, options, cache)
     hits0, misses0 = cache.stats.hits, cache.stats.misses
     names = list(generated)
     paths = cache.build_all([(n, generated[n][1].source) for n in names], label=f"compiling {graph.name}")

@@ -97,7 +97,7 @@ class CpuProgram:
         total = 0
         for s in plan.slots:
             offsets.append(total)
-            size = int(evaluate(s.size, b))
+            size = max(int(evaluate(x, b)) for x in s.sizes)
             total += (size + ALIGN - 1) // ALIGN * ALIGN
         arena = torch.empty(max(total, 1), dtype=torch.uint8)
         temps: dict[str, torch.Tensor] = {}

@@ -26,17 +26,31 @@ ALIGN = 64
 
 @dataclass(frozen=True)
 class Slot:
-    size: sympy.Expr  # bytes
+    #: bytes: the largest of these (more than one only when sympy could not compare them)
+    sizes: tuple[sympy.Expr, ...]
     buffers: tuple[str, ...]
+
+    @property
+    def size(self) -> sympy.Expr:
+        if len(self.sizes) == 1:
+            return self.sizes[0]
+        return sympy.Max(*self.sizes, evaluate=False)
 
 
 @dataclass(frozen=True)
 class MemoryPlan:
     slots: tuple[Slot, ...]
     slot_of: dict[str, int]
-    #: bytes the arena needs (aligned slots); the temporaries' sum without reuse, for comparison
-    peak: sympy.Expr
+    #: the temporaries' aligned bytes added up, as if nothing were reused (for comparison)
     unplanned: sympy.Expr
+
+    @property
+    def peak(self) -> sympy.Expr:
+        """Bytes the arena needs: its aligned slots added up."""
+        total: Any = sympy.Integer(0)
+        for slot in self.slots:
+            total = total + _aligned(slot.size)
+        return total if isinstance(total, sympy.Integer) else sympy.expand(total)
 
     def __str__(self) -> str:
         lines = ["arena {"]
@@ -84,20 +98,8 @@ def _aligned(n: Any) -> sympy.Expr:
     )
 
 
-def _max(a: sympy.Expr, b: sympy.Expr) -> sympy.Expr:
-    """``Max(a, b)`` without sympy's simplification (slow, and the plan only evaluates it)."""
-    args = list(a.args) if isinstance(a, sympy.Max) else [a]
-    if b not in args:
-        args.append(b)
-    return sympy.Max(*sorted(args, key=sympy.default_sort_key), evaluate=False)
-
-
 def _at_least(a: sympy.Expr, b: sympy.Expr, known: dict[sympy.Symbol, Any]) -> bool | None:
     """``a >= b`` for all sizes (with the sizes the graph pins down substituted), or None."""
-    if isinstance(a, sympy.Max):
-        return True if any(_at_least(x, b, known) for x in a.args) else None
-    if isinstance(b, sympy.Max):
-        return True if all(_at_least(a, x, known) for x in b.args) else None
     a, b = a.xreplace(known), b.xreplace(known)
     if a == b:
         return True
@@ -132,29 +134,27 @@ def plan_program(program: TensorProgram) -> TensorProgram:
                         candidates.append(s)
             chosen = None
             for s in candidates:  # a slot provably large enough, the smallest such first
-                if _at_least(slots[s].size, need, assumptions):
+                if any(_at_least(x, need, assumptions) for x in slots[s].sizes):
                     chosen = s
                     break
             if chosen is None and candidates:
                 s = candidates[0]
-                grown = need if _at_least(need, slots[s].size, assumptions) else _max(slots[s].size, need)
-                slots[s] = replace(slots[s], size=grown)
+                # undecidable (or smaller): the slot keeps every candidate; run time takes the max
+                kept = tuple(x for x in slots[s].sizes if not _at_least(need, x, assumptions))
+                slots[s] = replace(slots[s], sizes=tuple(sorted({*kept, need}, key=sympy.default_sort_key)))
                 chosen = s
             if chosen is None:
-                slots.append(Slot(need, ()))
+                slots.append(Slot((need,), ()))
                 chosen = len(slots) - 1
             slots[chosen] = replace(slots[chosen], buffers=slots[chosen].buffers + (buf,))
             slot_of[buf] = chosen
             free_at[chosen] = last_use.get(buf, k)
         if isinstance(step, Control):
             continue  # region programs plan their own arenas
-    peak = sympy.Integer(0)
-    for slot in slots:
-        peak = peak + _aligned(slot.size)
     unplanned = sympy.Integer(0)
     for b in sorted(temps):
         unplanned = unplanned + _aligned(program.buffers[b].nbytes)
-    plan = MemoryPlan(tuple(slots), slot_of, sympy.expand(peak), sympy.expand(unplanned))
+    plan = MemoryPlan(tuple(slots), slot_of, sympy.expand(unplanned))
     program = replace(program, plan=plan)
     return program
 
