@@ -20,6 +20,7 @@ import sympy
 import torch
 
 from cuvil_backend_cpu.codegen import C_TYPES, CKernel
+from cuvil_backend_cpu.externs import LAYOUT_WRAPPERS
 from cuvil_ir.graph_ir.registry import REGISTRY
 from cuvil_ir.graph_ir.types import DType, TensorType
 from cuvil_ir.symbolic import evaluate
@@ -106,7 +107,11 @@ class CpuProgram:
             buf = prog.buffers[name]
             shape = tuple(int(evaluate(d, b)) for d in buf.shape)
             n = int(evaluate(buf.nbytes, b))
-            t = arena[offsets[slot] : offsets[slot] + n].view(buf.dtype.torch).view(shape)
+            t = arena[offsets[slot] : offsets[slot] + n].view(buf.dtype.torch)
+            if buf.order is None:
+                t = t.view(shape)
+            else:
+                t = t.as_strided(shape, tuple(int(evaluate(d, b)) for d in buf.strides))
             temps[name] = t
             ptrs[name] = t.data_ptr()
         derived = {
@@ -172,14 +177,12 @@ class CpuProgram:
             assert isinstance(o, View)
             base = tensor[o.buf]
             b = prog.buffers[o.buf]
-            from cuvil_ir.tensor_ir.program import contiguous_strides
-
             if (
                 tuple(o.shape) == tuple(b.shape)
                 and o.offset == 0
                 and all(
                     d == 1 or sympy.expand(sympy.sympify(s) - c) == 0
-                    for d, s, c in zip(o.shape, o.strides, contiguous_strides(tuple(b.shape)))
+                    for d, s, c in zip(o.shape, o.strides, b.strides)
                 )
             ):
                 return base
@@ -225,7 +228,15 @@ class CpuProgram:
                 body.append(f"_x_{step.name}({ops}, **_p.attrs[{step.name!r}])")
             elif isinstance(step, Extern):
                 op = REGISTRY.get(step.node.op)
-                ns[f"_x_{step.name}"] = op.reference
+                fn = op.reference
+                first = step.inputs[0] if step.inputs else None
+                if (
+                    step.node.op in LAYOUT_WRAPPERS
+                    and isinstance(first, View)
+                    and prog.buffers[first.buf].order is not None
+                ):
+                    fn = LAYOUT_WRAPPERS[step.node.op](fn)
+                ns[f"_x_{step.name}"] = fn
                 ops = ", ".join(operand(o) for o in step.inputs)
                 body.append(
                     f"_r = _x_{step.name}({ops}{',' if step.inputs else ''} **_p.attrs[{step.name!r}])"
@@ -239,13 +250,12 @@ class CpuProgram:
                 self._bind_results(
                     body, step.outputs, step.node.outputs, tensor, ptr, "_r", tuple_result=True
                 )
-        outs = []
-        for o in prog.outputs:
-            outs.append(
-                tensor[o]
-                if isinstance(o, str) and o in tensor
-                else (f"v_{o}" if isinstance(o, str) else self._scalar_code(o))
-            )
+        outs: list[str] = []
+        for ref in prog.outputs:
+            if isinstance(ref, str):
+                outs.append(tensor.get(ref, f"v_{ref}"))
+            else:
+                outs.append(self._scalar_code(ref))
         body.append(f"return ({''.join(x + ', ' for x in outs)})")
         lines += ["    " + line for line in body]
         source = "\n".join(lines) + "\n"
@@ -268,7 +278,8 @@ class CpuProgram:
             if isinstance(v.type, TensorType):
                 # a result that is a view of the arena (torch.real, a reshape ...) would be
                 # overwritten when its slot is reused, or by the next call: copy it out
-                body.append(f"v_{name} = _own({var}[{k}], _p.arena)")
+                cl = ", True" if self.program.buffers[name].order is not None else ""
+                body.append(f"v_{name} = _own({var}[{k}], _p.arena{cl})")
                 tensor[name] = f"v_{name}"
                 ptr[name] = f"v_{name}.data_ptr()"
             else:
@@ -330,11 +341,13 @@ class CpuProgram:
         return run_while
 
 
-def _own(t: torch.Tensor, arena: torch.Tensor) -> torch.Tensor:
-    """``t`` contiguous and not sharing the arena's storage."""
+def _own(t: torch.Tensor, arena: torch.Tensor, channels_last: bool = False) -> torch.Tensor:
+    """``t`` in the layout its buffer has (row-major, or channels-last) and not sharing
+    the arena's storage."""
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
     if t.untyped_storage().data_ptr() == arena.untyped_storage().data_ptr():
-        return t.clone(memory_format=torch.contiguous_format)
-    return t.contiguous()
+        return t.clone(memory_format=fmt)
+    return t.contiguous(memory_format=fmt)
 
 
 def _zero_division() -> None:

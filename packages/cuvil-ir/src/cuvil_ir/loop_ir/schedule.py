@@ -221,11 +221,15 @@ def schedule_kernel(kernel: Kernel, program: TensorProgram, policy: SchedulePoli
         acc[E.Reduce(r.kind, body, r.ranges, r.dtype)] = v  # the form seen once inner ones are replaced
         phases.append((v, r, body))
     store_expr = replace_reduces(kernel.body)
-    store_off = _offset(domain, syms)
+    strides = [_sym(x) for x in program.buffers[kernel.buf].strides]
+    store_off = sympy.expand(sum((s * st for s, st in zip(syms, strides)), sympy.Integer(0)))
 
-    # 2. collapse outer loops (all accesses in every phase), then inner loops (store only)
-    outer = list(zip(syms[:k], domain[:k]))
-    inner = list(zip(syms[k:], domain[k:]))
+    # 2. order the outer loops and the inner loops by the store's strides (a channels-last
+    #    output walks channels innermost), then collapse outer loops (all accesses in every
+    #    phase) and inner loops (the store's accesses)
+    order = program.buffers[kernel.buf].order
+    outer = _in_order(list(zip(syms[:k], domain[:k])), order)
+    inner = _in_order(list(zip(syms[k:], domain[k:])), order)
     all_offsets = [store_off, *_offsets(store_expr)] + [o for _, _, b in phases for o in _offsets(b)]
     opaque = frozenset(s for _, r, _ in phases for s, _ in r.ranges)  # (never collapsed with outer)
     subst: dict[sympy.Symbol, Any] = {s: sympy.Integer(0) for s, e in outer + inner if e == 1}
@@ -337,6 +341,16 @@ def schedule_kernel(kernel: Kernel, program: TensorProgram, policy: SchedulePoli
         tuple(sorted(args.items())),
         body_all,
     )
+
+
+def _in_order(
+    loops: list[tuple[sympy.Symbol, Any]], rank_order: tuple[int, ...] | None
+) -> list[tuple[sympy.Symbol, Any]]:
+    """``loops`` (over ``_i<d>``) outermost-first in the store buffer's layout ``rank_order``."""
+    if rank_order is None:
+        return loops
+    pos = {d: p for p, d in enumerate(rank_order)}
+    return sorted(loops, key=lambda lp: pos[int(lp[0].name[2:])])
 
 
 def _reads_own(kernel: Kernel) -> bool:

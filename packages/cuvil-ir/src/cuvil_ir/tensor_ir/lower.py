@@ -21,6 +21,7 @@ from cuvil_ir.graph_ir.types import DType, ScalarKind, ScalarType, TensorType
 from cuvil_ir.symbolic import Dim
 from cuvil_ir.tensor_ir import expr as E
 from cuvil_ir.tensor_ir.program import (
+    CHANNELS_LAST,
     Buffer,
     Control,
     Extern,
@@ -32,6 +33,7 @@ from cuvil_ir.tensor_ir.program import (
     TensorProgram,
     View,
     contiguous_strides,
+    layout_strides,
 )
 
 SCALAR_DTYPES = {ScalarKind.bool: DType.bool, ScalarKind.int: DType.i64, ScalarKind.float: DType.f64}
@@ -54,6 +56,9 @@ class FusionPolicy:
     extern_ops: frozenset[str] = frozenset()
     #: extern ops the backend can run into a preallocated (arena) buffer, ``out=`` style
     out_variants: frozenset[str] = frozenset()
+    #: extern ops that run fastest on channels-last NCHW tensors: their first operand is
+    #: passed channels-last and their 4-d results are kept so (see docs/tensor-and-loop-ir.md)
+    channels_last_ops: frozenset[str] = frozenset()
 
 
 class NotLowered(Exception):
@@ -92,6 +97,13 @@ def idx(rank: int) -> list[sympy.Symbol]:
 def linear_offset(shape: Sequence[Dim], index: Sequence[Any], base: Any = 0) -> sympy.Expr:
     off: Any = sympy.sympify(base)
     for i, s in zip(index, contiguous_strides(tuple(shape))):
+        off = off + sympy.sympify(i) * s
+    return sympy.expand(off)
+
+
+def strided_offset(strides: Sequence[Dim], index: Sequence[Any], base: Any = 0) -> sympy.Expr:
+    off: Any = sympy.sympify(base)
+    for i, s in zip(index, strides):
         off = off + sympy.sympify(i) * s
     return sympy.expand(off)
 
@@ -147,30 +159,59 @@ class Lowering:
         return s
 
     # -- buffers and kernels -------------------------------------------------------
-    def add_buffer(self, dtype: DType, shape: tuple[Dim, ...], kind: str, name: str | None = None) -> str:
+    def add_buffer(
+        self,
+        dtype: DType,
+        shape: tuple[Dim, ...],
+        kind: str,
+        name: str | None = None,
+        order: tuple[int, ...] | None = None,
+    ) -> str:
         name = name or self.fresh("b")
-        self.buffers[name] = Buffer(name, dtype, tuple(_dim(d) for d in shape), kind)
+        self.buffers[name] = Buffer(name, dtype, tuple(_dim(d) for d in shape), kind, order)
         return name
 
     def load(self, buf: str) -> Lazy:
         b = self.buffers[buf]
-        return Lazy(b.shape, b.dtype, E.Load(buf, linear_offset(b.shape, idx(len(b.shape))), b.dtype))
+        return Lazy(b.shape, b.dtype, E.Load(buf, strided_offset(b.strides, idx(len(b.shape))), b.dtype))
 
     def is_whole(self, lz: Lazy) -> str | None:
-        """The buffer ``lz`` is exactly (same shape, contiguous, offset 0), if any."""
+        """The buffer ``lz`` is exactly (same shape, in its own layout, offset 0), if any."""
         if isinstance(lz.body, E.Load):
             b = self.buffers[lz.body.buf]
             if tuple(b.shape) == tuple(lz.shape) and b.dtype == lz.dtype:
-                if sympy.expand(lz.body.offset - linear_offset(b.shape, idx(lz.rank))) == 0:
+                if sympy.expand(lz.body.offset - strided_offset(b.strides, idx(lz.rank))) == 0:
                     return b.name
         return None
 
-    def realize(self, lz: Lazy, kind: str = "temp") -> Lazy:
-        """Write ``lz`` into a new buffer with one kernel (unless it already is a buffer)."""
-        if kind == "temp" and self.is_whole(lz) is not None:
+    def layout_for(self, lz: Lazy) -> tuple[int, ...] | None:
+        """A temporary takes the layout of the buffers it is computed from (a value
+        between two channels-last convolutions stays channels-last), else row-major."""
+        for x in E.walk(lz.body):
+            if isinstance(x, E.Load):
+                b = self.buffers[x.buf]
+                if b.order is not None and len(b.shape) == lz.rank and tuple(b.shape) == tuple(lz.shape):
+                    return b.order
+        return None
+
+    def realize(self, lz: Lazy, kind: str = "temp", order: tuple[int, ...] | None | str = "auto") -> Lazy:
+        """Write ``lz`` into a new buffer with one kernel (unless it already is a buffer).
+
+        ``order``: the new buffer's layout (``"auto"``: see :meth:`layout_for`; outputs
+        are always row-major, as eager returns them).
+        """
+        if (
+            kind == "temp"
+            and self.is_whole(lz) is not None
+            and (order == "auto" or self._has_order(lz, order))
+        ):
             return lz
+        if kind != "temp":
+            order = None
+        elif order == "auto":
+            order = self.layout_for(lz)
         body = self._split_reductions(lz.body, lz.shape)
-        buf = self.add_buffer(lz.dtype, lz.shape, kind)
+        buf = self.add_buffer(lz.dtype, lz.shape, kind, order=order)  # type: ignore[arg-type]
         self.steps.append(Kernel(self.fresh("k"), buf, tuple(lz.shape), body))
         return self.load(buf)
 
@@ -243,6 +284,8 @@ class Lowering:
             val = self.env[v.name]
             if isinstance(val, Lazy):
                 buf = self.is_whole(val)
+                if buf is not None and self.buffers[buf].order is not None:
+                    buf = None  # eager returns row-major tensors: copy out of a channels-last one
                 if buf is not None and buf not in seen and self.buffers[buf].kind in ("temp", "output"):
                     b = self.buffers[buf]
                     self.buffers[buf] = Buffer(b.name, b.dtype, b.shape, "output")
@@ -294,9 +337,22 @@ class Lowering:
         return lz
 
     # -- operands of externs and control flow ---------------------------------------
-    def operand(self, val: Val) -> Operand:
+    def _has_order(self, lz: Lazy, order: Any) -> bool:
+        sv = strided_view(lz)
+        if sv is None:
+            return False
+        want = layout_strides(tuple(lz.shape), order)
+        return all(
+            d == 1 or sympy.expand(sympy.sympify(a) - b) == 0 for d, a, b in zip(lz.shape, sv[1], want)
+        )
+
+    def operand(self, val: Val, order: tuple[int, ...] | None = None) -> Operand:
+        """``val`` as an extern operand: a strided view of a buffer (realized if it is
+        not one; in layout ``order`` when the op wants one)."""
         if not isinstance(val, Lazy):
             return ScalarRef(val)
+        if order is not None and not self._has_order(val, order):
+            val = self.realize(val, order=order)
         sv = strided_view(val)
         if sv is None or not all(sympy.sympify(s).is_nonnegative for s in (*sv[1], sv[2])):
             val = self.realize(val)
@@ -306,12 +362,17 @@ class Lowering:
         return View(buf, tuple(val.shape), strides, offset)
 
     def lower_extern(self, n: Node, ins: list[Val]) -> None:
-        operands = tuple(self.operand(v) for v in ins)
+        cl = n.op in self.policy.channels_last_ops
+        operands = tuple(
+            self.operand(v, CHANNELS_LAST if cl and k == 0 and isinstance(v, Lazy) and v.rank == 4 else None)
+            for k, v in enumerate(ins)
+        )
         outs = []
         into = n.op in self.policy.out_variants and all(isinstance(v.type, TensorType) for v in n.outputs)
         for v in n.outputs:
             if isinstance(v.type, TensorType):
-                buf = self.add_buffer(v.type.dtype, v.type.shape, "temp" if into else "extern")
+                order = CHANNELS_LAST if cl and v.type.rank == 4 else None
+                buf = self.add_buffer(v.type.dtype, v.type.shape, "temp" if into else "extern", order=order)
                 outs.append(buf)
                 self.env[v.name] = self.load(buf)
             else:

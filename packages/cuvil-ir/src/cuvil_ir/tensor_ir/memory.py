@@ -79,9 +79,9 @@ def _in_place(step: Kernel, src: str, program: TensorProgram) -> bool:
     a, b = program.buffers[src], program.buffers[step.buf]
     if a.dtype.torch.itemsize != b.dtype.torch.itemsize or sympy.expand(a.numel - b.numel) != 0:
         return False
-    from cuvil_ir.tensor_ir.lower import idx, linear_offset
+    from cuvil_ir.tensor_ir.lower import idx, strided_offset
 
-    here = linear_offset(step.domain, idx(len(step.domain)))
+    here = strided_offset(b.strides, idx(len(step.domain)))
     for x in E.walk(step.body):
         if isinstance(x, E.Load) and x.buf == src and sympy.expand(x.offset - here) != 0:
             return False

@@ -24,12 +24,21 @@ BUFFER_KINDS = ("input", "output", "temp", "extern")
 
 @dataclass(frozen=True, slots=True)
 class Buffer:
-    """A contiguous row-major array; ``shape`` dims are ints or size expressions."""
+    """An array; ``shape`` dims are ints or size expressions.
+
+    ``order`` is the layout: dimensions from outermost to innermost in memory
+    (``None``: row-major, ``(0, 2, 3, 1)``: channels-last for NCHW).
+    """
 
     name: str
     dtype: DType
     shape: tuple[Dim, ...]
     kind: str
+    order: tuple[int, ...] | None = None
+
+    @property
+    def strides(self) -> tuple[Dim, ...]:
+        return layout_strides(self.shape, self.order)
 
     @property
     def numel(self) -> sympy.Expr:
@@ -46,7 +55,8 @@ class Buffer:
 
     def __str__(self) -> str:
         dims = ", ".join(dim_str(d) for d in self.shape)
-        return f"%{self.name}: {self.dtype.value}[{dims}] {self.kind}"
+        layout = "" if self.order is None else " order(" + ", ".join(map(str, self.order)) + ")"
+        return f"%{self.name}: {self.dtype.value}[{dims}] {self.kind}{layout}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,6 +186,21 @@ class TensorProgram:
                 for r in s.regions:
                     out.extend(r.kernels())
         return out
+
+
+def layout_strides(shape: tuple[Dim, ...], order: tuple[int, ...] | None) -> tuple[Dim, ...]:
+    """Strides of ``shape`` laid out in ``order`` (outermost dim first; None: row-major)."""
+    if order is None:
+        return contiguous_strides(shape)
+    inner = contiguous_strides(tuple(shape[d] for d in order))
+    out: list[Dim] = [0] * len(shape)
+    for pos, d in enumerate(order):
+        out[d] = inner[pos]
+    return tuple(out)
+
+
+#: NCHW tensors stored channels-last (what oneDNN convolutions run fastest on)
+CHANNELS_LAST = (0, 2, 3, 1)
 
 
 def contiguous_strides(shape: tuple[Dim, ...]) -> tuple[Dim, ...]:
