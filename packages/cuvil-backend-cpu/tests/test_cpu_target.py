@@ -575,3 +575,44 @@ def test_integer_division_edge_cases_do_not_crash(tmp_path, case, expected):
     )
     assert proc.returncode == 0, f"exit status {proc.returncode}: {proc.stderr[-2000:]}"
     assert proc.stdout.split()[0] == expected, proc.stdout
+
+
+# -- channels-last convolutions -----------------------------------------------------------
+
+
+class ConvBlock(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(3, 8, 3, padding=1, bias=False)
+        self.bn1 = torch.nn.BatchNorm2d(8)
+        self.conv2 = torch.nn.Conv2d(8, 8, 3, padding=1)
+        self.pool = torch.nn.MaxPool2d(2)
+
+    def forward(self, x):
+        y = torch.relu(self.bn1(self.conv1(x)))
+        return self.pool(torch.relu(self.conv2(y) + y)).mean((2, 3)), y
+
+
+def test_conv_chain_runs_channels_last_and_returns_row_major():
+    torch.manual_seed(0)
+    m = ConvBlock().eval()
+    for p in m.parameters():
+        p.requires_grad_(False)
+    m.bn1.running_mean.uniform_(-0.5, 0.5)
+    m.bn1.running_var.uniform_(0.5, 1.5)
+    cf = cu.compile(m, target="cpu", fallback="error")
+    for batch in (1, 3):
+        x = randn(batch, 3, 10, 12)
+        got, ref = cf(x), m(x)
+        for g, r in zip(got, ref):
+            torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-4)
+        assert got[1].is_contiguous()  # eager's layout, though computed channels-last
+    assert cf.stats.compiles == 1
+    program = cf.artifacts[0].executable.program
+    assert any(b.order == (0, 2, 3, 1) for b in program.buffers.values())
+    # the prepacked channels-last weights follow in-place updates of the parameters
+    with torch.no_grad():
+        m.conv1.weight.mul_(-1.5)
+    x = randn(2, 3, 10, 12)
+    for g, r in zip(cf(x), m(x)):
+        torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-4)

@@ -52,6 +52,7 @@ def channels_last_weight(w: torch.Tensor) -> torch.Tensor:
     if hit is not None and hit[0]() is w and hit[1] == w._version:
         return hit[2]
     packed = w.contiguous(memory_format=torch.channels_last)
+
     # (tensors compare elementwise, so they cannot key a WeakKeyDictionary)
     def forget(_: object, key: int = key) -> None:
         _PACKED.pop(key, None)
