@@ -27,6 +27,7 @@ import cuvil as cu
 from cuvil_backend_cpu.backend import CpuExecutable
 from cuvil_backend_cpu.codegen import generate_c
 from cuvil_backend_cpu.compile import FUSION
+from cuvil_backend_cpu.testing import executable_of as executable
 from cuvil_ir.loop_ir.schedule import SchedulePolicy, schedule_program
 from cuvil_ir.tensor_ir.lower import lower
 
@@ -36,12 +37,6 @@ UPDATE_CMD = "pytest packages/cuvil-backend-cpu/tests/test_codegen.py --update-g
 
 def compiled(fn: Callable[..., Any]) -> Any:
     return cu.compile(fn, target="cpu", fallback="error")
-
-
-def executable(cf: Any) -> CpuExecutable:
-    ex = cf.artifacts[-1].executable
-    assert isinstance(ex, CpuExecutable), type(ex)
-    return ex
 
 
 def run_script(tmp_path: Path, name: str, source: str, env: dict[str, str], *args: str) -> subprocess.Popen:

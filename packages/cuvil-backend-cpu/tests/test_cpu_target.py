@@ -22,19 +22,13 @@ import torch.nn.functional as F
 
 import cuvil as cu
 from cuvil_backend_cpu.backend import CpuExecutable
+from cuvil_backend_cpu.testing import executable_of as executable
 
 # -- helpers --------------------------------------------------------------------------
 
 
 def compiled(fn: Callable[..., Any]) -> Any:
     return cu.compile(fn, target="cpu", fallback="error")
-
-
-def executable(cf: Any) -> CpuExecutable:
-    """The executable of the latest artifact of a compiled function."""
-    ex = cf.artifacts[-1].executable
-    assert isinstance(ex, CpuExecutable), type(ex)
-    return ex
 
 
 def assert_same(got: Any, expected: Any) -> None:

@@ -75,27 +75,14 @@ static inline double cu_rem(double a, double b) {
 }
 """
 
+#: scalar function -> the <math.h> name of its double form (``f`` suffix for float)
 _FLOAT_FNS = {
-    "exp": "exp",
-    "expm1": "expm1",
-    "log": "log",
-    "log1p": "log1p",
-    "log2": "log2",
-    "sqrt": "sqrt",
-    "sin": "sin",
-    "cos": "cos",
-    "tan": "tan",
-    "atan": "atan",
-    "tanh": "tanh",
-    "erf": "erf",
-    "floor": "floor",
-    "ceil": "ceil",
-    "trunc": "trunc",
-    "round": "nearbyint",
+    **{
+        f: f
+        for f in "exp expm1 log log1p log2 sqrt sin cos tan atan tanh erf floor ceil trunc fmod pow atan2".split()
+    },
+    "round": "nearbyint",  # round half to even, as torch.round
     "abs": "fabs",
-    "fmod": "fmod",
-    "pow": "pow",
-    "atan2": "atan2",
 }
 _INFIX = {
     "add": "+",

@@ -367,12 +367,18 @@ class Lowering:
             self.operand(v, CHANNELS_LAST if cl and k == 0 and isinstance(v, Lazy) and v.rank == 4 else None)
             for k, v in enumerate(ins)
         )
-        outs = []
         into = n.op in self.policy.out_variants and all(isinstance(v.type, TensorType) for v in n.outputs)
+        outs = self.bind_results(n, "temp" if into else "extern", CHANNELS_LAST if cl else None)
+        self.steps.append(Extern(self.fresh("e"), n, operands, outs, into))
+
+    def bind_results(self, n: Node, kind: str, order: tuple[int, ...] | None = None) -> tuple[str, ...]:
+        """A buffer (tensor results; 4-d ones in layout ``order``) or a runtime scalar
+        argument (scalar results) per output of an extern or control-flow node."""
+        outs = []
         for v in n.outputs:
             if isinstance(v.type, TensorType):
-                order = CHANNELS_LAST if cl and v.type.rank == 4 else None
-                buf = self.add_buffer(v.type.dtype, v.type.shape, "temp" if into else "extern", order=order)
+                layout = order if v.type.rank == 4 else None
+                buf = self.add_buffer(v.type.dtype, v.type.shape, kind, order=layout)
                 outs.append(buf)
                 self.env[v.name] = self.load(buf)
             else:
@@ -380,7 +386,7 @@ class Lowering:
                 name = self.fresh("s")
                 outs.append(name)
                 self.env[v.name] = E.Arg(name, SCALAR_DTYPES[v.type.kind])
-        self.steps.append(Extern(self.fresh("e"), n, operands, tuple(outs), into))
+        return tuple(outs)
 
     def lower_control(self, n: Node, ins: list[Val]) -> None:
         free = _region_free_values(n)
@@ -409,18 +415,7 @@ class Lowering:
                     )
                 )
             )
-        outs = []
-        for v in n.outputs:
-            if isinstance(v.type, TensorType):
-                buf = self.add_buffer(v.type.dtype, v.type.shape, "extern")
-                outs.append(buf)
-                self.env[v.name] = self.load(buf)
-            else:
-                assert isinstance(v.type, ScalarType)
-                sname = self.fresh("s")
-                outs.append(sname)
-                self.env[v.name] = E.Arg(sname, SCALAR_DTYPES[v.type.kind])
-        self.steps.append(Control(name, n, operands, tuple(regions), tuple(outs)))
+        self.steps.append(Control(name, n, operands, tuple(regions), self.bind_results(n, "extern")))
 
 
 def _region_free_values(n: Node) -> list[Value]:

@@ -162,26 +162,10 @@ def tensor_operand(v: Val) -> Lazy:
 
 
 # -- elementwise --------------------------------------------------------------------
+#: op -> scalar function, for the unary ops that are one function of their operand
 _UNARY = {
-    "neg": "neg",
-    "abs": "abs",
-    "exp": "exp",
-    "expm1": "expm1",
-    "log": "log",
-    "log1p": "log1p",
-    "log2": "log2",
-    "sqrt": "sqrt",
-    "rsqrt": "rsqrt",
-    "sin": "sin",
-    "cos": "cos",
-    "tan": "tan",
-    "atan": "atan",
-    "tanh": "tanh",
-    "erf": "erf",
-    "sigmoid": "sigmoid",
-    "reciprocal": "reciprocal",
-    "sign": "sign",
-    "bitwise_not": "bitnot",
+    **{f: f for f in "neg abs exp expm1 log log1p log2 sqrt rsqrt sin cos tan atan tanh erf sigmoid".split()},
+    **{"reciprocal": "reciprocal", "sign": "sign", "bitwise_not": "bitnot"},
 }
 _ROUNDING = {"floor": "floor", "ceil": "ceil", "trunc": "trunc"}
 _BINARY = {
@@ -812,15 +796,20 @@ def _affine(x: Lazy, dims_from: int, body: E.Expr, params: Sequence[Val], dtype:
     return body
 
 
-@rule("layer_norm")
-def _layer_norm(lw: Lowering, n: Node, x: Val, *params: Val) -> Lazy:
+def _normalized(n: Node, x: Val) -> tuple[Lazy, TensorType, int, tuple[int, ...], DType]:
+    """Operand, result type, number and indices of the normalized (trailing) dims, dtype."""
     x = tensor_operand(x)
     t = out_type(n)
     if not t.dtype.is_floating:
-        raise NotLowered("layer_norm of a non-float tensor")
-    k = len(n.attr("normalized_shape"))  # type: ignore[arg-type]
-    dims = tuple(range(x.rank - k, x.rank))
-    dt = t.dtype
+        raise NotLowered(f"{n.op} of a non-float tensor")
+    shape: Any = n.attr("normalized_shape")
+    k = len(shape)
+    return x, t, k, tuple(range(x.rank - k, x.rank)), t.dtype
+
+
+@rule("layer_norm")
+def _layer_norm(lw: Lowering, n: Node, x: Val, *params: Val) -> Lazy:
+    x, t, k, dims, dt = _normalized(n, x)
     mean = call("div", reduce(lw, "sum", x, dims, keep=True, dtype=dt), count(x, dims, dt))
     var = _variance(lw, x, dims, 0, True, dt)
     y = call(
@@ -836,15 +825,9 @@ def _layer_norm(lw: Lowering, n: Node, x: Val, *params: Val) -> Lazy:
 
 @rule("rms_norm")
 def _rms_norm(lw: Lowering, n: Node, x: Val, *params: Val) -> Lazy:
-    x = tensor_operand(x)
-    t = out_type(n)
-    if not t.dtype.is_floating:
-        raise NotLowered("rms_norm of a non-float tensor")
     import torch
 
-    k = len(n.attr("normalized_shape"))  # type: ignore[arg-type]
-    dims = tuple(range(x.rank - k, x.rank))
-    dt = t.dtype
+    x, t, k, dims, dt = _normalized(n, x)
     eps = n.attr("eps")
     if eps is None:
         eps = torch.finfo(dt.torch).eps
