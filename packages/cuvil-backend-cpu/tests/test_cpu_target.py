@@ -610,3 +610,60 @@ def test_conv_chain_runs_channels_last_and_returns_row_major():
     x = randn(2, 3, 10, 12)
     for g, r in zip(cf(x), m(x)):
         torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-4)
+
+
+# -- train-mode dropout (Philox) and tiled transposes --------------------------------------
+
+
+def softmax_dropout_train(x):
+    return F.dropout(torch.softmax(x, -1), p=0.25, training=True)
+
+
+def test_train_dropout_is_counter_based_reproducible_and_fused():
+    cf = compiled(softmax_dropout_train)
+    x = randn(64, 96)
+    torch.manual_seed(7)
+    a = cf(x)
+    torch.manual_seed(7)
+    b = cf(x)
+    c = cf(x)
+    assert torch.equal(a, b)  # torch.manual_seed makes runs reproducible
+    assert not torch.equal(b, c)  # a new seed every call
+    kept = a != 0
+    assert 0.70 < kept.float().mean().item() < 0.80  # p = 0.25
+    torch.testing.assert_close(a[kept], (torch.softmax(x, -1) / 0.75)[kept])
+    ex = executable(cf)
+    assert ex.report.kernels == 1 and ex.program.plan.peak == 0  # softmax and dropout: one loop nest
+    assert "cu_rand(" in ex.stages["c"]
+
+
+def transpose_add(x, y):
+    return x.transpose(0, 1) + y
+
+
+def test_transposing_access_is_tiled():
+    cf = compiled(transpose_add)
+    for n, m in ((70, 45), (3, 5), (64, 64)):
+        x, y = randn(n, m), randn(m, n)
+        torch.testing.assert_close(cf(x, y), transpose_add(x, y))
+    loop_ir = executable(cf).stages["loop_ir"]
+    assert "_t0 in" in loop_ir and "_t1 in" in loop_ir and "Min(" in loop_ir
+
+
+def resize(x):
+    return (
+        F.interpolate(x, scale_factor=0.5),
+        F.interpolate(x, scale_factor=2.0),
+        F.interpolate(x, scale_factor=3.0),
+    )
+
+
+def test_nearest_interpolate_by_powers_of_two_is_an_index_map():
+    cf = compiled(resize)
+    for shape in ((2, 3, 7, 9), (1, 2, 8, 5)):
+        x = randn(*shape)
+        for g, r in zip(cf(x), resize(x)):
+            torch.testing.assert_close(g, r, rtol=0, atol=0)
+    program = executable(cf).program
+    externs = [s.node.op for s in program.steps if type(s).__name__ == "Extern"]
+    assert externs == ["interpolate"]  # the factor-3 one runs through torch

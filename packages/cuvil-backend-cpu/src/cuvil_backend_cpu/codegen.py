@@ -60,8 +60,22 @@ static inline int64_t cu_fmod(int64_t a, int64_t b, int* err) {
   if (b == -1) return 0;
   return a % b;
 }
+/* Philox4x32-10 (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3"):
+   a uniform float in [0, 1) for element `counter` of the stream `seed`. Counter
+   based, so the numbers do not depend on threads, vector width or loop order. */
+static inline float cu_rand(int64_t seed, int64_t counter) {
+  uint32_t c0 = (uint32_t)counter, c1 = (uint32_t)((uint64_t)counter >> 32), c2 = 0, c3 = 0;
+  uint32_t k0 = (uint32_t)seed, k1 = (uint32_t)((uint64_t)seed >> 32);
+  for (int i = 0; i < 10; ++i) {
+    const uint64_t p0 = (uint64_t)0xD2511F53u * c0, p1 = (uint64_t)0xCD9E8D57u * c2;
+    const uint32_t n0 = (uint32_t)(p1 >> 32) ^ c1 ^ k0, n2 = (uint32_t)(p0 >> 32) ^ c3 ^ k1;
+    c1 = (uint32_t)p1; c3 = (uint32_t)p0; c0 = n0; c2 = n2;
+    k0 += 0x9E3779B9u; k1 += 0xBB67AE85u;
+  }
+  return (float)(c0 >> 8) * (1.0f / 16777216.0f);
+}
 /* index arithmetic (operands are sizes and indices: no zero divisors) */
-static inline int64_t cu_ifloordiv(int64_t a, int64_t b) {
+static inline int64_t cu_ifloordiv(int64_t a, int64_t b) {  /* b > 0 */
   int64_t q = a / b; return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
 }
 static inline int64_t cu_imod(int64_t a, int64_t b) {
@@ -145,6 +159,13 @@ class _Gen:
             return "(" + " * ".join(self.index(a) for a in sorted(e.args, key=sympy.default_sort_key)) + ")"
         if isinstance(e, sympy.Pow) and e.exp.is_Integer and int(e.exp) > 0 and e.base.is_integer:
             return "(" + " * ".join([self.index(e.base)] * int(e.exp)) + ")"
+        if isinstance(e, (sympy.Min, sympy.Max)) and loop:
+            cmp = "<" if isinstance(e, sympy.Min) else ">"
+            text = self.index(e.args[0])
+            for arg in e.args[1:]:
+                other = self.index(arg)
+                text = f"(({text}) {cmp} ({other}) ? ({text}) : ({other}))"
+            return text
         if isinstance(e, sympy.Mod) and loop:
             return f"cu_imod({self.index(e.args[0])}, {self.index(e.args[1])})"
         if isinstance(e, sympy.floor) and loop:
@@ -227,6 +248,8 @@ class _Gen:
             return f"((!!({a[0]})) ^ (!!({a[1]})))"
         if fn == "where":
             return f"(({a[0]}) ? ({a[1]}) : ({a[2]}))"
+        if fn == "rand":
+            return f"cu_rand({a[0]}, {a[1]})"
         if fn in ("max", "min"):
             cmp = ">" if fn == "max" else "<"
             if fl:  # torch propagates NaN from either side
@@ -277,7 +300,8 @@ class _Gen:
                 self.lines.append(f"{ind}#pragma omp parallel for simd schedule(static){cond}{clauses}")
             elif s.kind == "vec":
                 self.lines.append(f"{ind}#pragma omp simd{clauses}")
-            self.lines.append(f"{ind}for (int64_t {v} = 0; {v} < {self.index(s.extent)}; ++{v}) {{")
+            start = self.index(s.start)
+            self.lines.append(f"{ind}for (int64_t {v} = {start}; {v} < {self.index(s.extent)}; ++{v}) {{")
             for b in s.body:
                 self.emit(b, ind + "  ")
             self.lines.append(f"{ind}}}")

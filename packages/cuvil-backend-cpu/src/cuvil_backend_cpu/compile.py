@@ -36,7 +36,9 @@ FUSION = FusionPolicy(
 def schedule_policy(options: CompileOptions) -> SchedulePolicy:
     extra = dict(options.extra)
     if options.opt_level <= 0:
-        return SchedulePolicy(parallel_threshold=1 << 62, collapse=False, vectorize=False)
+        return SchedulePolicy(
+            parallel_threshold=1 << 62, collapse=False, vectorize=False, stash=False, tile_size=1
+        )
     return SchedulePolicy(parallel_threshold=int(extra.get("parallel_threshold", 32768)))
 
 

@@ -131,6 +131,7 @@ class CpuProgram:
         ns: dict[str, Any] = {
             "torch": torch,
             "_own": _own,
+            "_draw_seed": _draw_seed,
             "math": __import__("math"),
             "_self": self,
             "_as_strided": torch.as_strided,
@@ -152,6 +153,8 @@ class CpuProgram:
         for s in self.symbols:
             if s not in bound:
                 body.append(f"s_{s.name} = _b[{s.name!r}]")
+        for seed in prog.seeds:  # one draw per call from torch's generator (torch.manual_seed)
+            body.append(f"v_{seed} = _draw_seed()")
         key = ", ".join(f"s_{s.name}" for s in self.symbols)
         body.append(f"_p = _self.plan(({key}{',' if len(self.symbols) == 1 else ''}))")
         if any(isinstance(s, Control) for s in prog.steps):
@@ -348,6 +351,10 @@ def _own(t: torch.Tensor, arena: torch.Tensor, channels_last: bool = False) -> t
     if t.untyped_storage().data_ptr() == arena.untyped_storage().data_ptr():
         return t.clone(memory_format=fmt)
     return t.contiguous(memory_format=fmt)
+
+
+def _draw_seed() -> int:
+    return int(torch.randint(-(2**63), 2**63 - 1, (), dtype=torch.int64))
 
 
 def _zero_division() -> None:

@@ -26,6 +26,8 @@ LOOP_KINDS = ("par", "seq", "vec", "parvec")
 
 @dataclass(frozen=True, slots=True)
 class Loop:
+    """``var`` runs over ``[start, extent)`` (``extent`` is the stop, ``start`` 0 but in tiles)."""
+
     var: sympy.Symbol
     extent: sympy.Expr
     kind: str
@@ -34,6 +36,7 @@ class Loop:
     reduces: tuple[tuple[str, str], ...] = ()
     #: ``par`` loops: run on several threads only when this much work is done (elements)
     work: sympy.Expr | None = None
+    start: sympy.Expr | int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +104,7 @@ def _stmt_lines(s: Stmt, indent: str) -> list[str]:
         if s.reduces:
             red = " reduce(" + ", ".join(f"{k}: {n}" for n, k in s.reduces) + ")"
         work = f" if work >= {dim_str(s.work)}" if s.work is not None else ""
-        head = f"{indent}{s.kind} {s.var} in [0, {dim_str(s.extent)}){red}{work} {{"
+        head = f"{indent}{s.kind} {s.var} in [{dim_str(s.start)}, {dim_str(s.extent)}){red}{work} {{"
         lines = [head]
         for b in s.body:
             lines.extend(_stmt_lines(b, indent + "  "))

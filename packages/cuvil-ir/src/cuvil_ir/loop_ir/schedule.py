@@ -41,6 +41,8 @@ class SchedulePolicy:
     vectorize: bool = True
     #: let a reduction phase keep a costly value in the output for the store (see _find_stash)
     stash: bool = True
+    #: block size of the tiling pass for transposing accesses (1: no tiling)
+    tile_size: int = 32
 
 
 def _sym(x: Any) -> sympy.Expr:
@@ -311,12 +313,17 @@ def schedule_kernel(kernel: Kernel, program: TensorProgram, policy: SchedulePoli
     level.extend(hoisted)
     lets, expr = _cse(store_e, names)
     store: list[Stmt] = [*lets, Store(kernel.buf, store_o, expr)]
-    for j in range(len(inner) - 1, -1, -1):
-        s, ext = inner[j]
-        kind = vec_kind(j == len(inner) - 1)
+    ranges = [(s, sympy.Integer(0), ext) for s, ext in inner]
+    if not phases and policy.tile_size > 1:
+        ranges = _tile(ranges, [store_o, *_offsets(store_e)], policy.tile_size)
+    for j in range(len(ranges) - 1, -1, -1):
+        s, start, ext = ranges[j]
+        kind = vec_kind(j == len(ranges) - 1)
         if not outer and j == 0 and _big(total, policy):
-            kind = "parvec" if len(inner) == 1 and policy.vectorize else "par"
-        store = [Loop(s, ext, kind, tuple(store), work=total if kind in ("par", "parvec") else None)]
+            kind = "parvec" if len(ranges) == 1 and policy.vectorize else "par"
+        store = [
+            Loop(s, ext, kind, tuple(store), work=total if kind in ("par", "parvec") else None, start=start)
+        ]
     level.extend(store)
     for j in range(len(outer) - 1, -1, -1):
         s, ext = outer[j]
@@ -351,6 +358,44 @@ def _in_order(
         return loops
     pos = {d: p for p, d in enumerate(rank_order)}
     return sorted(loops, key=lambda lp: pos[int(lp[0].name[2:])])
+
+
+def _tile(
+    loops: list[tuple[sympy.Symbol, Any, Any]], offsets: Sequence[sympy.Expr], size: int
+) -> list[tuple[sympy.Symbol, Any, Any]]:
+    """Tile the innermost loop ``b`` with a loop ``a`` when an access walks ``a``
+    contiguously but ``b`` with a stride (a transposing copy): both run in ``size``
+    blocks, so each block of the strided operand is read from cache, not memory.
+
+    ``[.., a, .., b]`` becomes ``[.., ta, .., tb, a in [ta*size, min(ea, ta*size+size)), b ...]``.
+    """
+    if len(loops) < 2:
+        return loops
+    b, _, eb = loops[-1]
+    syms = [s for s, _, _ in loops]
+    forms = [f for f in (_affine(sympy.expand(o), syms) for o in offsets) if f is not None]
+    pick = None
+    for j in range(len(loops) - 2, -1, -1):
+        a = loops[j][0]
+        if any(f.get(a) == 1 and f.get(b, 0) not in (0, 1) for f in forms):
+            pick = j
+            break
+    if pick is None:
+        return loops
+    a, _, ea = loops[pick]
+    ta, tb = E.tile_symbol(int(a.name[2:])), E.tile_symbol(int(b.name[2:]))
+    out = [
+        (ta, sympy.Integer(0), _ceil_div(ea, size)) if k == pick else lp for k, lp in enumerate(loops[:-1])
+    ]
+    out.append((tb, sympy.Integer(0), _ceil_div(eb, size)))
+    out.append((a, ta * size, sympy.Min(ea, ta * size + size)))
+    out.append((b, tb * size, sympy.Min(eb, tb * size + size)))
+    return out
+
+
+def _ceil_div(n: Any, d: int) -> sympy.Expr:
+    n = sympy.sympify(n)
+    return sympy.Integer(-(-int(n) // d)) if n.is_Integer else sympy.floor((n + d - 1) / d)
 
 
 def _reads_own(kernel: Kernel) -> bool:
@@ -463,6 +508,7 @@ def _collect(stmts: Sequence[Stmt], sizes: set[sympy.Symbol], args: dict[str, DT
     for s in stmts:
         if isinstance(s, Loop):
             syms_of(s.extent)
+            syms_of(s.start)
             if s.work is not None:
                 syms_of(s.work)
             _collect(s.body, sizes, args)

@@ -28,8 +28,13 @@ def reduce_symbol(k: int) -> sympy.Symbol:
     return sympy.Symbol(f"_r{k}", integer=True, nonnegative=True)
 
 
+def tile_symbol(k: int) -> sympy.Symbol:
+    """The index of a tile of loop ``_i<k>`` (Loop IR's tiling pass)."""
+    return sympy.Symbol(f"_t{k}", integer=True, nonnegative=True)
+
+
 def is_loop_symbol(s: sympy.Basic) -> bool:
-    return isinstance(s, sympy.Symbol) and s.name.startswith(("_i", "_r"))
+    return isinstance(s, sympy.Symbol) and s.name.startswith(("_i", "_r", "_t"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,7 +95,10 @@ class Var:
 
 Expr = Union[Const, Arg, Load, Index, Call, Reduce, Var]
 
-#: scalar functions and their arity; the code generators implement exactly these
+#: scalar functions and their arity; the code generators implement exactly these.
+#: ``rand(seed, counter)`` is a uniform float in [0, 1) from the counter-based
+#: Philox4x32-10 generator: the same seed and element give the same number on
+#: every backend, thread count and schedule.
 FUNCTIONS: dict[str, int] = {
     **dict.fromkeys(
         "neg abs exp expm1 log log1p log2 sqrt rsqrt sin cos tan atan tanh erf sigmoid floor ceil"
@@ -99,7 +107,7 @@ FUNCTIONS: dict[str, int] = {
     ),
     **dict.fromkeys(
         "add sub mul div floordiv mod fmod pow max min atan2 and or xor bitand bitor bitxor"
-        " eq ne lt le gt ge".split(),
+        " eq ne lt le gt ge rand".split(),
         2,
     ),
     "where": 3,
@@ -107,7 +115,7 @@ FUNCTIONS: dict[str, int] = {
 
 #: functions whose cost dominates a pointwise chain (the fusion policy counts them)
 TRANSCENDENTAL = frozenset(
-    "exp expm1 log log1p log2 sqrt rsqrt sin cos tan atan tanh erf sigmoid pow atan2 div".split()
+    "exp expm1 log log1p log2 sqrt rsqrt sin cos tan atan tanh erf sigmoid pow atan2 div rand".split()
 )
 
 REDUCE_KINDS = ("sum", "prod", "max", "min", "any", "all")

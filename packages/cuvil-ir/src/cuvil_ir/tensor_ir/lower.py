@@ -142,6 +142,7 @@ class Lowering:
         self.steps: list[Step] = []
         self.env: dict[str, Val] = {}
         self.uses: Counter[str] = Counter()
+        self.seeds: list[str] = []
         self._count: Counter[str] = Counter()
         self._reduce_count = 0
         self.rules = _rules()
@@ -151,6 +152,12 @@ class Lowering:
         n = self._count[kind]
         self._count[kind] += 1
         return f"{self.prefix}{kind}{n}"
+
+    def seed(self) -> E.Arg:
+        """A fresh random seed, drawn by the runtime once per call (see ``TensorProgram.seeds``)."""
+        arg = E.Arg(self.fresh("seed"), DType.i64)
+        self.seeds.append(arg.name)
+        return arg
 
     def reduce_symbol(self) -> sympy.Symbol:
         # temporary: make_reduce renames it canonically
@@ -297,7 +304,14 @@ class Lowering:
             else:
                 outputs.append(val)
         return TensorProgram(
-            name, graph, inputs, dict(self.buffers), tuple(self.steps), tuple(outputs), outer_symbols
+            name,
+            graph,
+            inputs,
+            dict(self.buffers),
+            tuple(self.steps),
+            tuple(outputs),
+            outer_symbols,
+            seeds=tuple(self.seeds),
         )
 
     def lower_node(self, n: Node) -> None:

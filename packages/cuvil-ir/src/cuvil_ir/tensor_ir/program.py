@@ -163,6 +163,9 @@ class TensorProgram:
     outputs: tuple[str | Expr, ...]
     #: extra size symbols the program's sizes may use beyond the inputs' (a loop index)
     outer_symbols: tuple[sympy.Symbol, ...] = ()
+    #: int64 arguments the runtime draws from torch's random generator on every call
+    #: (the seeds of ``rand``: train-mode dropout)
+    seeds: tuple[str, ...] = ()
     plan: Any = field(default=None, compare=False)  # cuvil_ir.tensor_ir.memory.MemoryPlan
 
     @property
@@ -232,6 +235,8 @@ def print_program(p: TensorProgram) -> str:
     ins = ", ".join(str(p.buffers[i.name]) if i.is_tensor else f"${i.name}: scalar" for i in p.inputs)
     outs = ", ".join(f"%{o}" if isinstance(o, str) else expr_str(o) for o in p.outputs)
     lines = [f"program @{p.name}({ins}) -> ({outs}) {{"]
+    for seed in p.seeds:
+        lines.append(f"  random ${seed}: i64")
     for b in p.buffers.values():
         if b.kind != "input":
             lines.append(f"  buffer {b}")

@@ -18,7 +18,7 @@ from cuvil_ir.graph_ir.nodes import Node
 from cuvil_ir.graph_ir.types import DType, ScalarType, TensorType
 from cuvil_ir.symbolic import Dim
 from cuvil_ir.tensor_ir import expr as E
-from cuvil_ir.tensor_ir.lower import Lazy, Lowering, NotLowered, Val, idx, strided_view
+from cuvil_ir.tensor_ir.lower import Lazy, Lowering, NotLowered, Val, idx, linear_offset, strided_view
 from cuvil_ir.tensor_ir.program import contiguous_strides
 
 Rule = Callable[..., Any]
@@ -868,4 +868,52 @@ def _batch_norm(lw: Lowering, n: Node, x: Val, mean: Val, var: Val, *params: Val
 
 @rule("dropout")
 def _dropout(lw: Lowering, n: Node, x: Val) -> Lazy:
-    raise NotLowered("training-mode dropout runs through torch (its RNG stream)")
+    """Train-mode dropout with a counter-based RNG: element ``i`` is kept when
+    ``rand(seed, i) >= p``. ``seed`` is drawn from torch's generator once per call,
+    so ``torch.manual_seed`` makes runs reproducible, and the mask does not depend
+    on the schedule: dropout fuses into whatever kernel consumes it."""
+    x = tensor_operand(x)
+    t = out_type(n)
+    p = float(_num(n, "p"))
+    if p >= 1.0:
+        return Lazy(t.shape, t.dtype, const(0, t.dtype))
+    seed = lw.seed()
+    counter = E.Index(linear_offset(x.shape, idx(x.rank)), DType.i64)
+    keep = call("ge", E.Call("rand", (seed, counter), DType.f32), const(p, DType.f32), dtype=DType.bool)
+    scaled = call("mul", cast(x.body, t.dtype), const(1.0 / (1.0 - p), t.dtype))
+    return Lazy(t.shape, t.dtype, E.Call("where", (keep, scaled, const(0, t.dtype)), t.dtype))
+
+
+@rule("interpolate")
+def _interpolate(lw: Lowering, n: Node, x: Val) -> Lazy:
+    """Nearest-neighbour resizing by power-of-two factors, as an index map.
+
+    torch picks source ``floor(i * (1 / scale))`` in float; for a power-of-two
+    factor that product is exact, so the integer map ``i // f`` (upsampling by f)
+    or ``i * f`` (downsampling) gives the same elements. Other modes and factors
+    run through torch.
+    """
+    x = tensor_operand(x)
+    t = out_type(n)
+    scales: Any = n.attr("scale_factor")
+    if (
+        n.attr("mode") != "nearest"
+        or n.attr("antialias")
+        or n.attr("recompute_scale_factor")
+        or scales is None
+        or len(scales) != x.rank - 2
+    ):
+        raise NotLowered("interpolate: only nearest by power-of-two scale factors is lowered")
+    i = idx(t.rank)
+    src: list[Any] = list(i[:2])
+    for d, s in enumerate(scales):
+        f = float(s)
+        up, down = f >= 1, f < 1
+        factor = f if up else 1 / f
+        if factor != int(factor) or int(factor) & (int(factor) - 1):
+            raise NotLowered("interpolate: scale factor not a power of two")
+        k = int(factor)
+        src.append(sympy.floor(i[2 + d] / k) if up else i[2 + d] * k)
+        if down and x.shape[2 + d] == 0:
+            raise NotLowered("interpolate of an empty dimension")
+    return Lazy(t.shape, t.dtype, x.at(src))
