@@ -309,3 +309,22 @@ def test_identical_graphs_share_one_executable():
     assert a.graphs[0].hash == b.graphs[0].hash
     assert a.artifacts[0].executable is b.artifacts[0].executable
     assert len(_EXECUTABLES) >= 1
+
+
+def test_module_guard_notices_data_reassignment_and_flag_changes_cheaply() -> None:
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU(), torch.nn.Linear(3, 2)).eval()
+    cf = cu.compile(m, target="reference", fallback="error")
+    x = torch.randn(5, 4)
+    with torch.no_grad():
+        torch.testing.assert_close(cf(x), m(x))
+        m[2].weight.mul_(2.0)  # in place: same structure, new values are read
+        torch.testing.assert_close(cf(x), m(x))
+        assert cf.stats.compiles == 1
+        m[2].weight.data = torch.randn(3, 3)  # same Parameter object, new shape
+        m[2].bias.data = torch.randn(3)
+        torch.testing.assert_close(cf(x), m(x))
+        assert cf.stats.compiles == 2
+        m.train()  # a training flag: recompiles (dropout/batch norm behave differently)
+        cf(x)
+        assert cf.stats.compiles == 3
