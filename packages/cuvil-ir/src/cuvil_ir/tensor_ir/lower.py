@@ -48,6 +48,9 @@ class FusionPolicy:
     recompute_budget: int = 4
     #: realize an expression that grew past this many nodes
     max_expr_nodes: int = 256
+    #: a subexpression at least this costly that varies with fewer indices than its
+    #: kernel (batch norm's per-channel ``rsqrt``) is computed once into a small buffer
+    low_rank_cost: int = 4
     #: element types kernels can hold; an op touching another dtype runs as an extern
     dtypes: frozenset[DType] = frozenset(
         {DType.f32, DType.f64, DType.i64, DType.i32, DType.i16, DType.i8, DType.u8, DType.bool}
@@ -217,10 +220,43 @@ class Lowering:
             order = None
         elif order == "auto":
             order = self.layout_for(lz)
-        body = self._split_reductions(lz.body, lz.shape)
+        body = self._split_low_rank(self._split_reductions(lz.body, lz.shape), lz.shape)
         buf = self.add_buffer(lz.dtype, lz.shape, kind, order=order)  # type: ignore[arg-type]
         self.steps.append(Kernel(self.fresh("k"), buf, tuple(lz.shape), body))
         return self.load(buf)
+
+    def _split_low_rank(self, body: E.Expr, domain: tuple[Dim, ...]) -> E.Expr:
+        """Realize costly subexpressions that vary with fewer indices than the kernel.
+
+        Inference batch norm computes ``rsqrt(var[c] + eps)`` for every pixel though
+        it depends on the channel only; as a buffer of ``C`` values it is computed
+        once per channel and loaded per pixel. Only calls costing at least
+        ``policy.low_rank_cost`` (a transcendental) and free of reductions move, so
+        cheap index arithmetic never becomes a kernel of its own.
+        """
+        if not domain:
+            return body
+        live = {E.index_symbol(j) for j, d in enumerate(domain) if d != 1}
+        found: list[E.Expr] = []
+
+        def visit(x: E.Expr) -> None:
+            if isinstance(x, E.Call) and E.cost(x) >= self.policy.low_rank_cost:
+                free = E.free_indices(x)
+                if free < live and not any(isinstance(y, E.Reduce) for y in E.walk(x)):
+                    if all(s.name.startswith("_i") for s in free):
+                        found.append(x)
+                        return
+            for c in E.children(x):
+                visit(c)
+
+        visit(body)
+        for sub in dict.fromkeys(found):
+            syms = sorted(E.free_indices(sub), key=lambda s: int(s.name[2:]))
+            shape = tuple(domain[int(s.name[2:])] for s in syms)
+            inner = E.substitute(sub, {s: E.index_symbol(j) for j, s in enumerate(syms)})
+            done = self.realize(Lazy(shape, sub.dtype, inner), order=None)
+            body = E.replace(body, sub, done.at(syms))
+        return body
 
     def _split_reductions(self, body: E.Expr, domain: tuple[Dim, ...]) -> E.Expr:
         """Realize every Reduce the scheduler could not hoist without recomputing it.
