@@ -6,6 +6,7 @@
     nox -s lint typecheck     ruff; mypy (strict on cuvil_ir)
     nox -s demo               examples/demo.py
     nox -s wheels             build wheels, install cuvil[cpu] into a fresh venv, smoke-test
+    nox -s bench              eager vs torch.compile vs Cuvil (benchmarks/README.md)
 
 The packages: cuvil-ir, cuvil-runtime, cuvil-core (``cuvil``) and the CPU
 target cuvil-backend-cpu. Its tests compile C, so ``tests``, ``tests_pkg(cpu)``,
@@ -135,8 +136,7 @@ def demo(session: nox.Session) -> None:
 @nox.session
 def bench(session: nox.Session) -> None:
     """eager vs torch.compile vs Cuvil (benchmarks/README.md); ``nox -s bench -- --quick --workloads head``."""
-    folders = list(dict.fromkeys(ALL + ["packages/cuvil-backend-cpu"]))  # each folder once
-    install(session, folders, "matplotlib", "psutil")
+    install(session, ALL, "matplotlib", "psutil")
     session.run("python", "-m", "benchmarks.run", *session.posargs)
 
 
