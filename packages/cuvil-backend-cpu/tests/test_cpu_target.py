@@ -686,3 +686,18 @@ def test_float_erf_matches_torch_everywhere():
     torch.testing.assert_close(got[1][finite], ref[1][finite], rtol=2e-6, atol=2e-6)
     assert got[0].abs().max() <= 1.0
     assert torch.isnan(cf(torch.tensor([float("nan")]))[0]).all()
+
+
+def column_stats(x):
+    return x.sum(0), x.mean(0), x.amax(0), torch.softmax(x, -1).sum(0)
+
+
+def test_reductions_over_a_leading_dimension_accumulate_rows():
+    cf = compiled(column_stats)
+    for shape in ((300, 70), (5, 3), (64, 1)):
+        x = randn(*shape)
+        for g, r in zip(cf(x), column_stats(x)):
+            torch.testing.assert_close(g, r, rtol=1e-5, atol=1e-5)
+    loop_ir = executable(cf).stages["loop_ir"]
+    # the reduced rows run outside, the output tile is the accumulator
+    assert "seq _r" in loop_ir and "par _t0 in" in loop_ir

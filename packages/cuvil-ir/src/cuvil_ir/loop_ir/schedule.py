@@ -226,6 +226,10 @@ def schedule_kernel(kernel: Kernel, program: TensorProgram, policy: SchedulePoli
     strides = [_sym(x) for x in program.buffers[kernel.buf].strides]
     store_off = sympy.expand(sum((s * st for s, st in zip(syms, strides)), sympy.Integer(0)))
 
+    column = _column_reduction(kernel, program, policy, phases, store_expr, domain, syms, store_off, names)
+    if column is not None:
+        return column
+
     # 2. order the outer loops and the inner loops by the store's strides (a channels-last
     #    output walks channels innermost), then collapse outer loops (all accesses in every
     #    phase) and inner loops (the store's accesses)
@@ -358,6 +362,104 @@ def _in_order(
         return loops
     pos = {d: p for p, d in enumerate(rank_order)}
     return sorted(loops, key=lambda lp: pos[int(lp[0].name[2:])])
+
+
+_COMBINE = {"sum": "add", "prod": "mul", "max": "max", "min": "min"}
+
+
+def _column_reduction(
+    kernel: Kernel,
+    program: TensorProgram,
+    policy: SchedulePolicy,
+    phases: list[tuple[E.Var, E.Reduce, E.Expr]],
+    store_expr: E.Expr,
+    domain: list[sympy.Expr],
+    syms: list[sympy.Symbol],
+    store_off: sympy.Expr,
+    names: _Names,
+) -> LoopFunc | None:
+    """A reduction over a dimension that is not innermost in memory (``x.sum(0)``),
+    scheduled with the reduction loop outside: the output row is the accumulator.
+
+    Hoisting it instead would make every output element walk its column with a
+    stride. Here each tile of ``tile_size`` outputs is initialised, then every
+    reduced row adds its contiguous slice into it (a vector loop), then the
+    epilogue (``/ n`` of a mean) runs in place. Tiles of outputs are independent,
+    so they are the parallel loop.
+    """
+    buf = program.buffers[kernel.buf]
+    if len(phases) != 1 or buf.order is not None or policy.tile_size <= 1:
+        return None
+    acc, r, body = phases[0]
+    live = [(s, e) for s, e in zip(syms, domain) if e != 1]
+    if not live or r.kind not in _COMBINE or r.dtype != buf.dtype:
+        return None
+    j, ej = live[-1]
+    rsym = r.ranges[-1][0]
+    forms = [_affine(sympy.expand(o), [j, rsym]) for o in _offsets(body)]
+    if any(f is None for f in forms):
+        return None
+    # only accesses that vary with the output index decide (a per-row scalar does not)
+    varying = [f for f in forms if f is not None and f.get(j, 0) != 0]
+    if not any(f.get(j) == 1 and f.get(rsym, 0) not in (0, 1) for f in varying):
+        return None
+    if any(f.get(rsym) == 1 for f in varying):
+        return None  # the reduced dimension is contiguous somewhere: the row schedule is better
+    size = policy.tile_size
+    jt = E.tile_symbol(int(j.name[2:]))
+    zero = {s: sympy.Integer(0) for s, e in zip(syms, domain) if e == 1}
+    off = sympy.expand(store_off.xreplace(zero))
+    here = E.Load(kernel.buf, off, buf.dtype)
+
+    def over_tile(stmt: Store) -> Loop:
+        kind = "vec" if policy.vectorize else "seq"
+        return Loop(j, sympy.Min(ej, jt * size + size), kind, (stmt,), start=jt * size)
+
+    update = E.Call(_COMBINE[r.kind], (here, E.substitute(body, zero)), buf.dtype)
+    nest: list[Stmt] = [over_tile(Store(kernel.buf, off, _init(r.kind, r.dtype)))]
+    inner: list[Stmt] = [over_tile(Store(kernel.buf, off, update))]
+    for s, ext in reversed(r.ranges):
+        inner = [Loop(s, sympy.sympify(ext), "seq", tuple(inner))]
+    nest.extend(inner)
+    epilogue = E.substitute(E.replace(store_expr, acc, here), zero)
+    if epilogue != here:
+        lets, expr = _cse(epilogue, names)
+        nest.append(
+            over_tile(Store(kernel.buf, off, expr))
+            if not lets
+            else Loop(
+                j,
+                sympy.Min(ej, jt * size + size),
+                "seq",
+                (*lets, Store(kernel.buf, off, expr)),
+                start=jt * size,
+            )
+        )
+    loops = [*live[:-1], (jt, _ceil_div(ej, size))]
+    work: Any = sympy.Integer(1)
+    for _, e in live:
+        work = work * e
+    for _, e in r.ranges:
+        work = work * e
+    work = sympy.expand(work)
+    stmts: list[Stmt] = nest
+    for idx_, (s, ext) in reversed(list(enumerate(loops))):
+        kind = "par" if idx_ == 0 and _big(work, policy) else "seq"
+        stmts = [Loop(s, ext, kind, tuple(stmts), work=work if kind == "par" else None)]
+    params = [
+        Param(b, program.buffers[b].dtype, "in") for b in sorted(E.buffers_read(kernel.body) - {kernel.buf})
+    ]
+    params.append(Param(kernel.buf, buf.dtype, "out"))
+    sizes: set[sympy.Symbol] = set()
+    args: dict[str, DType] = {}
+    _collect(stmts, sizes, args)
+    return LoopFunc(
+        kernel.name,
+        tuple(params),
+        tuple(sorted(sizes, key=lambda x: x.name)),
+        tuple(sorted(args.items())),
+        tuple(stmts),
+    )
 
 
 def _tile(

@@ -278,7 +278,9 @@ class Lowering:
             bad = [r for r in reds if any(s.name.startswith("_r") for s in free[r]) or not needed <= free[r]]
             if not bad:
                 return body
-            r = bad[-1]  # the innermost offender first (walk lists parents first)
+            # an offender with no other offender inside it first, so the outer one reads its buffer
+            inner_bad = [b for b in bad if not any(o is not b and o in set(E.walk(b.body)) for o in bad)]
+            r = inner_bad[0] if inner_bad else bad[-1]
             syms = sorted(free[r], key=lambda s: (s.name[1], int(s.name[2:])))
             shape = tuple(domain[int(s.name[2:])] if s.name.startswith("_i") else ranges[s] for s in syms)
             inner = E.substitute(r, {s: E.index_symbol(j) for j, s in enumerate(syms)})
