@@ -193,7 +193,8 @@ def render_markdown(data: dict[str, Any]) -> str:
         "Times are medians of steady-state calls in one process (implementations interleaved "
         "round-robin in ~20 ms blocks). `x vs eager` = eager ms / cuvil ms, `x vs torch.compile` = torch.compile ms / cuvil ms "
         "(above 1: Cuvil is faster; in parentheses when an output did not match). Cold / warm first call: "
-        "the first call in a fresh process with an empty / already-filled compile cache. Peak RSS: "
+        "the first call in a fresh process with an empty / already-filled compile cache, after the "
+        "compiler's one-time imports (torch.compile: at torch.compile(); Cuvil: cu.warmup()). Peak RSS: "
         "eager child / torch.compile cold child / cuvil cold child. Compiles in sweep: graphs compiled "
         "while calling one fresh compiled callable at every size of the sweep (1 = no recompile). "
         "See benchmarks/README.md.",

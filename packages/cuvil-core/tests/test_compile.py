@@ -328,3 +328,11 @@ def test_module_guard_notices_data_reassignment_and_flag_changes_cheaply() -> No
         m.train()  # a training flag: recompiles (dropout/batch norm behave differently)
         cf(x)
         assert cf.stats.compiles == 3
+
+
+def test_warmup_finishes_the_background_imports() -> None:
+    import sys
+
+    cu.warmup()
+    assert "torch.fx.experimental.symbolic_shapes" in sys.modules
+    assert cu.warmup() < 0.5  # the second time there is nothing left to wait for

@@ -29,12 +29,32 @@ def _preload() -> None:
         pass
 
 
+_PRELOAD: Any = None  # the background import thread, when started
+
+
 def _start_preload() -> None:
     import os
     import threading
 
+    global _PRELOAD
     if os.environ.get("CUVIL_PRELOAD", "1") != "0":
-        threading.Thread(target=_preload, name="cuvil-preload", daemon=True).start()
+        _PRELOAD = threading.Thread(target=_preload, name="cuvil-preload", daemon=True)
+        _PRELOAD.start()
+
+
+def warmup() -> float:
+    """Finish the one-time imports the first capture needs (torch's ShapeEnv brings in
+    ``torch._dynamo``, about 0.7 s, started in the background by ``import cuvil``);
+    returns the seconds spent waiting. Call it at startup so that the first compiled
+    call pays only for compiling (or, with a warm cache, loading)."""
+    import time
+
+    t0 = time.perf_counter()
+    if _PRELOAD is not None:
+        _PRELOAD.join()
+    else:
+        _preload()
+    return time.perf_counter() - t0
 
 
 _start_preload()
@@ -56,4 +76,5 @@ __all__ = [
     "backends",
     "compile",
     "explain",
+    "warmup",
 ]
