@@ -41,7 +41,11 @@ for p in PROGRAMS:
     g = compiled.graphs[0]
     text_digest = hashlib.sha256(g.text.encode()).hexdigest()
     located_digest = hashlib.sha256(str(g).encode()).hexdigest()
-    print(p.name, g.hash, text_digest, located_digest, len(g.text.splitlines()))
+    # every stage of the compile (Tensor IR, Loop IR, generated code, MLIR ...)
+    stages = cu.audit(compiled, *args, **kwargs)
+    assert stages["graph_ir"] == g.hash
+    print(p.name, g.hash, text_digest, located_digest, len(g.text.splitlines()),
+          " ".join(f"{k}={v}" for k, v in stages.items()))
 """
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from cuvil.api import CompiledFunction, CuvilFallbackWarning, Stats, compile, explain
+from cuvil.audit import audit
 from cuvil.errors import CompileError, SourceLoc
 
 __version__ = "0.1.0"
@@ -68,6 +69,7 @@ def backends() -> list[Any]:
 
 
 __all__ = [
+    "audit",
     "CompileError",
     "CompiledFunction",
     "CuvilFallbackWarning",

@@ -1,6 +1,9 @@
 """The ``cuvil`` command line.
 
 ``cuvil backends`` lists every installed target: available or not, and why.
+``cuvil audit module:function --args-spec "f32[8,16], f32[16,4]"`` compiles the
+function for those arguments and prints every stage's hash (``--out DIR`` writes
+the stage texts); see :mod:`cuvil.audit`.
 """
 
 from __future__ import annotations
@@ -8,6 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 
 def _backends(args: argparse.Namespace) -> int:
@@ -38,6 +42,114 @@ def _backends(args: argparse.Namespace) -> int:
     return 0
 
 
+def _split_top(spec: str) -> list[str]:
+    """Split on commas outside brackets: ``"f32[2,3], 4"`` -> ``["f32[2,3]", "4"]``."""
+    parts, depth, cur = [], 0, ""
+    for ch in spec:
+        if ch == "," and depth == 0:
+            parts.append(cur.strip())
+            cur = ""
+            continue
+        depth += ch == "["
+        depth -= ch == "]"
+        cur += ch
+    if cur.strip():
+        parts.append(cur.strip())
+    return parts
+
+
+def parse_args_spec(spec: str, seed: int = 0) -> list[Any]:
+    """Example arguments from a spec: ``dtype[d0,d1,...]`` is a seeded random tensor
+    (``f32[4,3,64,64]``, ``i64[8]``, ``bool[2,2]``, ``f32[]`` for a 0-d tensor), a
+    number or ``True``/``False`` is itself."""
+    import torch
+
+    from cuvil_ir.graph_ir.types import DType
+
+    gen = torch.Generator().manual_seed(seed)
+    out: list[Any] = []
+    for item in _split_top(spec):
+        if "[" in item:
+            name, _, dims = item.partition("[")
+            if not dims.endswith("]"):
+                raise ValueError(f"bad tensor spec {item!r}: expected dtype[d0,d1,...]")
+            try:
+                dtype = DType(name.strip()).torch
+            except ValueError:
+                known = ", ".join(d.value for d in DType)
+                raise ValueError(f"unknown dtype {name.strip()!r} in {item!r} (known: {known})") from None
+            shape = [int(d) for d in dims[:-1].split(",") if d.strip()]
+            if dtype.is_floating_point:
+                out.append(torch.randn(shape, generator=gen).to(dtype))
+            elif dtype == torch.bool:
+                out.append(torch.randint(0, 2, shape, generator=gen).bool())
+            else:
+                out.append(torch.randint(0, 10, shape, generator=gen).to(dtype))
+        elif item in ("True", "False"):
+            out.append(item == "True")
+        else:
+            try:
+                out.append(int(item))
+            except ValueError:
+                try:
+                    out.append(float(item))
+                except ValueError:
+                    raise ValueError(
+                        f"bad argument spec {item!r}: a tensor dtype[dims], a number or a bool"
+                    ) from None
+    return out
+
+
+def load_callable(ref: str) -> Any:
+    """``module:attr`` (a dotted module or a ``.py`` path): a function, a module
+    instance (put in eval mode), or an ``nn.Module`` class (built with no arguments)."""
+    import importlib
+    import importlib.util
+    from pathlib import Path
+
+    import torch
+
+    if ":" not in ref:
+        raise ValueError(f"expected module:function, got {ref!r}")
+    mod_name, _, attr = ref.rpartition(":")
+    if mod_name.endswith(".py") or "/" in mod_name:
+        path = Path(mod_name).resolve()
+        spec = importlib.util.spec_from_file_location(path.stem, path)
+        if spec is None or spec.loader is None:
+            raise ValueError(f"cannot import {mod_name}")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[path.stem] = module
+        spec.loader.exec_module(module)
+    else:
+        module = importlib.import_module(mod_name)
+    obj: Any = module
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    if isinstance(obj, type) and issubclass(obj, torch.nn.Module):
+        obj = obj()
+    if isinstance(obj, torch.nn.Module):
+        obj.eval()
+    return obj
+
+
+def _audit(args: argparse.Namespace) -> int:
+    from cuvil.audit import audit
+
+    try:
+        fn = load_callable(args.function)
+        example = parse_args_spec(args.args_spec, seed=args.seed)
+    except (ValueError, ImportError, AttributeError) as e:
+        print(f"cuvil audit: {e}", file=sys.stderr)
+        return 2
+    hashes = audit(fn, *example, target=args.target, out_dir=args.out)
+    width = max(len(k) for k in hashes)
+    for name, h in hashes.items():
+        print(f"{name.ljust(width)}  {h}")
+    if args.out:
+        print(f"(stage texts and hashes.json written to {args.out})")
+    return 0
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="cuvil", description="Cuvil: a Python-native compiler for PyTorch inference"
@@ -45,6 +157,19 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     backends = sub.add_parser("backends", help="list installed targets and whether each can be used here")
     backends.set_defaults(run=_backends)
+    aud = sub.add_parser(
+        "audit", help="compile a function and print the hash of every stage (Graph IR ... generated code)"
+    )
+    aud.add_argument("function", help="module:function (a dotted module or a path to a .py file)")
+    aud.add_argument(
+        "--args-spec",
+        required=True,
+        help='example arguments, e.g. "f32[8,16], f32[16,4], 3" (seeded random tensors)',
+    )
+    aud.add_argument("--target", default=None, help="the target to compile for (default: the best available)")
+    aud.add_argument("--out", default=None, help="write each stage's text and hashes.json to this folder")
+    aud.add_argument("--seed", type=int, default=0, help="seed of the example tensors")
+    aud.set_defaults(run=_audit)
     return parser
 
 
