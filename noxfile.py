@@ -53,6 +53,9 @@ PACKAGES = {
 }
 ALL = PACKAGES["cpu"]
 FAST = ["-m", "not slow and not device"]
+#: the optional integrations the tests exercise (extras cuvil-ir[mlir], cuvil[onnx]); none
+#: of them depends on torch, so the pinned CPU torch stays
+INTEGRATIONS = ["torch-mlir", "onnx", "onnxruntime", "onnxscript"]
 
 
 def install(session: nox.Session, folders: list[str], *extra: str) -> None:
@@ -77,8 +80,9 @@ def tests_dirs(session: nox.Session, folders: list[str]) -> list[str]:
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """Every package's fast tests in one environment (what CI runs)."""
-    install(session, ALL, PYTEST)
+    """Every package's fast tests in one environment (what CI runs), the optional
+    integrations (ONNX, MLIR) included."""
+    install(session, ALL, PYTEST, *INTEGRATIONS)
     session.run("pytest", *tests_dirs(session, ALL), "-q", *FAST, *session.posargs)
 
 
@@ -87,7 +91,7 @@ def tests(session: nox.Session) -> None:
 def tests_pkg(session: nox.Session, package: str) -> None:
     """One package's fast tests, in an environment holding only it and its dependencies."""
     folders = PACKAGES[package]
-    install(session, folders, PYTEST)
+    install(session, folders, PYTEST, *INTEGRATIONS)
     session.run("pytest", *tests_dirs(session, folders[-1:]), "-q", *FAST, *session.posargs)
 
 
@@ -136,7 +140,7 @@ def demo(session: nox.Session) -> None:
 @nox.session
 def bench(session: nox.Session) -> None:
     """eager vs torch.compile vs Cuvil (benchmarks/README.md); ``nox -s bench -- --quick --workloads head``."""
-    install(session, ALL, "matplotlib", "psutil")
+    install(session, ALL, "matplotlib", "psutil", "onnx", "onnxruntime")
     session.run("python", "-m", "benchmarks.run", *session.posargs)
 
 

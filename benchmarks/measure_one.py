@@ -29,6 +29,8 @@ from collections.abc import Callable
 from typing import Any
 
 IMPLS = ("eager", "torch_compile", "cuvil")
+#: measured in process only (no compile-time children): onnxruntime with IOBinding
+EXTRA_IMPLS = ("onnxruntime",)
 #: seconds a compiler spent on one-time imports before its first call (reported apart)
 _IMPORT_S: dict[str, float] = {}
 

@@ -21,6 +21,8 @@ COLUMNS = [
     "cuvil ms",
     "x vs eager",
     "x vs torch.compile",
+    "onnxruntime ms",
+    "x vs ort",
     "cuvil cold s",
     "tc cold s",
     "cuvil warm first call s",
@@ -114,6 +116,14 @@ def _correct(entry: dict[str, Any]) -> str:
     return text.replace("|", "\\|")
 
 
+def _ort_state(entry: dict[str, Any]) -> str:
+    """Why there is no onnxruntime number (no export, a failed session, a mismatch)."""
+    state = entry.get("correct", {}).get("onnxruntime")
+    if state is None:
+        return "-"
+    return "no export" if state.startswith("error") else "mismatch"
+
+
 def row(entry: dict[str, Any]) -> list[str]:
     children = entry.get("children", {})
     vs_eager = ratio(entry, "eager", "cuvil")
@@ -127,6 +137,8 @@ def row(entry: dict[str, Any]) -> list[str]:
         _fmt_ms(_median(entry, "cuvil")),
         _fmt_x(vs_eager, cuvil_ok),
         _fmt_x(vs_tc, cuvil_ok and tc_ok),
+        _fmt_ms(_median(entry, "onnxruntime")) if _ok(entry, "onnxruntime") else _ort_state(entry),
+        _fmt_x(ratio(entry, "onnxruntime", "cuvil"), cuvil_ok) if _ok(entry, "onnxruntime") else "-",
         _fmt_s(children.get("cuvil_cold")),
         _fmt_s(children.get("torch_compile_cold")),
         _fmt_s(children.get("cuvil_warm")),
@@ -142,6 +154,7 @@ def summary(results: list[dict[str, Any]]) -> dict[str, Any]:
     pairs = {
         "cuvil_vs_eager": ("eager", "cuvil", ["cuvil"]),
         "cuvil_vs_torch_compile": ("torch_compile", "cuvil", ["cuvil", "torch_compile"]),
+        "cuvil_vs_onnxruntime": ("onnxruntime", "cuvil", ["cuvil", "onnxruntime"]),
         "torch_compile_vs_eager": ("eager", "torch_compile", ["torch_compile"]),
     }
     out: dict[str, Any] = {}
@@ -188,7 +201,8 @@ def render_markdown(data: dict[str, Any]) -> str:
     lines += [
         "Geometric mean of speedups (over workloads whose outputs match eager): "
         f"cuvil vs eager {g('cuvil_vs_eager')}, cuvil vs torch.compile {g('cuvil_vs_torch_compile')}, "
-        f"torch.compile vs eager {g('torch_compile_vs_eager')}.",
+        f"torch.compile vs eager {g('torch_compile_vs_eager')}, cuvil vs onnxruntime {g('cuvil_vs_onnxruntime')} "
+        "(onnxruntime: torch.onnx.export, InferenceSession with IOBinding, same thread count).",
         "",
         "Times are medians of steady-state calls in one process (implementations interleaved "
         "round-robin in ~20 ms blocks). `x vs eager` = eager ms / cuvil ms, `x vs torch.compile` = torch.compile ms / cuvil ms "

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from benchmarks import report
-from benchmarks.measure_one import IMPLS, build_impl, cache_env, tc_graph_breaks, tc_graph_count
+from benchmarks.measure_one import EXTRA_IMPLS, IMPLS, build_impl, cache_env, tc_graph_breaks, tc_graph_count
 from benchmarks.workloads import Workload, select
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -175,15 +175,20 @@ def measure_in_process(wl: Workload, target: str, quick: bool) -> dict[str, Any]
     fn, args = wl.build()
     ref = fn(*args)
     impls: dict[str, Any] = {}
-    info: dict[str, dict[str, Any]] = {name: {} for name in IMPLS}
+    info: dict[str, dict[str, Any]] = {name: {} for name in (*IMPLS, *EXTRA_IMPLS)}
     correct: dict[str, str] = {}
-    for name in IMPLS:
+    for name in (*IMPLS, *EXTRA_IMPLS):
         if name == "torch_compile":
             torch._dynamo.reset()  # no cached graphs (or automatic-dynamic marks) from earlier workloads
         try:
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
-                impl = build_impl(name, fn, target)
+                if name == "onnxruntime":
+                    from benchmarks.ort import build_ort
+
+                    impl = build_ort(fn, args, threads=torch.get_num_threads())
+                else:
+                    impl = build_impl(name, fn, target)
                 t0 = time.perf_counter()
                 out = impl(*args)
                 info[name]["first_call_s"] = time.perf_counter() - t0
