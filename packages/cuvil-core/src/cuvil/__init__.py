@@ -14,6 +14,7 @@ from typing import Any
 from cuvil.api import CompiledFunction, CuvilFallbackWarning, Stats, compile, explain
 from cuvil.audit import audit
 from cuvil.errors import CompileError, SourceLoc
+from cuvil.mlir import run_mlir, to_mlir
 
 __version__ = "0.1.0"
 
@@ -78,5 +79,7 @@ __all__ = [
     "backends",
     "compile",
     "explain",
+    "run_mlir",
+    "to_mlir",
     "warmup",
 ]

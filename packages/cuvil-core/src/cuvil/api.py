@@ -359,9 +359,8 @@ def _lifted_ok(art: _Artifact) -> bool:
     return _lifted_keys(art.captured) == art.lifted_keys
 
 
-def _run(art: _Artifact, leaves: list[Any]) -> Any:
-    c = art.captured
-    assert c is not None and art.executable is not None
+def graph_inputs(c: Captured, leaves: list[Any]) -> list[Any]:
+    """The graph's inputs for one call: argument leaves, module state, lifted tensors."""
     inputs = []
     for kind, where in c.inputs:
         if kind == "leaf":
@@ -370,7 +369,26 @@ def _run(art: _Artifact, leaves: list[Any]) -> Any:
             inputs.append(where[0][where[1]])
         else:
             inputs.append(where())
-    results = art.executable(*inputs)
+    return inputs
+
+
+def captured_call(f: Any, *args: Any, **kwargs: Any) -> tuple[Captured, list[Any]]:
+    """Compile ``f`` (a function, module or ``cu.compile`` result) for these arguments
+    on the reference target, and return the capture and the graph's inputs."""
+    compiled = f if isinstance(f, CompiledFunction) else compile(f, target="reference", fallback="error")
+    compiled(*args, **kwargs)
+    art = compiled.artifacts[-1]
+    if art.captured is None:
+        raise CompileError(art.reason or "did not compile")
+    bargs, bkwargs = compiled._bind(args, kwargs)
+    leaves, _ = pytree.tree_flatten((bargs, bkwargs))
+    return art.captured, graph_inputs(art.captured, leaves)
+
+
+def _run(art: _Artifact, leaves: list[Any]) -> Any:
+    c = art.captured
+    assert c is not None and art.executable is not None
+    results = art.executable(*graph_inputs(c, leaves))
     out = [results[i] if kind == "graph" else i for kind, i in c.outputs]
     if c.out_spec.is_leaf():
         return out[0]
