@@ -15,6 +15,7 @@ from cuvil.api import CompiledFunction, CuvilFallbackWarning, Stats, compile, ex
 from cuvil.audit import audit
 from cuvil.errors import CompileError, SourceLoc
 from cuvil.mlir import run_mlir, to_mlir
+from cuvil.onnx.api import compile_onnx, export_onnx
 
 __version__ = "0.1.0"
 
@@ -78,7 +79,9 @@ __all__ = [
     "Stats",
     "backends",
     "compile",
+    "compile_onnx",
     "explain",
+    "export_onnx",
     "run_mlir",
     "to_mlir",
     "warmup",
