@@ -16,7 +16,7 @@ from typing import Any
 
 from cuvil_backend_cpu.backend import CompileReport, CpuExecutable, dump_dir
 from cuvil_backend_cpu.codegen import CKernel, generate_c
-from cuvil_backend_cpu.externs import OUT_VARIANTS
+from cuvil_backend_cpu.externs import FAST_EXTERNS, OUT_VARIANTS
 from cuvil_backend_cpu.kernel_cache import KernelCache
 from cuvil_backend_cpu.wrapper import CpuProgram, bind_ctypes
 from cuvil_ir.graph_ir.nodes import Graph
@@ -27,7 +27,7 @@ from cuvil_runtime.cache import DiskCache
 from cuvil_runtime.target import CompileOptions
 
 FUSION = FusionPolicy(
-    out_variants=frozenset(OUT_VARIANTS),
+    out_variants=frozenset(OUT_VARIANTS) - frozenset(FAST_EXTERNS),
     # oneDNN runs these about twice as fast on channels-last tensors (measured here)
     channels_last_ops=frozenset({"conv", "max_pool", "avg_pool", "adaptive_avg_pool", "adaptive_max_pool"}),
 )

@@ -34,6 +34,7 @@ def matmul_into(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
 
 
 OUT_VARIANTS: dict[str, Callable[..., Any]] = {"linear": linear_into, "matmul": matmul_into}
+#: (with oneDNN, linear runs as FAST_EXTERNS["linear"] instead, which returns a new tensor)
 
 
 # -- channels-last convolutions --------------------------------------------------------
@@ -70,3 +71,54 @@ def _conv_channels_last(reference: Callable[..., Any]) -> Callable[..., Any]:
 
 #: ops whose extern call wants its weight prepacked channels-last (the input already is)
 LAYOUT_WRAPPERS: dict[str, Callable[[Callable[..., Any]], Callable[..., Any]]] = {"conv": _conv_channels_last}
+
+
+# -- oneDNN linear ------------------------------------------------------------------------
+#: below this many multiply-adds a oneDNN call costs more than it saves (primitive setup)
+ONEDNN_MIN_MACS = 1 << 20
+_LINEAR_PACKED: dict[int, tuple[weakref.ref[torch.Tensor], int, torch.Tensor]] = {}
+
+
+def _onednn_available() -> bool:
+    return bool(torch.backends.mkldnn.is_available()) and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
+def _packed_linear_weight(w: torch.Tensor, rows: int) -> torch.Tensor:
+    """``w`` reordered for oneDNN once per weight and version (as the conv weights are)."""
+    key = id(w)
+    hit = _LINEAR_PACKED.get(key)
+    if hit is not None and hit[0]() is w and hit[1] == w._version:
+        return hit[2]
+    packed = torch.ops.mkldnn._reorder_linear_weight(w, rows)
+
+    def forget(_: object, key: int = key) -> None:
+        _LINEAR_PACKED.pop(key, None)
+
+    _LINEAR_PACKED[key] = (weakref.ref(w, forget), w._version, packed)
+    return packed
+
+
+def linear(x: torch.Tensor, w: torch.Tensor, *bias: torch.Tensor, has_bias: bool) -> torch.Tensor:
+    """``F.linear`` through oneDNN for large float32 products, MKL (torch's default) for
+    small ones. On this AMD EPYC host oneDNN's GEMM is 2.5x MKL's for transformer-sized
+    linears (768x3072 at 128 rows: 1.28 vs 3.12 ms), while each oneDNN call costs ~10 us
+    of setup that only pays off from about a million multiply-adds."""
+    b = bias[0] if has_bias else None
+    rows = x.numel() // max(x.shape[-1], 1)
+    if (
+        x.dtype == torch.float32
+        and w.dtype == torch.float32
+        and rows * w.shape[0] * w.shape[1] >= ONEDNN_MIN_MACS
+        and _ONEDNN
+    ):
+        return torch.ops.mkldnn._linear_pointwise(
+            x.contiguous(), _packed_linear_weight(w, rows), b, "none", [], ""
+        )
+    return torch.nn.functional.linear(x, w, b)
+
+
+_ONEDNN = _onednn_available()
+
+#: ops run by a faster implementation than their eager reference (same results within
+#: float reassociation)
+FAST_EXTERNS: dict[str, Callable[..., Any]] = {"linear": linear} if _ONEDNN else {}
