@@ -39,6 +39,9 @@ def build_ort(fn: Any, args: tuple[Any, ...], threads: int = 2) -> Any:
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads
     opts.inter_op_num_threads = 1
+    # onnxruntime's pool spins between runs by default: interleaved with the other
+    # implementations in one process, its spinning threads would steal their cores
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     sess = ort.InferenceSession(buf.getvalue(), opts, providers=["CPUExecutionProvider"])
     single = isinstance(ref, torch.Tensor)
     refs = [ref] if single else list(ref)
