@@ -21,6 +21,7 @@ from typing import Any
 import sympy
 
 from cuvil_ir.graph_ir.nodes import Block, Graph, Node, Value
+from cuvil_ir.graph_ir.registry import registrar
 from cuvil_ir.graph_ir.types import DType, ScalarKind, ScalarType, TensorType, Type
 from cuvil_ir.symbolic import expr_str
 
@@ -472,13 +473,7 @@ OpFn = Callable[[Exporter, Node], Any]
 OPS: dict[str, OpFn] = {}
 
 
-def _reg(*names: str) -> Callable[[OpFn], OpFn]:
-    def deco(fn: OpFn) -> OpFn:
-        for n in names:
-            OPS[n] = fn
-        return fn
-
-    return deco
+_reg = registrar(OPS)
 
 
 def _a(n: Node, name: str) -> Any:

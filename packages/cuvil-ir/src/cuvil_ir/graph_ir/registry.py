@@ -64,6 +64,21 @@ def _no_capture(b: Emitter, *args: Any, **kwargs: Any) -> Any:
     raise NotCaptured("no capture rule")
 
 
+def registrar(table: dict[str, Any]) -> Callable[..., Callable[[Any], Any]]:
+    """A decorator factory filling ``table``: ``@reg("add", "sub") def f(...)`` maps both
+    op names to ``f`` (the lowering, emission and ONNX tables are all keyed by op name)."""
+
+    def reg(*names: str) -> Callable[[Any], Any]:
+        def deco(fn: Any) -> Any:
+            for n in names:
+                table[n] = fn
+            return fn
+
+        return deco
+
+    return reg
+
+
 class Op:
     """Base of op declarations; subclasses define the class attributes below
     (``infer`` and ``reference`` as staticmethods), and register on definition."""

@@ -22,6 +22,9 @@ from cuvil_ir.graph_ir.nodes import KV, Block, Graph, Node, Ref, Value
 from cuvil_ir.graph_ir.types import DType, ScalarKind, ScalarType, TensorType, Type
 from cuvil_ir.symbolic import Dim, dim_str, expr_str, symbol
 
+#: reduction op -> combiner kind of its linalg.generic
+_REDUCTIONS = {"sum": "sum", "prod": "prod", "amax": "max", "amin": "min", "all": "all", "any": "any"}
+
 
 class MlirError(Exception):
     """A graph (or one of its nodes) that cannot be emitted as MLIR."""
@@ -892,6 +895,8 @@ class _Emitter:
             fn = getattr(self, "op_" + node.op, None)
             if fn is None and node.op in _ELEMENTWISE:
                 fn = self.op_elementwise
+            if fn is None and node.op in _REDUCTIONS:
+                fn = self.op_reduction
             if fn is None:
                 self.extern(node, "no upstream MLIR equivalent is emitted for this op")
                 continue
@@ -958,23 +963,9 @@ class _Emitter:
         r = self.reduce(x, self._dims_attr(node), bool(_attr(node, "keepdim")), kind, out.dtype)
         return r
 
-    def op_sum(self, node: Node) -> H:
-        return self._reduction(node, "sum")
-
-    def op_prod(self, node: Node) -> H:
-        return self._reduction(node, "prod")
-
-    def op_amax(self, node: Node) -> H:
-        return self._reduction(node, "max")
-
-    def op_amin(self, node: Node) -> H:
-        return self._reduction(node, "min")
-
-    def op_all(self, node: Node) -> H:
-        return self._reduction(node, "all")
-
-    def op_any(self, node: Node) -> H:
-        return self._reduction(node, "any")
+    def op_reduction(self, node: Node) -> H:
+        """sum, prod, amax, amin, all, any: one ``linalg.generic`` reduction each."""
+        return self._reduction(node, _REDUCTIONS[node.op])
 
     def op_mean(self, node: Node) -> H:
         out = node.output.type

@@ -15,6 +15,7 @@ from typing import Any
 import sympy
 
 from cuvil_ir.graph_ir.nodes import Node
+from cuvil_ir.graph_ir.registry import registrar
 from cuvil_ir.graph_ir.types import DType, ScalarType, TensorType
 from cuvil_ir.symbolic import Dim
 from cuvil_ir.tensor_ir import expr as E
@@ -25,13 +26,7 @@ Rule = Callable[..., Any]
 RULES: dict[str, Rule] = {}
 
 
-def rule(*names: str) -> Callable[[Rule], Rule]:
-    def deco(fn: Rule) -> Rule:
-        for n in names:
-            RULES[n] = fn
-        return fn
-
-    return deco
+rule = registrar(RULES)
 
 
 # -- helpers ------------------------------------------------------------------------
