@@ -294,3 +294,176 @@ def test_dim_params_share_one_symbol():
     assert [str(s) for s in fn.graphs[0].symbols] == ["batch"]
     with pytest.raises(ValueError, match="batch"):
         fn(torch.randn(2, 3), torch.randn(3, 3))
+
+
+# -- control flow: import ------------------------------------------------------------------
+def _branchy(x):
+    if x.sum() > 0:
+        y = x * 2
+    else:
+        y = x.abs()
+    return y + 1
+
+
+def _looped(x):
+    acc = torch.zeros_like(x[0])
+    for i in range(x.shape[0]):
+        acc = acc + x[i] * 2
+    return acc
+
+
+def _halve(x):
+    steps = torch.zeros((), dtype=torch.int64)
+    while x.abs().sum() > 1.0:
+        x = x / 2
+        steps = steps + 1
+    return x, steps
+
+
+def _size_if(x):
+    if x.shape[0] > 2:
+        x = x[:2]
+    return x * 2
+
+
+CONTROL_FLOW = {
+    "if": (_branchy, [torch.randn(3, 4).abs(), -torch.randn(5, 4).abs()], "if"),
+    "for": (_looped, [torch.randn(3, 4), torch.randn(6, 4)], "for"),
+    "while": (_halve, [torch.full((5,), 3.0), torch.full((5,), 0.01)], "while"),
+    # a size predicate is decided when importing: one graph per outcome
+    "size_if": (_size_if, [torch.randn(1, 3), torch.randn(5, 3)], None),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CONTROL_FLOW))
+def test_control_flow_round_trip(case):
+    fn, inputs, ir_op = CONTROL_FLOW[case]
+    cf = cu.compile(fn, target="reference", fallback="error")
+    model = export_onnx(cf, inputs[0])
+    for target in ("reference", "cpu"):
+        imported = compile_onnx(model, target=target)
+        for x in inputs:
+            want = _ort(model, (x,))
+            _close(want, _tensors(fn(x)))
+            got = imported(x)
+            _close(list(got) if isinstance(got, tuple) else [got], want)
+        ops = {n.op for g in imported.graphs for n in g.walk()}
+        if ir_op is not None:
+            assert ir_op in ops
+
+
+def _model(nodes, inputs, outputs, inits=()):
+    from onnx import helper
+
+    g = helper.make_graph(nodes, "g", inputs, outputs, initializer=list(inits))
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def test_import_hand_built_if():
+    from onnx import TensorProto, helper
+
+    f = TensorProto.FLOAT
+    then_g = helper.make_graph(
+        [helper.make_node("Mul", ["x", "two"], ["t"])],
+        "then",
+        [],
+        [helper.make_tensor_value_info("t", f, None)],
+    )
+    else_g = helper.make_graph(
+        [helper.make_node("Neg", ["x"], ["e"])], "else", [], [helper.make_tensor_value_info("e", f, None)]
+    )
+    model = _model(
+        [
+            helper.make_node("ReduceSum", ["x"], ["s"], keepdims=0),
+            helper.make_node("Greater", ["s", "zero"], ["c"]),
+            helper.make_node("If", ["c"], ["y"], name="my_if", then_branch=then_g, else_branch=else_g),
+        ],
+        [helper.make_tensor_value_info("x", f, ["N", 3])],
+        [helper.make_tensor_value_info("y", f, ["N", 3])],
+        [helper.make_tensor("two", f, [], [2.0]), helper.make_tensor("zero", f, [], [0.0])],
+    )
+    for target in ("reference", "cpu"):
+        fn = compile_onnx(model, target=target)
+        for x in (torch.rand(2, 3), -torch.rand(4, 3)):
+            _close([fn(x)], _ort(model, (x,)))
+        assert len(fn.graphs) == 1 and "if" in {n.op for n in fn.graphs[0].walk()}
+
+
+def _loop_body(cond_out_node=None):
+    """Loop body (i, cond, acc) -> (cond, acc + x * i)."""
+    from onnx import TensorProto, helper
+
+    nodes = [
+        helper.make_node("Cast", ["i"], ["fi"], to=TensorProto.FLOAT),
+        helper.make_node("Mul", ["x", "fi"], ["xi"]),
+        helper.make_node("Add", ["acc", "xi"], ["acc_out"]),
+    ]
+    nodes.append(cond_out_node or helper.make_node("Identity", ["cond"], ["cond_out"]))
+    return helper.make_graph(
+        nodes,
+        "body",
+        [
+            helper.make_tensor_value_info("i", TensorProto.INT64, []),
+            helper.make_tensor_value_info("cond", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("acc", TensorProto.FLOAT, ["N", 3]),
+        ],
+        [
+            helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("acc_out", TensorProto.FLOAT, ["N", 3]),
+        ],
+    )
+
+
+@pytest.mark.parametrize("kind", ["trip_count", "trip_count_and_cond"])
+def test_import_hand_built_loop(kind):
+    from onnx import TensorProto, helper
+
+    f = TensorProto.FLOAT
+    if kind == "trip_count":  # a for over range(4)
+        body, ir_op = _loop_body(), "for"
+    else:  # the body computes the condition (sum(acc) < 10): a while with a counter
+        extra = [
+            helper.make_node("ReduceSum", ["acc_out"], ["s"], keepdims=0),
+            helper.make_node("Less", ["s", "ten"], ["cond_out"]),
+        ]
+        body, ir_op = _loop_body(), "while"
+        del body.node[-1]
+        body.node.extend(extra)
+        body.initializer.append(helper.make_tensor("ten", f, [], [10.0]))
+    model = _model(
+        [
+            helper.make_node("Mul", ["x", "zero"], ["acc0"]),
+            helper.make_node("Loop", ["m", "" if kind == "trip_count" else "t", "acc0"], ["y"], body=body),
+        ],
+        [helper.make_tensor_value_info("x", f, ["N", 3])],
+        [helper.make_tensor_value_info("y", f, ["N", 3])],
+        [
+            helper.make_tensor("m", TensorProto.INT64, [], [4]),
+            helper.make_tensor("zero", f, [], [0.0]),
+            helper.make_tensor("t", TensorProto.BOOL, [], [True]),
+        ],
+    )
+    for target in ("reference", "cpu"):
+        fn = compile_onnx(model, target=target)
+        for x in (torch.rand(2, 3), torch.rand(5, 3) * 3):
+            _close([fn(x)], _ort(model, (x,)))
+        assert ir_op in {n.op for n in fn.graphs[0].walk()}
+
+
+def test_import_loop_scan_output_is_a_clear_error():
+    from onnx import TensorProto, helper
+
+    f = TensorProto.FLOAT
+    body = _loop_body()
+    body.node.append(helper.make_node("Identity", ["acc_out"], ["scan"]))
+    body.output.append(helper.make_tensor_value_info("scan", f, ["N", 3]))
+    model = _model(
+        [helper.make_node("Loop", ["m", "", "x"], ["y", "ys"], name="my_loop", body=body)],
+        [helper.make_tensor_value_info("x", f, ["N", 3])],
+        [helper.make_tensor_value_info("y", f, ["N", 3])],
+        [helper.make_tensor("m", TensorProto.INT64, [], [4])],
+    )
+    with pytest.raises(OnnxImportError, match="Loop node 'my_loop'.*scan outputs.*'ys'"):
+        compile_onnx(model, target="reference")(torch.rand(2, 3))

@@ -25,8 +25,8 @@ import numpy as np
 import sympy
 import torch
 
-from cuvil_ir.graph_ir.nodes import Graph, Node, Value
-from cuvil_ir.graph_ir.registry import REGISTRY, infer_types
+from cuvil_ir.graph_ir.nodes import Block, Graph, Node, Value
+from cuvil_ir.graph_ir.registry import REGISTRY, infer_types, registrar
 from cuvil_ir.graph_ir.types import DType, TensorType, Type
 from cuvil_ir.symbolic import ShapeContext, evaluate_bool, symbol
 
@@ -169,7 +169,51 @@ class Importer:
     # graph ----------------------------------------------------------------------------
     def run(self) -> Graph:
         g = self.model.graph
-        for node in g.node:
+        self.run_nodes(g.node)
+        outputs = tuple(self.tensor(o.name) for o in g.output)
+        return Graph(
+            _ident(g.name or "onnx", "g"),
+            tuple(self.inputs),
+            tuple(self.nodes),
+            outputs,
+            tuple(self.ctx.assumptions),
+        )
+
+    def block(self, g: Any, bind: dict[str, Value | Known]) -> tuple[tuple[Node, ...], list[Value]]:
+        """A region from subgraph ``g``: its nodes and its outputs as values (outer names
+        stay visible; ``bind`` gives the block's inputs)."""
+        from onnx import numpy_helper
+
+        saved = (self.env, self.materialized, self.nodes)
+        self.env = {**self.env, **bind}
+        self.materialized = dict(self.materialized)
+        self.nodes = []
+        try:
+            for i in g.initializer:
+                self.env[i.name] = Known(numpy_helper.to_array(i), to_dtype(i.data_type))
+            self.run_nodes(g.node)
+            results = [self.tensor(o.name) for o in g.output]
+            return tuple(self.nodes), results
+        finally:
+            self.env, self.materialized, self.nodes = saved
+
+    def inline(self, g: Any) -> list[Value | Known]:
+        """Subgraph ``g``'s nodes added to the current block (its names scoped)."""
+        from onnx import numpy_helper
+
+        saved = (self.env, self.materialized)
+        self.env = dict(self.env)
+        self.materialized = dict(self.materialized)
+        try:
+            for i in g.initializer:
+                self.env[i.name] = Known(numpy_helper.to_array(i), to_dtype(i.data_type))
+            self.run_nodes(g.node)
+            return [self.env[o.name] for o in g.output]
+        finally:
+            self.env, self.materialized = saved
+
+    def run_nodes(self, nodes: Any) -> None:
+        for node in nodes:
             handler = OPS.get(node.op_type) if node.domain in ("", "ai.onnx") else None
             if handler is None:
                 raise OnnxImportError(
@@ -191,14 +235,6 @@ class Importer:
             for oname, v in zip(node.output, outs):
                 if oname:
                     self.env[oname] = v
-        outputs = tuple(self.tensor(o.name) for o in g.output)
-        return Graph(
-            _ident(g.name or "onnx", "g"),
-            tuple(self.inputs),
-            tuple(self.nodes),
-            outputs,
-            tuple(self.ctx.assumptions),
-        )
 
 
 def _np_dtype(dt: DType) -> Any:
@@ -228,13 +264,7 @@ Handler = Callable[[Importer, Any, list[str], dict[str, Any]], Any]
 OPS: dict[str, Handler] = {}
 
 
-def _reg(*names: str) -> Callable[[Handler], Handler]:
-    def deco(fn: Handler) -> Handler:
-        for n in names:
-            OPS[n] = fn
-        return fn
-
-    return deco
+_reg = registrar(OPS)
 
 
 def _rank(v: Value) -> int:
@@ -258,6 +288,14 @@ _NUMPY_BINARY: dict[str, Callable[[Any, Any], Any]] = {
     "Mul": lambda a, b: a * b,
     "Equal": lambda a, b: np.vectorize(lambda x, y: bool(sympy.Eq(x, y)) if _decidable(x, y) else None)(a, b),
 }
+
+
+def _exact_div(x: Any, y: Any) -> Any:
+    """``x / y`` of known values, exact (rational) when both are integral."""
+    x, y = _as_dim(x), _as_dim(y)
+    if isinstance(x, sympy.Basic) or isinstance(y, sympy.Basic):
+        return sympy.sympify(x) / sympy.sympify(y)
+    return x / y
 
 
 def _decidable(x: Any, y: Any) -> bool:
@@ -287,6 +325,16 @@ _ELEMENTWISE = {
 }
 
 
+_RELATIONS: dict[str, Callable[[Any, Any], Any]] = {
+    "Less": sympy.Lt,
+    "LessOrEqual": sympy.Le,
+    "Greater": sympy.Gt,
+    "GreaterOrEqual": sympy.Ge,
+    "And": sympy.And,
+    "Or": sympy.Or,
+}
+
+
 @_reg(*_ELEMENTWISE, "Div")
 def _binary(im: Importer, node: Any, ins: list[str], attrs: dict[str, Any]) -> Any:
     ka, kb = im.maybe_known(ins[0]), im.maybe_known(ins[1])
@@ -300,11 +348,23 @@ def _binary(im: Importer, node: Any, ins: list[str], attrs: dict[str, Any]) -> A
                     otypes=[object],
                 )(ka.array, kb.array)
             else:
-                res = ka.array / kb.array
+                res = np.vectorize(_exact_div, otypes=[object])(ka.array, kb.array)
         else:
             res = _NUMPY_BINARY[node.op_type](ka.array, kb.array)
         if not (node.op_type == "Equal" and any(x is None for x in np.asarray(res).reshape(-1))):
             return Known(np.asarray(res, dtype=object), DType.bool if node.op_type == "Equal" else ka.dtype)
+    if (
+        ka is not None
+        and kb is not None
+        and node.op_type in _RELATIONS
+        and ka.array.size == kb.array.size == 1
+    ):
+        # a size predicate (one element; e.g. the condition of an If on sizes)
+        x, y = _as_dim(ka.array.reshape(-1)[0]), _as_dim(kb.array.reshape(-1)[0])
+        rel = _RELATIONS[node.op_type](sympy.sympify(x), sympy.sympify(y))
+        val = bool(rel) if isinstance(rel, sympy.logic.boolalg.BooleanAtom) else rel
+        shape = np.broadcast_shapes(ka.array.shape, kb.array.shape)
+        return Known(np.full(shape, val, dtype=object), DType.bool)
     a, b = im.tensor(ins[0]), im.tensor(ins[1])
     if node.op_type == "Div":
         dt = _dtype(a)
@@ -317,6 +377,11 @@ def _binary(im: Importer, node: Any, ins: list[str], attrs: dict[str, Any]) -> A
 
 @_reg("Max", "Min", "Sum", "Mean")
 def _variadic(im: Importer, node: Any, ins: list[str], attrs: dict[str, Any]) -> Any:
+    ks = [im.maybe_known(i) for i in ins]
+    if node.op_type in ("Max", "Min") and all(k is not None and k.array.size == 1 for k in ks):
+        vals_k = [_as_dim(k.array.reshape(-1)[0]) for k in ks if k is not None]
+        fn = sympy.Max if node.op_type == "Max" else sympy.Min
+        return Known(np.array(_as_dim(fn(*vals_k)), dtype=object), ks[0].dtype)  # type: ignore[union-attr]
     op = {"Max": "maximum", "Min": "minimum", "Sum": "add", "Mean": "add"}[node.op_type]
     vals = [im.tensor(i) for i in ins]
     out = vals[0]
@@ -363,6 +428,16 @@ def _unary(im: Importer, node: Any, ins: list[str], attrs: dict[str, Any]) -> An
     k = im.maybe_known(ins[0])
     if k is not None and node.op_type == "Neg":
         return Known(-k.array, k.dtype)
+    if k is not None and node.op_type == "Not" and k.array.size == 1:
+        v = _known_scalar(k)
+        if isinstance(v, (bool, sympy.logic.boolalg.Boolean)):
+            return Known(
+                np.full(k.array.shape, sympy.Not(v) if isinstance(v, sympy.Basic) else not v, dtype=object),
+                k.dtype,
+            )
+    if k is not None and node.op_type in ("Ceil", "Floor") and k.array.size == 1:
+        fn = sympy.ceiling if node.op_type == "Ceil" else sympy.floor
+        return Known(np.array(_as_dim(fn(_as_dim(k.array.reshape(-1)[0]))), dtype=object), k.dtype)
     return im.emit(_UNARY[node.op_type], [im.tensor(ins[0])])
 
 
@@ -500,7 +575,7 @@ def _gather(im: Importer, node: Any, ins: list[str], attrs: dict[str, Any]) -> A
         return Known(np.take(kd.array, idx, axis=axis), kd.dtype)
     if ki is not None and ki.array.ndim == 0:
         x = im.tensor(ins[0])
-        return im.emit("select", [x], dim=_norm(axis, _rank(x)), index=int(ki.array))
+        return im.emit("select", [x], dim=_norm(axis, _rank(x)), index=_as_dim(ki.array.reshape(-1)[0]))
     x, i = im.tensor(ins[0]), im.tensor(ins[1])
     if _norm(axis, _rank(x)) == 0 and _rank(x) == 2:
         if _dtype(i) not in (DType.i32, DType.i64):
@@ -938,6 +1013,245 @@ def _resize(im: Importer, node: Any, ins: list[str], attrs: dict[str, Any]) -> A
         recompute_scale_factor=None,
         antialias=False,
     )
+
+
+# -- control flow ---------------------------------------------------------------------------
+def _known_scalar(k: Known | None) -> Any:
+    """The single element of a known one-element value (an int, bool, float or size
+    expression), or ``None``."""
+    if k is None or k.array.size != 1:
+        return None
+    v = k.array.reshape(-1)[0]
+    if isinstance(v, (bool, np.bool_)):
+        return bool(v)
+    return _as_dim(v)
+
+
+def _predicate(im: Importer, name: str) -> Value:
+    """A 0-d bool tensor holding the truth of one-element value ``name``."""
+    v = im.tensor(name)
+    t = v.type
+    if not isinstance(t, TensorType):
+        raise OnnxImportError(f"condition {name!r} is not a tensor ({t})")
+    if t.dtype != DType.bool:
+        v = im.emit("cast", [v], dtype=DType.bool)
+    if t.rank:
+        v = im.emit("reshape", [v], shape=())
+    return v
+
+
+def _check_carried(node: Any, what: str, got: Sequence[Value], want: Sequence[Type]) -> None:
+    from cuvil_ir.graph_ir.verifier import types_equal
+
+    for i, (v, t) in enumerate(zip(got, want)):
+        if not types_equal(v.type, t):
+            raise OnnxImportError(
+                f"{node.op_type} node {node.name!r}: {what} #{i} has type {v.type}, expected {t} "
+                "(loop-carried values must keep their type)"
+            )
+
+
+def _uses(g: Any, name: str) -> bool:
+    """Does subgraph ``g`` (or one nested in it) read the value ``name``?"""
+    for n in g.node:
+        if name in n.input:
+            return True
+        for a in n.attribute:
+            if a.HasField("g") and _uses(a.g, name):
+                return True
+            if any(_uses(sub, name) for sub in a.graphs):
+                return True
+    return name in {o.name for o in g.output}
+
+
+def _passes_through(g: Any, src: str, dst: str) -> bool:
+    """Is ``dst`` in subgraph ``g`` the value ``src`` (through Identity nodes) or a constant true?"""
+    producers = {o: n for n in g.node for o in n.output}
+    seen = 0
+    while dst != src and seen < 64:
+        n = producers.get(dst)
+        if n is None:
+            return False
+        if n.op_type == "Identity":
+            dst = n.input[0]
+        elif n.op_type == "Constant":
+            from onnx import numpy_helper
+
+            vals = [numpy_helper.to_array(a.t) for a in n.attribute if a.name == "value"]
+            return len(vals) == 1 and vals[0].size == 1 and bool(vals[0].reshape(-1)[0])
+        else:
+            return False
+        seen += 1
+    return dst == src
+
+
+@_reg("If")
+def _if_node(im: Importer, node: Any, ins: list[str], attrs: dict[str, Any]) -> Any:
+    then_g, else_g = attrs["then_branch"], attrs["else_branch"]
+    c = _known_scalar(im.maybe_known(ins[0]))
+    if c is not None:
+        # Known when importing (a constant or a size predicate): the branch is chosen
+        # now; a size predicate becomes an assumption of the graph (another call whose
+        # sizes decide it the other way builds another graph).
+        if isinstance(c, sympy.Basic) and not isinstance(c, (sympy.logic.boolalg.BooleanAtom)):
+            if isinstance(c, sympy.Expr):
+                c = sympy.Ne(c, 0)
+            taken = im.ctx.decide(c, f"If node {node.name!r}: the branch taken")
+        else:
+            taken = bool(c)
+        return im.inline(then_g if taken else else_g)
+    pred = _predicate(im, ins[0])
+    then_nodes, then_res = im.block(then_g, {})
+    else_nodes, else_res = im.block(else_g, {})
+    if len(then_res) != len(else_res):
+        raise OnnxImportError(f"the branches yield {len(then_res)} and {len(else_res)} values")
+    from cuvil_ir.graph_ir.verifier import types_equal
+
+    for i, (a, b) in enumerate(zip(then_res, else_res)):
+        if not types_equal(a.type, b.type):
+            raise OnnxImportError(
+                f"output #{i}: the branches yield different types {a.type} and {b.type} "
+                "(a tensor condition needs branches of one type)"
+            )
+    outs = tuple(im.fresh(v.type) for v in then_res)
+    regions = (Block((), then_nodes, tuple(then_res)), Block((), else_nodes, tuple(else_res)))
+    im.nodes.append(Node("if", (pred,), outs, (), regions))
+    return list(outs)
+
+
+@_reg("Loop")
+def _loop_node(im: Importer, node: Any, ins: list[str], attrs: dict[str, Any]) -> Any:
+    body = attrs["body"]
+    m_name = ins[0] if ins else ""
+    c_name = ins[1] if len(ins) > 1 else ""
+    carried = ins[2:]
+    b_ins = [i.name for i in body.input]
+    b_outs = [o.name for o in body.output]
+    if len(b_ins) != 2 + len(carried) or len(b_outs) < 1 + len(carried):
+        raise OnnxImportError(
+            f"the body takes {len(b_ins)} inputs and yields {len(b_outs)} outputs for {len(carried)} "
+            "loop-carried values"
+        )
+    if len(b_outs) > 1 + len(carried):
+        scans = [o for o in node.output[len(carried) :] if o] or b_outs[1 + len(carried) :]
+        raise OnnxImportError(f"scan outputs {scans} are not supported (only loop-carried values)")
+    init = [im.tensor(c) for c in carried]
+    trips = _known_scalar(im.maybe_known(m_name)) if m_name else None
+    cond_true = not c_name or _known_scalar(im.maybe_known(c_name)) is True
+    if trips is not None and cond_true and _passes_through(body, b_ins[1], b_outs[0]):
+        return _as_for(im, node, body, trips, init)
+    return _as_while(im, node, body, m_name, c_name, init)
+
+
+def _as_for(im: Importer, node: Any, body: Any, trips: Any, init: list[Value]) -> list[Value]:
+    """``Loop(M, true)`` whose body passes the condition on: ``for i in range(M)``."""
+    b_ins = [i.name for i in body.input]
+    types = [v.type for v in init]
+    if isinstance(trips, sympy.Basic):
+        trips = _as_dim(sympy.simplify(trips))
+    if isinstance(trips, int):
+        trips = max(trips, 0)  # a negative trip count runs no iteration
+    if isinstance(trips, sympy.Basic) and not trips.is_integer:
+        raise OnnxImportError(f"the trip count {trips} is not an integer size expression")
+    im.counter += 1
+    var = symbol(f"onnx_loop{im.counter}")
+    assert im.ctx.hints is not None
+    im.ctx.hints[var] = 0
+    im.ctx.local_symbols[var] = (0, trips - 1)
+    args = [im.fresh(t) for t in types]
+    bind: dict[str, Value | Known] = {
+        b_ins[0]: Known(np.array(var, dtype=object), DType.i64),
+        b_ins[1]: Known(np.array(True), DType.bool),
+    }
+    bind.update(zip(b_ins[2:], args))
+    try:
+        nodes, results = im.block(body, bind)
+    finally:
+        del im.ctx.local_symbols[var]
+    results = results[1:]
+    _check_carried(node, "loop-carried output", results, types)
+    bounds = [im.emit("const", [], value=b) for b in (0, trips, 1)]
+    outs = tuple(im.fresh(t) for t in types)
+    im.nodes.append(
+        Node(
+            "for", (*bounds, *init), outs, (("var", var.name),), (Block(tuple(args), nodes, tuple(results)),)
+        )
+    )
+    return list(outs)
+
+
+def _as_while(im: Importer, node: Any, body: Any, m_name: str, c_name: str, init: list[Value]) -> list[Value]:
+    """Any other ``Loop``: a ``while`` carrying the condition (and the iteration number
+    when the body reads it or a trip count bounds the loop) next to the values."""
+    b_ins = [i.name for i in body.input]
+    counted = bool(m_name) or _uses(body, b_ins[0])
+    i64, bool_t = TensorType(DType.i64, ()), TensorType(DType.bool, ())
+    pre: list[Value] = []
+    if counted:
+        pre.append(im.emit("full", [], shape=(), value=0, dtype=DType.i64, device="cpu"))
+    if c_name:
+        pre.append(_predicate(im, c_name))
+    else:
+        pre.append(im.emit("full", [], shape=(), value=True, dtype=DType.bool, device="cpu"))
+    trips = _trip_tensor(im, m_name) if m_name else None
+    n_pre = len(pre)
+    types: list[Type] = [v.type for v in pre] + [v.type for v in init]
+    assert types[n_pre - 1] == bool_t and (not counted or types[0] == i64)
+
+    # condition: the carried condition (and the counter below the trip count)
+    cargs = [im.fresh(t) for t in types]
+    saved = im.nodes
+    im.nodes = []
+    try:
+        pred = cargs[n_pre - 1]
+        if trips is not None:
+            below = im.emit("lt", [cargs[0], trips])
+            pred = im.emit("logical_and", [pred, below])
+        cond_block = Block(tuple(cargs), tuple(im.nodes), (pred,))
+    finally:
+        im.nodes = saved
+
+    # body: the ONNX body, then the counter + 1
+    bargs = [im.fresh(t) for t in types]
+    bind: dict[str, Value | Known] = {b_ins[1]: bargs[n_pre - 1]}
+    if counted:
+        bind[b_ins[0]] = bargs[0]
+    bind.update(zip(b_ins[2:], bargs[n_pre:]))
+    nodes, results = im.block(body, bind)
+    saved = im.nodes
+    im.nodes = list(nodes)
+    try:
+        nxt = [_coerce_pred(im, results[0])]
+        if counted:
+            one = im.emit("full", [], shape=(), value=1, dtype=DType.i64, device="cpu")
+            nxt.insert(0, im.emit("add", [bargs[0], one]))
+        nxt += results[1:]
+        body_block = Block(tuple(bargs), tuple(im.nodes), tuple(nxt))
+    finally:
+        im.nodes = saved
+    _check_carried(node, "loop-carried output", nxt[n_pre:], types[n_pre:])
+    outs = tuple(im.fresh(t) for t in types)
+    im.nodes.append(Node("while", (*pre, *init), outs, (), (cond_block, body_block)))
+    return list(outs[n_pre:])
+
+
+def _trip_tensor(im: Importer, name: str) -> Value:
+    """The trip count ``name`` as a 0-d int64 tensor."""
+    v = im.tensor(name)
+    if _dtype(v) != DType.i64:
+        v = im.emit("cast", [v], dtype=DType.i64)
+    if _rank(v):
+        v = im.emit("reshape", [v], shape=())
+    return v
+
+
+def _coerce_pred(im: Importer, v: Value) -> Value:
+    """The body's condition output as a 0-d bool tensor (the carried condition's type)."""
+    if _dtype(v) != DType.bool:
+        v = im.emit("cast", [v], dtype=DType.bool)
+    if _rank(v):
+        v = im.emit("reshape", [v], shape=())
+    return v
 
 
 # -- the callable ---------------------------------------------------------------------------
