@@ -141,7 +141,8 @@ def main() -> None:
         compiled = cu.compile(eager, target=target)  # fresh: its stats count this sweep only
         for b in sweep:
             args = inputs(b)
-            torch.testing.assert_close(compiled(*args), eager(*args))
+            # sums over thousands of rows are added in another order (vector lanes): a few ulp
+            torch.testing.assert_close(compiled(*args), eager(*args), rtol=1e-5, atol=1e-5)
         eager_ms, cuvil_ms = median_ms(eager, *args), median_ms(compiled, *args)
         shape = "x".join(map(str, args[0].shape))
         batches = ", ".join(map(str, sweep))
