@@ -303,15 +303,20 @@ class _Emitter:
             self.emit(f"{r} = arith.cmpi {preds[type(e)]}, {a}, {b} : index")
         elif isinstance(e, (sympy.And, sympy.Or)):
             op = "andi" if isinstance(e, sympy.And) else "ori"
-            args = sorted(e.args, key=sympy.default_sort_key)
-            r = self.cond(args[0])
-            for a in args[1:]:
-                r = self._bin(op, r, self.cond(a), "i1")
+            r = self._fold(op, e.args, self.cond, "i1")
         elif isinstance(e, sympy.Not):
             r = self._bin("xori", self.cond(e.args[0]), self.const(True, DType.bool), "i1")
         else:
             raise self.error(f"cannot emit size predicate {expr_str(e)}")
         return self.remember(key, r)
+
+    def _fold(self, op: str, args: Sequence[sympy.Basic], each: Callable[[sympy.Basic], str], ty: str) -> str:
+        """``op`` over the values of ``args`` in canonical order, left to right."""
+        ordered = sorted(args, key=sympy.default_sort_key)
+        r = each(ordered[0])
+        for a in ordered[1:]:
+            r = self._bin(op, r, each(a), ty)
+        return r
 
     def flt(self, e: sympy.Basic) -> str:
         """An ``f64`` value for a float-valued size expression (``x_2**(-0.5)``)."""
@@ -329,10 +334,7 @@ class _Emitter:
             self.emit(f"{r} = arith.sitofp {i} : i64 to f64")
         elif isinstance(e, (sympy.Add, sympy.Mul)):
             op = "addf" if isinstance(e, sympy.Add) else "mulf"
-            args = sorted(e.args, key=sympy.default_sort_key)
-            r = self.flt(args[0])
-            for a in args[1:]:
-                r = self._bin(op, r, self.flt(a), "f64")
+            r = self._fold(op, e.args, self.flt, "f64")
         elif isinstance(e, sympy.Pow):
             r = self.fresh()
             self.emit(f"{r} = math.powf {self.flt(e.base)}, {self.flt(e.exp)} : f64")
