@@ -25,6 +25,7 @@ import numpy as np
 import sympy
 import torch
 
+from cuvil.onnx.export import _py
 from cuvil_ir.graph_ir.nodes import Block, Graph, Node, Value
 from cuvil_ir.graph_ir.registry import REGISTRY, infer_types, registrar
 from cuvil_ir.graph_ir.types import DType, TensorType, Type
@@ -239,14 +240,6 @@ class Importer:
 
 def _np_dtype(dt: DType) -> Any:
     return torch.empty((), dtype=dt.torch).numpy().dtype if dt != DType.bf16 else np.float32
-
-
-def _py(value: Any, dt: DType) -> Any:
-    if dt == DType.bool:
-        return bool(value)
-    if dt.is_integer:
-        return int(value)
-    return float(value)
 
 
 def _attr(a: Any) -> Any:
