@@ -336,3 +336,22 @@ def test_warmup_finishes_the_background_imports() -> None:
     cu.warmup()
     assert "torch.fx.experimental.symbolic_shapes" in sys.modules
     assert cu.warmup() < 0.5  # the second time there is nothing left to wait for
+
+
+def test_defaults_that_name_locals_of_an_enclosing_function() -> None:
+    def helper(x):
+        return x * 2
+
+    def wrap():
+        h, k = helper, 3.0
+
+        def f(x, g=h, *, scale=k):
+            return g(x) + scale
+
+        return f
+
+    f = wrap()
+    cf = cu.compile(f, target="reference", fallback="error")
+    x = torch.randn(3)
+    torch.testing.assert_close(cf(x), f(x))
+    torch.testing.assert_close(cf(x, scale=1.0), f(x, scale=1.0))

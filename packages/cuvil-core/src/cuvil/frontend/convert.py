@@ -257,6 +257,13 @@ def _convert_code(fn: Any) -> types.FunctionType:
     if isinstance(fdef, ast.AsyncFunctionDef):
         raise ConversionError(f"{fn.__qualname__} is an async function")
     fdef.decorator_list = []
+    # Default values come from the original function (``convert`` passes its
+    # ``__defaults__``): their expressions may name locals of an enclosing function
+    # that the factory below cannot see, so they are not evaluated again.
+    fdef.args.defaults = [ast.copy_location(ast.Constant(None), d) for d in fdef.args.defaults]
+    fdef.args.kw_defaults = [
+        None if d is None else ast.copy_location(ast.Constant(None), d) for d in fdef.args.kw_defaults
+    ]
     for node in ast.walk(tree):  # undo the dedent in column numbers
         if isinstance(node, (ast.expr, ast.stmt, ast.arg, ast.keyword)):
             node.col_offset += indent
