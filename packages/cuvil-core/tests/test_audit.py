@@ -14,10 +14,20 @@ from cuvil.audit import STAGES
 from cuvil.cli import main, parse_args_spec
 
 
+def _available(name: str) -> bool:
+    from cuvil_runtime.registry import discover
+
+    return any(i.name == name and i.available for i in discover())
+
+
+needs_cpu = pytest.mark.skipif(not _available("cpu"), reason="the cpu target is not installed here")
+
+
 def head(x, w):
     return torch.softmax(x.mean((2, 3)) @ w, dim=-1)
 
 
+@needs_cpu
 def test_audit_hashes_every_stage_of_a_cpu_compile(tmp_path: Path) -> None:
     x, w = torch.randn(2, 3, 8, 8), torch.randn(3, 5)
     hashes = cu.audit(head, x, w, target="cpu", out_dir=tmp_path)
@@ -43,6 +53,7 @@ def test_audit_on_the_reference_target_has_the_graph_stage() -> None:
     assert "graph_ir" in hashes and "code" not in hashes
 
 
+@needs_cpu
 def test_one_token_changes_the_graph_hash_and_what_follows() -> None:
     def f1(x):
         return torch.relu(x * 2.0) + 1.0
