@@ -70,7 +70,9 @@ def _conv_channels_last(reference: Callable[..., Any]) -> Callable[..., Any]:
 
 
 #: ops whose extern call wants its weight prepacked channels-last (the input already is)
-LAYOUT_WRAPPERS: dict[str, Callable[[Callable[..., Any]], Callable[..., Any]]] = {"conv": _conv_channels_last}
+_LAYOUT_WRAPPERS: dict[str, Callable[[Callable[..., Any]], Callable[..., Any]]] = {
+    "conv": _conv_channels_last
+}
 
 
 # -- oneDNN linear ------------------------------------------------------------------------
@@ -122,3 +124,13 @@ _ONEDNN = _onednn_available()
 #: ops run by a faster implementation than their eager reference (same results within
 #: float reassociation)
 FAST_EXTERNS: dict[str, Callable[..., Any]] = {"linear": linear} if _ONEDNN else {}
+
+
+def implementation(op: str, reference: Callable[..., Any], channels_last: bool) -> Callable[..., Any]:
+    """What an extern call of ``op`` runs: a faster implementation where there is one
+    (oneDNN linears), wrapped for channels-last operands where the op wants it
+    (prepacked convolution weights), else the op's eager reference."""
+    fn = FAST_EXTERNS.get(op, reference)
+    if channels_last and op in _LAYOUT_WRAPPERS:
+        fn = _LAYOUT_WRAPPERS[op](fn)
+    return fn

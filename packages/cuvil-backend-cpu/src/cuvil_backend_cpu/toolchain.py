@@ -14,7 +14,7 @@ so everything the generated code may rely on is decided here, once per process:
   needs a libmvec new enough to have every function in
   :data:`SIMD_MATH_FUNCTIONS` (glibc 2.35), which only a real compile, link
   and call can tell;
-* the ISA and vector width, which the code generator uses to size its tiles.
+* the ISA and vector width (the ISA is part of every kernel's cache key).
 
 The probe costs one compile (about 0.05-0.15 s). Its result is kept in a small
 JSON file under the kernel cache root, keyed by everything it depends on

@@ -20,7 +20,7 @@ import sympy
 import torch
 
 from cuvil_backend_cpu.codegen import C_TYPES, CKernel
-from cuvil_backend_cpu.externs import FAST_EXTERNS, LAYOUT_WRAPPERS
+from cuvil_backend_cpu.externs import implementation
 from cuvil_ir.graph_ir.registry import REGISTRY
 from cuvil_ir.graph_ir.types import DType, TensorType
 from cuvil_ir.symbolic import evaluate
@@ -231,15 +231,9 @@ class CpuProgram:
                 body.append(f"_x_{step.name}({ops}, **_p.attrs[{step.name!r}])")
             elif isinstance(step, Extern):
                 op = REGISTRY.get(step.node.op)
-                fn = FAST_EXTERNS.get(step.node.op, op.reference)
                 first = step.inputs[0] if step.inputs else None
-                if (
-                    step.node.op in LAYOUT_WRAPPERS
-                    and isinstance(first, View)
-                    and prog.buffers[first.buf].order is not None
-                ):
-                    fn = LAYOUT_WRAPPERS[step.node.op](fn)
-                ns[f"_x_{step.name}"] = fn
+                channels_last = isinstance(first, View) and prog.buffers[first.buf].order is not None
+                ns[f"_x_{step.name}"] = implementation(step.node.op, op.reference, channels_last)
                 ops = ", ".join(operand(o) for o in step.inputs)
                 body.append(
                     f"_r = _x_{step.name}({ops}{',' if step.inputs else ''} **_p.attrs[{step.name!r}])"

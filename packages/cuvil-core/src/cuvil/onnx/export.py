@@ -362,25 +362,6 @@ def _is_bool(e: Any) -> bool:
     return isinstance(e, sympy.Basic) and ScalarKind.of(e) == ScalarKind.bool
 
 
-def _symbols_used(graph: Graph) -> set[sympy.Symbol]:
-    out: set[sympy.Symbol] = set()
-
-    def visit(v: Any) -> None:
-        if isinstance(v, sympy.Basic):
-            out.update(s for s in v.free_symbols if isinstance(s, sympy.Symbol))
-        elif isinstance(v, tuple):
-            for x in v:
-                visit(x)
-        elif hasattr(v, "items") and isinstance(v.items, tuple):
-            for _, x in v.items:
-                visit(x)
-
-    for n in graph.walk():
-        for _, a in n.attrs:
-            visit(a)
-    return out
-
-
 def export_graph(
     graph: Graph,
     *,

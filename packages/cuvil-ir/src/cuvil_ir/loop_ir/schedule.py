@@ -26,9 +26,8 @@ import sympy
 
 from cuvil_ir.graph_ir.types import DType
 from cuvil_ir.loop_ir.nodes import Accumulate, Let, Loop, LoopFunc, Param, Stmt, Store
-from cuvil_ir.symbolic import Dim
 from cuvil_ir.tensor_ir import expr as E
-from cuvil_ir.tensor_ir.program import Kernel, TensorProgram, contiguous_strides
+from cuvil_ir.tensor_ir.program import Kernel, TensorProgram
 
 
 @dataclass(frozen=True)
@@ -47,13 +46,6 @@ class SchedulePolicy:
 
 def _sym(x: Any) -> sympy.Expr:
     return sympy.sympify(x)
-
-
-def _offset(domain: Sequence[Dim], syms: Sequence[sympy.Symbol]) -> sympy.Expr:
-    off: Any = sympy.Integer(0)
-    for s, st in zip(syms, contiguous_strides(tuple(domain))):
-        off = off + s * st
-    return sympy.expand(off)
 
 
 def hoist_depth(body: E.Expr) -> int:
@@ -334,23 +326,25 @@ def schedule_kernel(kernel: Kernel, program: TensorProgram, policy: SchedulePoli
         kind = "par" if j == 0 and _big(total, policy) else "seq"
         level = [Loop(s, ext, kind, tuple(level), work=total if kind == "par" else None)]
 
-    # parameters
-    body_all = tuple(level)
-    reads = set()
-    for e in [kernel.body]:
-        reads |= set(E.buffers_read(e))
+    return _func(kernel, program, level)
+
+
+def _func(kernel: Kernel, program: TensorProgram, body: Sequence[Stmt]) -> LoopFunc:
+    """The kernel's Loop IR function: buffers read (``in``), the one written (``out``,
+    ``inout`` when also read), and the sizes and scalar arguments the body uses."""
+    reads = E.buffers_read(kernel.body)
     params = [Param(b, program.buffers[b].dtype, "in") for b in sorted(reads - {kernel.buf})]
     role = "inout" if kernel.buf in reads else "out"
     params.append(Param(kernel.buf, program.buffers[kernel.buf].dtype, role))
     sizes: set[sympy.Symbol] = set()
     args: dict[str, DType] = {}
-    _collect(body_all, sizes, args)
+    _collect(body, sizes, args)
     return LoopFunc(
         kernel.name,
         tuple(params),
         tuple(sorted(sizes, key=lambda s: s.name)),
         tuple(sorted(args.items())),
-        body_all,
+        tuple(body),
     )
 
 
@@ -446,20 +440,7 @@ def _column_reduction(
     for idx_, (s, ext) in reversed(list(enumerate(loops))):
         kind = "par" if idx_ == 0 and _big(work, policy) else "seq"
         stmts = [Loop(s, ext, kind, tuple(stmts), work=work if kind == "par" else None)]
-    params = [
-        Param(b, program.buffers[b].dtype, "in") for b in sorted(E.buffers_read(kernel.body) - {kernel.buf})
-    ]
-    params.append(Param(kernel.buf, buf.dtype, "out"))
-    sizes: set[sympy.Symbol] = set()
-    args: dict[str, DType] = {}
-    _collect(stmts, sizes, args)
-    return LoopFunc(
-        kernel.name,
-        tuple(params),
-        tuple(sorted(sizes, key=lambda x: x.name)),
-        tuple(sorted(args.items())),
-        tuple(stmts),
-    )
+    return _func(kernel, program, stmts)
 
 
 def _tile(

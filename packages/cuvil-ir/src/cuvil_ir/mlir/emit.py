@@ -1384,8 +1384,6 @@ class _Emitter:
         imap = ", ".join(f"d{i}" for i in range(r - 1))
 
         def body(a: list[str], _o: list[str]) -> list[str]:
-            row = self.index_in_body(-1 % r) if False else None
-            del row
             i = self.index_of(a[0], it.dtype)
             j = self.index_in_body(r - 1)
             y = self.fresh()

@@ -97,18 +97,16 @@ def idx(rank: int) -> list[sympy.Symbol]:
     return [E.index_symbol(k) for k in range(rank)]
 
 
-def linear_offset(shape: Sequence[Dim], index: Sequence[Any], base: Any = 0) -> sympy.Expr:
-    off: Any = sympy.sympify(base)
-    for i, s in zip(index, contiguous_strides(tuple(shape))):
-        off = off + sympy.sympify(i) * s
-    return sympy.expand(off)
-
-
 def strided_offset(strides: Sequence[Dim], index: Sequence[Any], base: Any = 0) -> sympy.Expr:
     off: Any = sympy.sympify(base)
     for i, s in zip(index, strides):
         off = off + sympy.sympify(i) * s
     return sympy.expand(off)
+
+
+def linear_offset(shape: Sequence[Dim], index: Sequence[Any], base: Any = 0) -> sympy.Expr:
+    """The offset of ``index`` in a row-major array of ``shape``."""
+    return strided_offset(contiguous_strides(tuple(shape)), index, base)
 
 
 def strided_view(lz: Lazy) -> tuple[str, tuple[Dim, ...], Dim] | None:
