@@ -17,8 +17,9 @@ import torch
 
 from cuvil_ir.graph_ir.nodes import Graph
 from cuvil_ir.graph_ir.types import ScalarKind, ScalarType, TensorType, Type
+from cuvil_ir.mlir.base import MlirError
 from cuvil_ir.mlir.bindings import load
-from cuvil_ir.mlir.emit import MlirError, to_mlir
+from cuvil_ir.mlir.emit import to_mlir
 
 PIPELINE = (
     "builtin.module("
