@@ -21,9 +21,11 @@ __version__ = "0.1.0"
 
 
 def _preload() -> None:
-    """Import what the first capture needs (torch's ShapeEnv pulls in torch._dynamo,
-    about 0.8 s) while the caller builds its model, so the first compiled call does
-    not pay for it. ``CUVIL_PRELOAD=0`` turns this off."""
+    """Import what the first capture needs while the caller builds its model, so the
+    first compiled call does not pay for it. The capture's size mirror is torch's
+    ``ShapeEnv`` (``cuvil_ir.graph_ir.fake``), whose module imports ``torch._dynamo``
+    internally (about 0.7 s); Cuvil calls nothing from ``torch._dynamo``,
+    ``torch.export`` or ``torch.compile``. ``CUVIL_PRELOAD=0`` turns this off."""
     try:
         from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
