@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import hashlib
+import hmac
 import subprocess
 import sys
 import time
@@ -42,7 +43,15 @@ def call_add(cache: KernelCache, path) -> int:
 
 
 def files(cache: KernelCache) -> list[str]:
-    return sorted(p.name for p in cache.root.rglob("*") if p.is_file() and not p.name.endswith(".lock"))
+    return sorted(
+        p.name
+        for p in cache.root.rglob("*")
+        if p.is_file() and not p.name.endswith(".lock") and p.name != ".cuvil-key"
+    )
+
+
+def signature(cache: KernelCache, path) -> str:
+    return hmac.new((cache.root / ".cuvil-key").read_bytes(), path.read_bytes(), hashlib.sha256).hexdigest()
 
 
 def test_build_load_call_and_hit(cache):
@@ -50,8 +59,8 @@ def test_build_load_call_and_hit(cache):
     key = cache.key(ADD)
     assert path == cache.root / key[:2] / f"{key}.so"
     assert (path.with_suffix(".c")).read_text() == ADD
-    assert path.with_suffix(".sha256").read_text().strip() == hashlib.sha256(path.read_bytes()).hexdigest()
-    assert files(cache) == sorted([f"{key}.so", f"{key}.c", f"{key}.sha256"])  # no temporaries left
+    assert path.with_suffix(".hmac").read_text().strip() == signature(cache, path)
+    assert files(cache) == sorted([f"{key}.so", f"{key}.c", f"{key}.hmac"])  # no temporaries left
     assert (cache.stats.hits, cache.stats.misses, cache.stats.builds) == (0, 1, 1)
     assert call_add(cache, path) == 2**40 + 3
 
@@ -84,14 +93,14 @@ def test_truncated_so_is_rebuilt(cache):
 @pytest.mark.parametrize("damage", ["wrong digest", "garbage", "missing"])
 def test_bad_sidecar_is_rebuilt(cache, damage):
     path = cache.build(ADD)
-    sidecar = path.with_suffix(".sha256")
+    sidecar = path.with_suffix(".hmac")
     if damage == "missing":
         sidecar.unlink()
     else:
         sidecar.write_bytes(b"0" * 64 if damage == "wrong digest" else b"\xff\xfe\x00")
     assert cache.build(ADD) == path
     assert (cache.stats.hits, cache.stats.misses, cache.stats.builds) == (0, 2, 2)
-    assert sidecar.read_text().strip() == hashlib.sha256(path.read_bytes()).hexdigest()
+    assert sidecar.read_text().strip() == signature(cache, path)
     assert cache.build(ADD) == path and cache.stats.hits == 1
 
 
@@ -136,7 +145,6 @@ print(lib.add(2, 3), cache.stats.builds)
 
 def test_two_processes_build_the_same_kernel(tmp_path, cache):
     root = cache.root
-    root.mkdir(parents=True)
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", _RACER, str(root), str(i), ADD], stdout=subprocess.PIPE, text=True
@@ -153,7 +161,7 @@ def test_two_processes_build_the_same_kernel(tmp_path, cache):
     assert [out[0] for out in outputs] == ["5", "5"]
     assert sum(int(out[1]) for out in outputs) == 1  # the second waited and found the first's entry
     key = cache.key(ADD)
-    assert files(cache) == sorted([f"{key}.so", f"{key}.c", f"{key}.sha256"])
+    assert files(cache) == sorted([f"{key}.so", f"{key}.c", f"{key}.hmac"])
     assert call_add(cache, cache.build(ADD)) == 2**40 + 3 and cache.stats.hits == 1
 
 

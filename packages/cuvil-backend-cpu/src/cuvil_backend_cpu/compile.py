@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import pickle
 from dataclasses import replace as dc_replace
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ from cuvil_backend_cpu.kernel_cache import KernelCache
 from cuvil_backend_cpu.wrapper import CpuProgram, bind_ctypes
 from cuvil_ir.graph_ir.nodes import Graph
 from cuvil_ir.loop_ir.schedule import SchedulePolicy, schedule_kernel
+from cuvil_ir.serial import Codec, SerialError
 from cuvil_ir.tensor_ir.lower import FusionPolicy, lower
 from cuvil_ir.tensor_ir.program import Control, Kernel, TensorProgram
 from cuvil_runtime.cache import DiskCache
@@ -101,16 +101,17 @@ def _lower_and_generate(
     """Tensor IR and C for ``graph``: from the program cache on a warm start (the same
     graph text, options, toolchain and backend version), else lowered, scheduled and
     generated, then stored there. The program cache is a :class:`DiskCache` (atomic,
-    checksummed: a damaged entry is a miss) next to the kernel cache."""
+    signed: a damaged or foreign entry is a miss) next to the kernel cache; entries
+    are plain data (:mod:`cuvil_ir.serial`), never pickles."""
     store = DiskCache(cache.root.parent / "cpu-programs")
     key = _program_key(graph, options, cache)
     blob = store.get(key)
     if blob is not None:
         try:
-            slim, slim_gen = pickle.loads(blob)
+            slim, slim_gen = _codec().loads(blob)
             restored: TensorProgram = dc_replace(slim, graph=graph)
             return restored, {k: (restored if o is None else o, ck) for k, (o, ck) in slim_gen.items()}
-        except Exception:  # an entry from an incompatible version: rebuild it
+        except (SerialError, TypeError, ValueError):  # an entry this code cannot read: rebuild it
             pass
     program = lower(graph, FUSION)
     generated: dict[str, tuple[TensorProgram, CKernel]] = {}
@@ -119,10 +120,15 @@ def _lower_and_generate(
         # the top-level graph is the caller's: stored once, not pickled again
         slim = dc_replace(program, graph=None)  # type: ignore[arg-type]
         slim_gen = {k: (None if owner is program else owner, ck) for k, (owner, ck) in generated.items()}
-        store.put(key, pickle.dumps((slim, slim_gen), protocol=pickle.HIGHEST_PROTOCOL))
-    except OSError:
-        pass  # a read-only cache folder only costs the next process a re-lowering
+        store.put(key, _codec().dumps((slim, slim_gen)))
+    except (OSError, SerialError):
+        pass  # an unwritable entry only costs the next process a re-lowering
     return program, generated
+
+
+@functools.cache
+def _codec() -> Codec:
+    return Codec(extra=[CKernel])
 
 
 def compile_graph(graph: Graph, options: CompileOptions, cache: KernelCache) -> CpuExecutable:
@@ -133,7 +139,7 @@ def compile_graph(graph: Graph, options: CompileOptions, cache: KernelCache) -> 
     fns = {}
     for n, path in zip(names, paths):
         ck = generated[n][1]
-        fns[n] = (bind_ctypes(cache.load(path), ck), ck)
+        fns[n] = (bind_ctypes(cache.load(path, ck.source, n), ck), ck)
     runner = _wrap(program, fns)
     loop_text = "\n\n".join(ck.func.text for _, ck in generated.values() if ck.func is not None)
     stages = {

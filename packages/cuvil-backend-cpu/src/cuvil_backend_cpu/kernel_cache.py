@@ -5,18 +5,27 @@ A kernel is named by the sha256 of its C source, the toolchain's identity
 always maps to the same file and anything that changes the bytes changes the
 name. Layout, with ``key`` that hex digest::
 
+    root/.cuvil-key               the folder's private signing key (mode 0600)
     root/<key[:2]>/<key>.so       the shared object
-    root/<key[:2]>/<key>.sha256   the sha256 of the .so's bytes (the sidecar)
+    root/<key[:2]>/<key>.hmac     HMAC-SHA256 of the .so's bytes under the key (the sidecar)
     root/<key[:2]>/<key>.c        the source, kept to read and to reproduce a build
 
-Why it is safe to share between processes and to crash in:
+Why it is safe to share between processes, to crash in, and to load from:
 
+* ``root`` is used only when no other user can write to it (owned by you, not
+  group/world-writable, nor any folder above it unless sticky); otherwise a
+  private temporary folder is used, with a warning (:mod:`cuvil_runtime.trust`).
+  Folders are created 0700.
 * The compiler writes to a temporary name (pid + random) in the same folder,
   which ``os.replace`` then moves onto ``<key>.so``; the sidecar is written the
   same way, after the .so. A reader sees a whole file or none.
-* A hit is trusted only if the .so's bytes match the sidecar, so a truncated or
-  corrupted entry (a crash, a full disk, a torn copy) is rebuilt, never loaded:
-  loading a damaged shared object can crash the process, not just fail.
+* A hit is trusted only if the .so's bytes match the sidecar's HMAC, so a
+  truncated or corrupted entry (a crash, a full disk, a torn copy), or one
+  written by anyone who cannot read the key, is rebuilt, never loaded.
+* What is loaded is what was verified: :meth:`KernelCache.load` reads the bytes
+  once, checks them, writes that copy into a folder only this process uses and
+  ``dlopen`` s the copy, so swapping the cached file after the check changes
+  nothing. A verified file the loader still rejects is evicted and rebuilt.
 * A miss compiles under a per-kernel ``flock``: a second process wanting the same
   kernel waits, then finds the first one's entry instead of compiling again.
   Without the lock, two writers' .so and sidecar could interleave (A's .so, B's
@@ -41,6 +50,7 @@ from pathlib import Path
 from cuvil_backend_cpu import __version__
 from cuvil_backend_cpu.progress import CompileProgress
 from cuvil_backend_cpu.toolchain import Toolchain, ToolchainError, default_kernel_cache_dir, find_toolchain
+from cuvil_runtime import trust
 
 try:
     import fcntl
@@ -49,6 +59,10 @@ except ImportError:  # pragma: no cover - not POSIX: atomic replace alone still 
 
 #: Compiler output lines kept in a :class:`KernelBuildError` (the first errors are the useful ones).
 STDERR_LINES = 60
+
+
+class KernelLoadError(OSError):
+    """A cached kernel failed verification or the dynamic loader rejected it."""
 
 
 class KernelBuildError(RuntimeError):
@@ -122,7 +136,7 @@ def _file_lock(path: Path) -> Iterator[None]:
     if fcntl is None:  # pragma: no cover
         yield
         return
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
@@ -133,16 +147,22 @@ def _file_lock(path: Path) -> Iterator[None]:
 class KernelCache:
     """Compiled kernels under ``root`` (default ``<cuvil cache>/cpu-kernels``, honouring ``$CUVIL_CACHE_DIR``).
 
-    Raises :class:`~cuvil_backend_cpu.toolchain.ToolchainError` at construction
-    when there is no usable compiler. Thread-safe.
+    A ``root`` that other users could write to (or that is read-only) is replaced
+    by a private temporary folder, with a warning. Raises
+    :class:`~cuvil_backend_cpu.toolchain.ToolchainError` at construction when
+    there is no usable compiler. Thread-safe.
     """
 
     def __init__(self, toolchain: Toolchain | None = None, root: Path | str | None = None) -> None:
         self.toolchain = toolchain if toolchain is not None else find_toolchain()
-        self.root = Path(root) if root is not None else default_kernel_cache_dir()
+        self.root = trust.trusted_dir(
+            Path(root) if root is not None else default_kernel_cache_dir(), "kernel cache"
+        )
+        self._secret = trust.cache_secret(self.root)
         self.stats = CacheStats()
         self._lock = threading.Lock()
         self._libs: dict[str, ctypes.CDLL] = {}
+        self._load_dir: Path | None = None
 
     def key(self, source: str) -> str:
         """The kernel's content address: sha256 over the source, the toolchain identity and our version."""
@@ -154,9 +174,12 @@ class KernelCache:
         return h.hexdigest()
 
     def paths(self, key: str) -> tuple[Path, Path, Path]:
-        """``(<key>.so, <key>.c, <key>.sha256)`` for ``key``."""
+        """``(<key>.so, <key>.c, <key>.hmac)`` for ``key``."""
         folder = self.root / key[:2]
-        return folder / f"{key}.so", folder / f"{key}.c", folder / f"{key}.sha256"
+        return folder / f"{key}.so", folder / f"{key}.c", folder / f"{key}.hmac"
+
+    def _tag(self, data: bytes) -> str:
+        return trust.sign(self._secret, data).hex()
 
     # -- lookups and builds ----------------------------------------------------------------------------------
 
@@ -166,20 +189,30 @@ class KernelCache:
             self.stats.misses += misses
             self.stats.builds += builds
 
-    def _lookup(self, key: str) -> Path | None:
-        """The .so for ``key`` if present and its bytes match the sidecar, else ``None``."""
-        so, _, sidecar = self.paths(key)
-        try:
-            want = sidecar.read_text().strip()
-            data = so.read_bytes()
-        except (OSError, UnicodeDecodeError):
+    def _verified(self, so: Path) -> bytes | None:
+        """The bytes of ``so`` if it is our file and they match its sidecar's HMAC, else ``None``."""
+        data = trust.read_private_file(so)
+        want = trust.read_private_file(so.with_suffix(".hmac"))
+        if data is None or want is None:
             return None
-        return so if hashlib.sha256(data).hexdigest() == want else None
+        return data if secrets.compare_digest(self._tag(data).encode(), want.strip()) else None
+
+    def _lookup(self, key: str) -> Path | None:
+        """The .so for ``key`` if present and verified, else ``None``."""
+        so = self.paths(key)[0]
+        return so if self._verified(so) is not None else None
+
+    def evict(self, key: str) -> None:
+        """Remove ``key``'s .so and sidecar (a damaged entry), so the next build makes it anew."""
+        so, _, sidecar = self.paths(key)
+        with _file_lock(so.parent / f".{key}.lock"):
+            sidecar.unlink(missing_ok=True)
+            so.unlink(missing_ok=True)
 
     def _compile(self, key: str, source: str, name: str) -> Path:
         """Build the entry for ``key`` unless another thread or process did while we waited for the lock."""
         so, c_path, sidecar = self.paths(key)
-        so.parent.mkdir(parents=True, exist_ok=True)
+        trust.make_dirs(so.parent)
         with _file_lock(so.parent / f".{key}.lock"):
             done = self._lookup(key)
             if done is not None:
@@ -198,7 +231,7 @@ class KernelCache:
                 if proc.returncode != 0:
                     output = "\n".join(part for part in (proc.stderr.strip(), proc.stdout.strip()) if part)
                     raise KernelBuildError.from_compile(name, command, proc.returncode, output, c_path)
-                digest = hashlib.sha256(tmp.read_bytes()).hexdigest()
+                digest = self._tag(tmp.read_bytes())
                 os.replace(tmp, so)
             finally:
                 tmp.unlink(missing_ok=True)
@@ -261,16 +294,50 @@ class KernelCache:
                     raise
         return [self.paths(key)[0] for key in keys]
 
-    def load(self, path: Path | str) -> ctypes.CDLL:
-        """``ctypes.CDLL`` of ``path``, once per path (the loader would share the handle anyway)."""
-        key = str(path)
+    def load(self, path: Path | str, source: str | None = None, name: str = "kernel") -> ctypes.CDLL:
+        """The loaded kernel at ``path`` (an entry of this cache), once per path.
+
+        The bytes are read once and verified, and that copy is what is loaded (see
+        the module docstring). An entry that does not verify, or that the loader
+        rejects, is evicted; with ``source`` (the kernel's C) it is then rebuilt
+        and loaded once more, else :class:`KernelLoadError` is raised.
+        """
+        so = Path(path)
         with self._lock:
-            lib = self._libs.get(key)
-        if lib is None:
-            lib = ctypes.CDLL(key)
-            with self._lock:
-                lib = self._libs.setdefault(key, lib)
-        return lib
+            lib = self._libs.get(str(so))
+        if lib is not None:
+            return lib
+        try:
+            lib = self._load_verified(so)
+        except KernelLoadError:
+            key = so.stem
+            self.evict(key)
+            if source is None or self.key(source) != key:
+                raise
+            self._count(misses=1)
+            lib = self._load_verified(self._compile(key, source, name))
+        with self._lock:
+            return self._libs.setdefault(str(so), lib)
+
+    def _load_verified(self, so: Path) -> ctypes.CDLL:
+        data = self._verified(so)
+        if data is None:
+            raise KernelLoadError(f"the cached kernel {so} is missing or does not match its signature")
+        with self._lock:
+            if self._load_dir is None:
+                self._load_dir = trust.private_dir("load", parent=self.root)
+            folder = self._load_dir
+        copy = folder / f"{so.stem}-{secrets.token_hex(4)}.so"
+        fd = os.open(copy, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o700)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            try:
+                return ctypes.CDLL(str(copy))
+            except OSError as e:
+                raise KernelLoadError(f"the cached kernel {so} cannot be loaded: {e}") from e
+        finally:
+            copy.unlink(missing_ok=True)  # the mapping stays; nothing is left to swap
 
 
-__all__ = ["CacheStats", "KernelBuildError", "KernelCache", "default_kernel_cache_dir"]
+__all__ = ["CacheStats", "KernelBuildError", "KernelCache", "KernelLoadError", "default_kernel_cache_dir"]

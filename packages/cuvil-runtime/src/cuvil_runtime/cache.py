@@ -10,10 +10,13 @@ bytes go to a temporary file in the same folder, which ``os.replace`` then puts
 in place, so a reader sees the old file, the new file or nothing, and
 concurrent writers of one key each succeed (the last one wins; for a content
 cache both wrote the same bytes). Every file starts with a header holding the
-payload's length and sha256; a file that does not match it (truncated by a
-crash, a full disk, a torn copy) is deleted and reported as a miss, never
-returned. That checksum is also why writes skip ``fsync``: after a power loss
-a file may come back empty, which reads as a miss.
+payload's length and its HMAC-SHA256 under the folder's private key
+(:func:`cuvil_runtime.trust.cache_secret`); a file that does not match it
+(truncated by a crash, a full disk, a torn copy, or written by someone without
+the key) is deleted and reported as a miss, never returned. The folder itself is
+used only when no other user can write to it (:func:`cuvil_runtime.trust.trusted_dir`).
+That check is also why writes skip ``fsync``: after a power loss a file may come
+back empty, which reads as a miss.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from collections import OrderedDict
 from pathlib import Path
 
 from cuvil_ir.graph_ir.nodes import Graph
+from cuvil_runtime import trust
 from cuvil_runtime.target import CompileOptions, Executable, Target
 
 # -- in-process ----------------------------------------------------------------
@@ -83,8 +87,8 @@ class CompileCache:
 
 # -- on disk -------------------------------------------------------------------
 
-#: file layout: magic (8 bytes) | payload length (8 bytes, little endian) | sha256 (32 bytes) | payload
-_MAGIC = b"CUVIL\x00\x01\n"
+#: file layout: magic (8 bytes) | payload length (8 bytes, little endian) | HMAC-SHA256 (32 bytes) | payload
+_MAGIC = b"CUVIL\x00\x02\n"
 _HEADER = len(_MAGIC) + 8 + 32
 
 
@@ -97,27 +101,32 @@ def default_cache_dir() -> Path:
     return (Path(xdg) if xdg else Path.home() / ".cache") / "cuvil"
 
 
-def _encode(data: bytes) -> bytes:
-    return _MAGIC + len(data).to_bytes(8, "little") + hashlib.sha256(data).digest() + data
+def _encode(key: bytes, data: bytes) -> bytes:
+    return _MAGIC + len(data).to_bytes(8, "little") + trust.sign(key, data) + data
 
 
-def _decode(blob: bytes) -> bytes | None:
+def _decode(key: bytes, blob: bytes) -> bytes | None:
     if len(blob) < _HEADER or not blob.startswith(_MAGIC):
         return None
     n = len(_MAGIC)
     size = int.from_bytes(blob[n : n + 8], "little")
-    digest = blob[n + 8 : _HEADER]
+    tag = blob[n + 8 : _HEADER]
     data = blob[_HEADER:]
-    if len(data) != size or hashlib.sha256(data).digest() != digest:
+    if len(data) != size or not trust.verify(key, data, tag):
         return None
     return data
 
 
 class DiskCache:
-    """Content-addressed byte artifacts under ``root`` (default: :func:`default_cache_dir`)."""
+    """Content-addressed byte artifacts under ``root`` (default: :func:`default_cache_dir`).
+
+    A ``root`` other users could write to is replaced by a private temporary folder,
+    with a warning (see :mod:`cuvil_runtime.trust`).
+    """
 
     def __init__(self, root: str | os.PathLike[str] | None = None) -> None:
-        self.root = Path(root) if root is not None else default_cache_dir()
+        self.root = trust.trusted_dir(Path(root) if root is not None else default_cache_dir())
+        self._key = trust.cache_secret(self.root)
 
     def path(self, key: str) -> Path:
         """Where the artifact for ``key`` lives (a two-level fan-out keeps folders small)."""
@@ -127,11 +136,10 @@ class DiskCache:
     def get(self, key: str) -> bytes | None:
         """The bytes stored under ``key``, or ``None`` on a miss or a damaged file."""
         path = self.path(key)
-        try:
-            blob = path.read_bytes()
-        except OSError:  # missing, or unreadable: either way not a usable artifact
+        blob = trust.read_private_file(path)
+        if blob is None:  # missing, unreadable or not ours: either way not a usable artifact
             return None
-        data = _decode(blob)
+        data = _decode(self._key, blob)
         if data is None:
             # Damaged: remove it so the next put starts clean. A writer may have
             # replaced it meanwhile; deleting that good file only costs a rebuild.
@@ -144,11 +152,11 @@ class DiskCache:
     def put(self, key: str, data: bytes) -> Path:
         """Store ``data`` under ``key`` atomically; returns the file's path."""
         path = self.path(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        trust.make_dirs(path.parent)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         try:
             with os.fdopen(fd, "wb") as f:
-                f.write(_encode(bytes(data)))
+                f.write(_encode(self._key, bytes(data)))
             os.replace(tmp, path)
         except BaseException:
             try:
