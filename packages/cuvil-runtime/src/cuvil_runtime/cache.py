@@ -27,6 +27,7 @@ import tempfile
 import threading
 from collections import OrderedDict
 from pathlib import Path
+from typing import Any
 
 from cuvil_ir.graph_ir.nodes import Graph
 from cuvil_runtime import trust
@@ -46,6 +47,8 @@ class CompileCache:
         self.maxsize = maxsize
         self._items: OrderedDict[CacheKey, Executable] = OrderedDict()
         self._lock = threading.Lock()
+        #: keys being compiled -> [the lock their compile holds, threads waiting or compiling]
+        self._pending: dict[CacheKey, list[Any]] = {}
 
     def get(self, graph_hash: str, target: str, options: CompileOptions) -> Executable | None:
         key = (graph_hash, target, options)
@@ -66,15 +69,29 @@ class CompileCache:
     def get_or_compile(self, graph: Graph, target: Target, options: CompileOptions) -> Executable:
         """The cached executable, compiling it on a miss.
 
-        Compilation runs outside the lock: two threads missing on one key at once
-        may both compile, and the second result replaces the first. Both are
-        correct, and no thread waits on another's compile.
+        One compile per key: a thread missing on a key another thread is compiling
+        waits for that compile and takes its result. Different keys compile in
+        parallel (the cache's own lock is never held during a compile).
         """
         graph_hash = graph.hash
         exe = self.get(graph_hash, target.name, options)
-        if exe is None:
-            exe = target.compile(graph, options)
-            self.put(graph_hash, target.name, options, exe)
+        if exe is not None:
+            return exe
+        key = (graph_hash, target.name, options)
+        with self._lock:
+            pending = self._pending.setdefault(key, [threading.Lock(), 0])
+            pending[1] += 1
+        try:
+            with pending[0]:
+                exe = self.get(graph_hash, target.name, options)
+                if exe is None:
+                    exe = target.compile(graph, options)
+                    self.put(graph_hash, target.name, options, exe)
+        finally:
+            with self._lock:
+                pending[1] -= 1
+                if pending[1] == 0:
+                    del self._pending[key]
         return exe
 
     def clear(self) -> None:

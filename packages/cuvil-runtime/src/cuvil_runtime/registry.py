@@ -36,11 +36,13 @@ class DuplicateTargetError(RuntimeError):
 class TargetUnavailableError(RuntimeError):
     """A registered target cannot be used here (missing dependency, broken plugin...)."""
 
-    def __init__(self, name: str, reason: str, install: str | None) -> None:
+    def __init__(self, name: str, reason: str, install: str | None, *, installed: bool = False) -> None:
         self.name = name
         self.reason = reason
         self.install = install
-        hint = f"; to get it: {install}" if install else ""
+        # An installed target that fails its check or its factory (no C compiler, no
+        # device) is not fixed by installing it again: the reason says what to do.
+        hint = f"; to get it: {install}" if install and not installed else ""
         super().__init__(f"target {name!r} is unavailable: {reason}{hint}")
 
 
@@ -174,7 +176,9 @@ class Registry:
         entry = self._load(self._entry(name))
         if entry.reason is not None or entry.spec is None:
             install = entry.spec.install if entry.spec is not None else None
-            raise TargetUnavailableError(name, entry.reason or "no spec", install) from entry.error
+            raise TargetUnavailableError(
+                name, entry.reason or "no spec", install, installed=entry.spec is not None
+            ) from entry.error
         return entry.spec
 
     def get_target(self, name: str) -> Target:
@@ -187,7 +191,7 @@ class Registry:
                     target = spec.factory()
                 except Exception as e:
                     raise TargetUnavailableError(
-                        name, f"its factory failed: {type(e).__name__}: {e}", spec.install
+                        name, f"its factory failed: {type(e).__name__}: {e}", spec.install, installed=True
                     ) from e
                 self._targets[name] = target
             return target
