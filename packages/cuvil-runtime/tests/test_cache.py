@@ -135,7 +135,7 @@ class SlowTarget(CountingTarget):
 
 def test_compile_cache_compiles_a_key_once_when_threads_miss_together() -> None:
     cache, target = CompileCache(), SlowTarget()
-    graphs = [_graph("relu"), _graph("neg")]
+    graphs = [_graph("abs"), _graph("neg")]
     barrier = threading.Barrier(8)
     results: list[Executable] = []
 
