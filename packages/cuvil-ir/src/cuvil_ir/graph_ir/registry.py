@@ -21,6 +21,7 @@ Third-party operator libraries declare ops the same way, in a module named by a
 from __future__ import annotations
 
 import inspect
+import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, ClassVar, Protocol
 
@@ -175,12 +176,15 @@ class Registry:
         """Import the modules named by ``cuvil.ops`` entry points (once)."""
         if self._plugins_loaded:
             return
-        self._plugins_loaded = True
-        from importlib.metadata import entry_points
+        with _LOAD_LOCK:
+            if self._plugins_loaded:
+                return
+            from importlib.metadata import entry_points
 
-        for ep in sorted(entry_points(group="cuvil.ops"), key=lambda e: e.name):
-            ep.load()
-        self._by_torch = None
+            for ep in sorted(entry_points(group="cuvil.ops"), key=lambda e: e.name):
+                ep.load()
+            self._plugins_loaded = True
+            self._by_torch = None
 
 
 REGISTRY = Registry()
@@ -188,11 +192,20 @@ REGISTRY = Registry()
 _BUILTINS_LOADED = False
 
 
+_LOAD_LOCK = threading.RLock()  # re-entrant: the imports below may ask the registry again
+
+
 def _load_builtin_ops() -> None:
+    # The flag is set only once the import finished: a second thread asking meanwhile
+    # waits on the lock instead of seeing half the ops ("unknown Graph IR op 'abs'").
     global _BUILTINS_LOADED
-    if not _BUILTINS_LOADED:
-        _BUILTINS_LOADED = True
-        import cuvil_ir.graph_ir.ops  # noqa: F401  (declarations register on import)
+    if _BUILTINS_LOADED:
+        return
+    with _LOAD_LOCK:
+        if not _BUILTINS_LOADED:
+            import cuvil_ir.graph_ir.ops  # noqa: F401  (declarations register on import)
+
+            _BUILTINS_LOADED = True
 
 
 def infer_types(
