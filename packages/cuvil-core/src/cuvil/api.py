@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import threading
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -12,6 +13,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
+from cuvil.arguments import check_tensors
 from cuvil.errors import CompileError
 from cuvil.frontend.capture import Captured, capture, module_state
 from cuvil.guards import describe_leaf, explain_structure, leaf_key
@@ -109,6 +111,8 @@ class CompiledFunction:
                     f"(parameters: {list(sig.parameters)})"
                 )
         self._last: _Artifact | None = None
+        #: serializes compiles (re-entrant: capture may call this function again)
+        self._compile_lock = threading.RLock()
         self.__name__ = getattr(fn, "__name__", type(fn).__name__)
         self.__qualname__ = getattr(fn, "__qualname__", self.__name__)
         self.__doc__ = getattr(fn, "__doc__", None)
@@ -211,21 +215,38 @@ class CompiledFunction:
                 self._flat_specs[len(args)] = spec
         key = (spec, tuple(leaf_key(x, self.dynamic) for x in leaves))
         extra = self._extra_key()
-        for art in self.artifacts:
+        seen = len(self.artifacts)
+        art = self._find(key, extra, leaves, self.artifacts)
+        if art is not None:
+            return self._serve(art, leaves, args, kwargs, hit=True)
+        names = self._leaf_names(bargs, bkwargs)
+        self._check_types(key, names)
+        # One compile per key: threads missing at once queue here, and each looks again
+        # at what the ones before it compiled (only the artifacts added meanwhile).
+        with self._compile_lock:
+            art = self._find(key, extra, leaves, self.artifacts[seen:])
+            if art is not None:
+                return self._serve(art, leaves, args, kwargs, hit=True)
+            if self.artifacts:
+                self.stats.recompile_reasons.append(self._why_miss(key, extra, leaves, names))
+            art = self._compile(key, extra, leaves, names, spec)
+            self.artifacts.append(art)
+        return self._serve(art, leaves, args, kwargs, hit=False)
+
+    @staticmethod
+    def _find(
+        key: tuple[Any, ...], extra: tuple[Any, ...], leaves: list[Any], artifacts: list[_Artifact]
+    ) -> _Artifact | None:
+        for art in artifacts:
             if (
                 art.key == key
                 and art.extra == extra
+                and (art.captured is None or art.captured.guards.holds())
                 and _lifted_ok(art)
                 and (art.captured is None or art.captured.check.holds(leaves))
             ):
-                return self._serve(art, leaves, args, kwargs, hit=True)
-        names = self._leaf_names(bargs, bkwargs)
-        self._check_types(key, names)
-        if self.artifacts:
-            self.stats.recompile_reasons.append(self._why_miss(key, extra, leaves, names))
-        art = self._compile(key, extra, leaves, names, spec)
-        self.artifacts.append(art)
-        return self._serve(art, leaves, args, kwargs, hit=False)
+                return art
+        return None
 
     def _serve(
         self, art: _Artifact, leaves: list[Any], args: tuple[Any, ...], kwargs: dict[str, Any], hit: bool
@@ -255,6 +276,8 @@ class CompiledFunction:
         last = self.artifacts[-1]
         if last.key != key or last.extra != extra:
             return explain_structure(names, last.key[1], key[1], last.extra, extra)
+        if last.captured is not None and not last.captured.guards.holds():
+            return last.captured.guards.explain()
         if not _lifted_ok(last):
             return "a global, closure or attribute tensor the graph reads changed shape or dtype"
         assert last.captured is not None
@@ -270,13 +293,15 @@ class CompiledFunction:
     ) -> _Artifact:
         self.stats.compiles += 1
         try:
-            captured = capture(
-                self.__name__, self.fn, self.module, leaves, names, spec, self.dynamic, self.dims
-            )
             target_name = self._pick_target(leaves)
             from cuvil_runtime.registry import get_target
 
             target = get_target(target_name)
+            # before capture: an unsupported tensor must not reach tracing or kernels
+            check_tensors(leaves, names, target.capabilities.devices, target_name)
+            captured = capture(
+                self.__name__, self.fn, self.module, leaves, names, spec, self.dynamic, self.dims
+            )
             options = CompileOptions(opt_level=self.opt_level)
             executable = _EXECUTABLES.get_or_compile(captured.graph, target, options)
         except Exception as e:

@@ -1,11 +1,15 @@
 """Guards: what a compiled artifact assumed about its inputs, checked on each call.
 
-Two layers, cheapest first:
+Three layers, cheapest first:
 
 1. the *structure key*: the argument tree, each tensor's dtype/device/rank
    (and sizes with ``dynamic=False``), each Python value (specialised), the
    module's parameter metadata and training flags -- compared as one tuple;
-2. the graph's *assumptions* on size symbols (``Eq(x_1, 16)``, ``Ne(x_0, 1)``),
+2. the *read guards* (:class:`ReadGuards`): every global, closure variable and
+   attribute the traced code read, re-read through a getter bound at capture and
+   compared with what capture saw (value, identity, container contents, tensor
+   metadata) -- see [Note: reads are guarded];
+3. the graph's *assumptions* on size symbols (``Eq(x_1, 16)``, ``Ne(x_0, 1)``),
    compiled once into a Python predicate over the bound sizes.
 
 When no artifact passes, :func:`explain_miss` says which guard failed, in
@@ -14,6 +18,7 @@ words, for ``stats.recompile_reasons``.
 
 from __future__ import annotations
 
+import types
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -29,7 +34,20 @@ _SCALARS = (bool, int, float, str, type(None), torch.dtype, torch.device)
 def leaf_key(leaf: Any, dynamic: bool) -> tuple[Any, ...]:
     """What a compiled artifact depends on for one argument leaf."""
     if isinstance(leaf, torch.Tensor):
-        return ("tensor", leaf.dtype, leaf.device, leaf.dim(), None if dynamic else tuple(leaf.shape))
+        # the layout and nesting first: a sparse or nested tensor has no usable shape/strides,
+        # and must never match an artifact compiled for dense ones (cuvil/arguments.py)
+        if leaf.layout is not torch.strided or leaf.is_nested:
+            return ("tensor", leaf.dtype, leaf.device, -1, None, str(leaf.layout), leaf.is_nested)
+        shape = None if dynamic else tuple(leaf.shape)
+        # whether this call records autograd history: such calls run eagerly, never compiled
+        return (
+            "tensor",
+            leaf.dtype,
+            leaf.device,
+            leaf.dim(),
+            shape,
+            leaf.requires_grad and torch.is_grad_enabled(),
+        )
     if isinstance(leaf, _SCALARS):
         return ("value", type(leaf), leaf)
     return ("object", type(leaf), id(leaf))
@@ -37,9 +55,15 @@ def leaf_key(leaf: Any, dynamic: bool) -> tuple[Any, ...]:
 
 def describe_leaf(key: tuple[Any, ...]) -> str:
     if key[0] == "tensor":
-        dtype = DType.from_torch(key[1]).value if isinstance(key[1], torch.dtype) else key[1]
+        try:
+            dtype = DType.from_torch(key[1]).value
+        except (TypeError, ValueError, KeyError):
+            dtype = str(key[1])
+        if len(key) == 7:
+            return f"a {'nested' if key[6] else key[5]} tensor of {key[1]} on {key[2]}"
         shape = "" if key[4] is None else f", shape {list(key[4])}"
-        return f"a {dtype} tensor of rank {key[3]} on {key[2]}{shape}"
+        grad = " requiring grad (grad mode on)" if key[5] else ""
+        return f"a {dtype} tensor of rank {key[3]} on {key[2]}{shape}{grad}"
     if key[0] == "value":
         return f"{key[1].__name__} {key[2]!r}"
     return f"a {key[1].__name__} object (id {key[2]})"
@@ -99,6 +123,145 @@ class AssumptionCheck:
                 shown = ", ".join(f"{s} = {env[s]}" for s in sorted(a.free_symbols, key=str) if s in env)
                 return f"size guard {sympy.sstr(a)} failed ({shown})" + (f"; assumed at {why}" if why else "")
         return "all size guards hold"
+
+
+# [Note: reads are guarded]
+# Converted code reads globals, closure variables and attributes through hooks
+# (``hooks.glob``/``free``/``attr``, see cuvil/frontend/scopes.py); each read adds one
+# ReadGuard whose getter re-reads the same place on a later call (``dict.get`` on the
+# globals dict, the cell's contents, ``getattr`` on the identity-guarded owner) and
+# whose kind says how to compare. Tensors are not baked in: they are graph inputs read
+# by the same getter on every call (an in-place update is seen), and their guard only
+# checks the metadata the graph was traced for. Guards run in read order, so an
+# attribute's guard may bind its owner object directly: the owner's identity guard
+# comes first. Library Python modules (torch, math, ...) are constants by identity.
+
+
+class _Missing:
+    def __repr__(self) -> str:
+        return "<unset>"
+
+
+MISSING: Any = _Missing()
+
+
+class Same:
+    """A container element compared by identity (holds a reference, so ids stay valid)."""
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj: Any) -> None:
+        self.obj = obj
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Same) and other.obj is self.obj
+
+    def __hash__(self) -> int:
+        return id(self.obj)
+
+    def __repr__(self) -> str:
+        return f"<{type(self.obj).__name__} object>"
+
+
+def contents_key(value: Any, depth: int = 0) -> Any:
+    """A list/tuple/dict/set by contents: scalars by value, anything else by identity."""
+    if isinstance(value, _SCALARS):
+        return (type(value), value)
+    if depth < 4 and type(value) in (list, tuple):
+        return (type(value), tuple(contents_key(v, depth + 1) for v in value))
+    if depth < 4 and type(value) is dict:
+        return (dict, tuple((Same(k), contents_key(v, depth + 1)) for k, v in value.items()))
+    if depth < 4 and type(value) in (set, frozenset):
+        return (type(value), frozenset(contents_key(v, depth + 1) for v in value))
+    return Same(value)
+
+
+def tensor_key(value: Any) -> Any:
+    if not isinstance(value, torch.Tensor):
+        return ("not a tensor", type(value))
+    return (value.dtype, value.device, tuple(value.shape))
+
+
+def _method_key(value: Any) -> Any:
+    if isinstance(value, types.MethodType):
+        return (Same(value.__func__), Same(value.__self__))
+    return Same(value)
+
+
+#: guard kind -> how the current value is reduced before ``==`` with the expected one
+_KEYS: dict[str, Callable[[Any], Any]] = {
+    "contents": contents_key,
+    "tensor": tensor_key,
+    "method": _method_key,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class ReadGuard:
+    """One place the traced code read: ``what`` names it (``global 'k'``)."""
+
+    what: str
+    getter: Callable[[], Any]
+    kind: str  # "value" | "identity" | "contents" | "tensor" | "method"
+    expected: Any
+    shown: str  # the value at capture, for messages
+
+    def current(self) -> Any:
+        try:
+            return self.getter()
+        except Exception:  # a deleted global, an empty cell, a removed attribute
+            return MISSING
+
+    def holds(self) -> bool:
+        cur = self.current()
+        kind = self.kind
+        if kind == "identity":
+            return cur is self.expected
+        if kind == "value":
+            exp = self.expected
+            return cur is exp or (type(cur) is type(exp) and cur == exp)
+        if kind == "tensor":  # (dtype, device, shape) without building a key
+            exp = self.expected
+            return (
+                isinstance(cur, torch.Tensor)
+                and cur.dtype is exp[0]
+                and cur.shape == exp[2]
+                and cur.device == exp[1]
+            )
+        return bool(_KEYS[kind](cur) == self.expected)
+
+
+def show(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        dtype = DType.from_torch(value.dtype).value
+        return f"a {dtype} tensor of shape {list(value.shape)} on {value.device}"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+class ReadGuards:
+    """The read guards of one artifact, checked in order on each call."""
+
+    __slots__ = ("guards",)
+
+    def __init__(self, guards: Sequence[ReadGuard]) -> None:
+        self.guards = tuple(guards)
+
+    def __len__(self) -> int:
+        return len(self.guards)
+
+    def holds(self) -> bool:
+        for g in self.guards:
+            if not g.holds():
+                return False
+        return True
+
+    def explain(self) -> str:
+        for g in self.guards:
+            if not g.holds():
+                cur = g.current()
+                return f"{g.what} changed: {g.shown} -> {show(cur)}"
+        return "all read guards hold"
 
 
 def explain_structure(

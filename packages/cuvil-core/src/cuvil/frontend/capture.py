@@ -25,7 +25,7 @@ from cuvil.frontend.convert import ConversionError, convert, is_user_function
 from cuvil.frontend.proxy import TensorProxy
 from cuvil.frontend.regions import Undefined
 from cuvil.frontend.tracer import Lifted, Tracer
-from cuvil.guards import AssumptionCheck, SymbolSlot
+from cuvil.guards import _SCALARS, AssumptionCheck, ReadGuards, SymbolSlot
 from cuvil_ir.graph_ir.nodes import Graph, Value
 from cuvil_ir.graph_ir.verifier import verify
 
@@ -44,6 +44,8 @@ class Captured:
     #: per output leaf: ("graph", i) for graph output i, or ("const", value)
     outputs: list[tuple[str, Any]]
     lifted: list[Lifted]
+    #: the globals, closure variables and attributes the traced code read
+    guards: ReadGuards
 
 
 def module_state(module: torch.nn.Module) -> list[tuple[str, dict[str, Any], str]]:
@@ -140,6 +142,8 @@ def capture(
             traced_leaves.append(p)
         else:
             traced_leaves.append(leaf)
+            if not isinstance(leaf, _SCALARS):  # guarded by identity in the structure key
+                tracer.reads.long_lived(leaf, lname)
     swapped: list[tuple[dict[str, Any], str, Any]] = []
     try:
         if module is not None:
@@ -153,6 +157,14 @@ def capture(
                 owner[key] = by_id[id(owner[key])]
         args, kwargs = pytree.tree_unflatten(traced_leaves, spec)
         target = root_callable(fn, module)
+        if module is not None:  # its submodule links are guarded by the module snapshot
+            for path, sub in module.named_modules():
+                tracer.reads.long_lived(sub, f"self.{path}" if path else "self")
+                tracer.reads.snapshotted.add(id(sub))
+        elif target is fn:  # not converted (a lambda, no source): guard what its code names
+            tracer.reads.code(getattr(fn, "__func__", fn))
+            if isinstance(fn, types.MethodType):
+                tracer.reads.long_lived(fn.__self__, "self")
         previous, Tracer.active = Tracer.active, tracer
         try:
             with tracer.mode():
@@ -183,4 +195,4 @@ def capture(
     except Exception as e:
         raise CompileError(f"internal error: the captured graph does not verify: {e}") from e
     check = AssumptionCheck(graph.assumptions, slots, tracer.ctx.reasons)
-    return Captured(graph, plan, check, out_spec, out_plan, tracer.lifted)
+    return Captured(graph, plan, check, out_spec, out_plan, tracer.lifted, ReadGuards(tracer.reads.guards))

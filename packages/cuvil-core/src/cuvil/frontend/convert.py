@@ -30,6 +30,7 @@ from typing import Any
 
 from cuvil.errors import CompileError, SourceLoc
 from cuvil.frontend.control_flow import ControlFlow
+from cuvil.frontend.scopes import CELLS, rewrite_reads
 
 HOOKS = "__cuvil_hooks__"
 # Calls that inspect their caller's frame must not be wrapped.
@@ -219,21 +220,36 @@ class ConversionError(Exception):
 
 
 _CACHE: dict[types.CodeType, types.FunctionType] = {}
+#: code of functions defined inside converted code: already converted, as part of the
+#: enclosing function (their ``nonlocal`` names are locals of the compiled call)
+_NESTED: set[types.CodeType] = set()
+
+
+def _nested_codes(code: types.CodeType) -> None:
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            _NESTED.add(const)
+            _nested_codes(const)
 
 
 def convert(fn: Any, hooks: Any) -> types.FunctionType:
     """The converted twin of ``fn`` (same globals, closure cells and defaults)."""
     code = fn.__code__
+    if code in _NESTED:
+        return fn  # type: ignore[no-any-return]
     cached = _CACHE.get(code)
     if cached is None:
         cached = _convert_code(fn)
         _CACHE[code] = cached
+        _nested_codes(cached.__code__)
     cells = dict(zip(code.co_freevars, fn.__closure__ or ()))
+    cells[CELLS] = types.CellType(dict(cells))  # outer reads go through hooks.free
     cells[HOOKS] = types.CellType(hooks)
     new_code = cached.__code__
     closure = tuple(cells[name] for name in new_code.co_freevars)
     out = types.FunctionType(new_code, fn.__globals__, fn.__name__, fn.__defaults__, closure)
     out.__kwdefaults__ = fn.__kwdefaults__
+    out.__qualname__ = fn.__qualname__
     out.__dict__.update(fn.__dict__)
     out.__wrapped__ = fn  # type: ignore[attr-defined]
     return out
@@ -276,10 +292,14 @@ def _convert_code(fn: Any) -> types.FunctionType:
     rewriter.has_class_cell = "__class__" in fn.__code__.co_freevars
     ControlFlow(rewriter._site).function(fdef)
     ast.fix_missing_locations(fdef)
+    rewrite_reads(fdef, fn.__code__.co_freevars, rewriter._site, rewriter._unsupported)  # type: ignore[arg-type]
     fdef = rewriter.visit(fdef)
+    # The def gets a name no user code reads: inside the factory its own name would be
+    # a local of the factory, and a recursive call would read that instead of the global.
+    fdef.name = "__cuvil_fn__"
     # A factory whose locals are the original free variables (plus the hooks),
     # so the rewritten function closes over them as cells we supply.
-    freevars = [*fn.__code__.co_freevars, HOOKS]
+    freevars = [*fn.__code__.co_freevars, HOOKS, CELLS]
     factory = ast.FunctionDef(
         name="__cuvil_factory__",
         args=ast.arguments(posonlyargs=[], args=[], kwonlyargs=[], kw_defaults=[], defaults=[]),
@@ -304,6 +324,7 @@ def _convert_code(fn: Any) -> types.FunctionType:
     namespace: dict[str, Any] = {}
     exec(code, {"__builtins__": __builtins__}, namespace)
     inner = namespace["__cuvil_factory__"]()
+    inner.__code__ = inner.__code__.replace(co_name=fn.__name__, co_qualname=fn.__qualname__)
     return inner  # type: ignore[no-any-return]
 
 

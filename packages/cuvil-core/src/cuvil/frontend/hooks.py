@@ -11,7 +11,11 @@ construct's source location. ``call`` converts user callees on the fly.
 
 from __future__ import annotations
 
+import builtins
+import functools
+import sys
 import types
+import warnings
 from typing import Any
 
 import torch
@@ -19,6 +23,7 @@ import torch
 from cuvil.errors import CompileError
 from cuvil.frontend.convert import SITES, ConversionError, convert, is_user_function
 from cuvil.frontend.proxy import TensorProxy
+from cuvil.frontend.reads import MUTATORS
 from cuvil.frontend.regions import (
     UNROLL_LIMIT,
     SymRange,
@@ -73,12 +78,118 @@ def iterate(value: Any, site: int) -> Any:
     return value
 
 
+#: how deep one user function may call itself while it is captured (recursion on a
+#: Python value is unrolled; deeper recursion is almost always missing a base case)
+RECURSION_LIMIT = 32
+
+
 def call(site: int, fn: Any, *args: Any, **kwargs: Any) -> Any:
     """Call ``fn``, converting it first when it is user code (recursively)."""
     if fn is range and any(isinstance(a, torch.SymInt) for a in args):
         return SymRange(*args)
-    target = _converted(fn)
-    return target(*args, **kwargs)
+    tracer = _tracer()
+    if tracer is not None:
+        if fn is builtins.print:
+            return _print(tracer, site, args, kwargs)
+        if fn in (builtins.setattr, builtins.delattr) and args:
+            tracer.reads.store(args[0], "attribute", SITES[site].loc)
+    target = _converted(_unwrap(fn))
+    code = getattr(getattr(target, "__func__", target), "__code__", None)
+    if tracer is None or code is None:
+        return target(*args, **kwargs)
+    depth = tracer.depth.get(code, 0)
+    if depth >= RECURSION_LIMIT:
+        raise CompileError(
+            f"`{getattr(fn, '__qualname__', fn)}` calls itself more than {RECURSION_LIMIT} times "
+            "deep while it is captured",
+            SITES[site].loc,
+            "recursion is unrolled at compile time, so it must end by a Python value (an int "
+            "argument counting down) within that depth; use a loop over a tensor condition otherwise",
+        )
+    tracer.depth[code] = depth + 1
+    try:
+        return target(*args, **kwargs)
+    finally:
+        tracer.depth[code] = depth
+
+
+def _unwrap(fn: Any) -> Any:
+    """A ``cu.compile`` result called from compiled code is inlined: its original function."""
+    from cuvil.api import CompiledFunction
+
+    if isinstance(fn, CompiledFunction):
+        return fn.fn
+    if isinstance(fn, functools.partial) and isinstance(fn.func, CompiledFunction):  # a bound method
+        return functools.partial(fn.func.fn, *fn.args, **fn.keywords)
+    return fn
+
+
+# -- reads of globals, closure variables and attributes (see scopes.py, reads.py) --
+
+
+def glob(name: str, value: Any) -> Any:
+    tracer = _tracer()
+    if tracer is not None:
+        tracer.reads.glob(sys._getframe(1).f_globals, name, value)
+    return value
+
+
+def free(cells: dict[str, types.CellType], name: str) -> Any:
+    cell = cells[name]
+    try:
+        value = cell.cell_contents
+    except ValueError:
+        raise NameError(
+            f"cannot access free variable '{name}' where it is not associated with a value in enclosing scope"
+        ) from None
+    tracer = _tracer()
+    if tracer is not None:
+        tracer.reads.free(cell, name, value)
+    return value
+
+
+def attr(obj: Any, name: str) -> Any:
+    value = getattr(obj, name)
+    tracer = _tracer()
+    if tracer is not None and not isinstance(obj, TensorProxy):
+        tracer.reads.attr(obj, name, value, tracer.source_loc() if name in MUTATORS else None)
+    return value
+
+
+def store(obj: Any, site: int) -> None:
+    tracer = _tracer()
+    if tracer is not None:
+        tracer.reads.store(obj, SITES[site].kind, SITES[site].loc)
+
+
+# -- print and f-strings: example values, at capture ---------------------------------
+
+
+def shown(value: Any) -> Any:
+    """What an f-string shows for a value: a size prints its example value (no guard)."""
+    tracer = _tracer()
+    if tracer is None or not isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return value
+    try:
+        example = tracer.ctx.hint(tracer.sym(value))
+    except Exception:  # a loop index has no example value: show the symbol
+        return value
+    return _PLAIN[type(value)](example)
+
+
+_PLAIN: dict[type, type] = {torch.SymInt: int, torch.SymFloat: float, torch.SymBool: bool}
+
+
+def _print(tracer: Any, site: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    loc = SITES[site].loc
+    warnings.warn_explicit(
+        "print() in compiled code runs once, while the function is captured, with the example "
+        "inputs' sizes (tensors print as their traced type); it does not run on later calls",
+        UserWarning,
+        loc.file,
+        loc.line,
+    )
+    builtins.print(*(shown(a) for a in args), **kwargs)
 
 
 # -- structured control flow (statements rewritten by control_flow.py) -------------
@@ -155,7 +266,11 @@ def _converted(fn: Any) -> Any:
             if is_user_function(forward):
                 return types.MethodType(convert(forward, hooks_module), fn)
     except ConversionError:
-        pass  # no source: run as is; tensor ops are still captured by the tracer
+        # no source: run as is (tensor ops are still captured by the tracer), guarding
+        # every global and closure variable its code names
+        tracer = _tracer()
+        if tracer is not None:
+            tracer.reads.code(getattr(fn, "__func__", fn))
     return fn
 
 

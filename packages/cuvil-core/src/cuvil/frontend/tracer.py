@@ -26,6 +26,7 @@ from torch.utils import _pytree as pytree
 from cuvil.errors import CompileError, SourceLoc
 from cuvil.frontend.convert import is_user_frame
 from cuvil.frontend.proxy import TensorProxy
+from cuvil.frontend.reads import Reads
 from cuvil_ir.graph_ir.fake import FakeInferenceError, SymMirror, fake_call
 from cuvil_ir.graph_ir.nodes import KV, AttrValue, Block, Graph, Loc, Node, Ref, Value
 from cuvil_ir.graph_ir.registry import REGISTRY, NotCaptured, infer_types
@@ -111,7 +112,11 @@ class Tracer:
         self.nodes: list[Node] = []
         self.lifted: list[Lifted] = []
         self._lifted_ids: dict[int, TensorProxy] = {}
-        self._lift_sources = lift_sources or {}
+        self._lift_sources = lift_sources if lift_sources is not None else {}
+        #: globals, closure variables and attributes read (see cuvil/frontend/reads.py)
+        self.reads = Reads(self._lift_sources)
+        #: active converted calls per code object (recursion is unrolled, up to a limit)
+        self.depth: dict[types.CodeType, int] = {}
         self._consts: dict[tuple[type, Any], Value] = {}
         self._names: set[str] = set()
         self._counter = 0
@@ -188,6 +193,10 @@ class Tracer:
             return proxy
         source = self._lift_sources.get(id(t)) or self._global_source(t)
         name, getter = source or (f"const{len(self.lifted)}", functools.partial(_identity, t))
+        base, n = name, 1
+        while name in self._names:  # two helpers' closure variables of the same name
+            n += 1
+            name = f"{base}_{n}"
         proxy = self.add_input(name, t, symbolic=False)
         self.lifted.append(Lifted(proxy._cuvil_value, name, getter))
         self._lifted_ids[id(t)] = proxy
@@ -442,7 +451,17 @@ class Tracer:
             else None
         )
         inputs: list[Value] = []
-        args_attr = _refs(args, inputs, self)
+        if name in _INDEXING and len(args) >= 2:
+            args = (args[0], self._mask_lists(args[0], args[1]), *args[2:])
+            # the index key keeps lists as lists: `x[[1, 2]]` is advanced indexing
+            # (a LongTensor index), `x[(1, 2)]` is `x[1, 2]`; see [Note: list indices]
+            args_attr = (
+                _refs(args[0], inputs, self),
+                _refs(args[1], inputs, self, keep_lists=True),
+                *_refs(args[2:], inputs, self),  # type: ignore[misc]
+            )
+        else:
+            args_attr = _refs(args, inputs, self)
         kwargs_attr = _refs(kwargs, inputs, self)
         in_types = [v.type for v in inputs]
         try:
@@ -458,6 +477,53 @@ class Tracer:
         if mutates is not None:
             return self.rebind(args[0], handles[0])
         return pytree.tree_unflatten(handles, out_spec)
+
+    def _mask_lists(self, x: Any, key: Any) -> Any:
+        """A list of Python bools in an index key is a mask of constant values: the
+        list of its true positions, once its length is checked against the dim it
+        indexes (torch's fake kernels would see a data-dependent mask instead)."""
+        items = key if isinstance(key, tuple) else (key,)
+
+        def is_mask(it: Any) -> bool:
+            return isinstance(it, list) and bool(it) and all(isinstance(b, bool) for b in it)
+
+        if not isinstance(x, TensorProxy) or not any(is_mask(it) for it in items):
+            return key
+        simple = (int, slice, list, sympy.Basic, *_SYM)
+        if not all(
+            it is None or it is Ellipsis or (isinstance(it, simple) and not isinstance(it, bool))
+            for it in items
+        ):
+            return key  # tensor or bool indices: torch's rules decide the dims
+        if isinstance(key, list) and any(isinstance(b, (list, slice)) or b is None for b in key):
+            return key  # a list holding sequences is a tuple to torch
+        shape = x.ir_type.shape
+        consuming = sum(1 for it in items if it is not None and it is not Ellipsis)
+        out: list[Any] = []
+        d = 0
+        for it in items:
+            if it is Ellipsis:
+                d += max(len(shape) - consuming, 0)
+            elif it is not None:
+                if is_mask(it) and d < len(shape):
+                    size = shape[d]
+                    same = (
+                        size == len(it)
+                        if isinstance(size, int)
+                        else self.ctx.decide(
+                            sympy.Eq(size, len(it)), f"{self.source_loc()}: boolean index list length"
+                        )
+                    )
+                    if not same:
+                        raise CompileError(
+                            f"a boolean index list of length {len(it)} indexes a dim of size {size}",
+                            self.source_loc(),
+                            "a list of bools is a mask: it needs one entry per element of the dim",
+                        )
+                    it = [i for i, b in enumerate(it) if b]
+                d += 1
+            out.append(it)
+        return tuple(out) if isinstance(key, tuple) else out[0]
 
     # -- result ---------------------------------------------------------------
     def graph(self, outputs: Sequence[Value]) -> Graph:
@@ -576,18 +642,32 @@ def _attr(v: Any) -> AttrValue:
     raise TypeError(f"attribute value of type {type(v).__name__} is not supported: {v!r}")
 
 
-def _refs(tree: Any, inputs: list[Value], tracer: Tracer) -> AttrValue:
-    """An extern call's argument tree as an attribute, with ``$i`` for traced values."""
+#: extern calls whose second argument is an index key
+_INDEXING = frozenset({"__getitem__", "__setitem__"})
+
+# [Note: list indices]
+# Attributes have no list type: argument lists of extern calls are recorded as tuples,
+# which every torch function accepts alike, except an index key: there a list is
+# advanced indexing (`x[[1, 2]]` is `x[torch.tensor([1, 2])]`, shape (2, ...)) while a
+# tuple is one index per dim (`x[1, 2]`). So the lists of an index key are recorded as
+# `{__list__ = [...]}` and `materialize` turns them back into lists.
+
+
+def _refs(tree: Any, inputs: list[Value], tracer: Tracer, *, keep_lists: bool = False) -> AttrValue:
+    """An extern call's argument tree as an attribute, with ``$i`` for traced values
+    (``keep_lists``: lists are marked as such; see [Note: list indices])."""
     if isinstance(tree, TensorProxy):
         v = tracer.value_of(tree)
         if v in inputs:
             return Ref(inputs.index(v))
         inputs.append(v)
         return Ref(len(inputs) - 1)
+    if keep_lists and isinstance(tree, list):
+        return KV((("__list__", tuple(_refs(x, inputs, tracer, keep_lists=True) for x in tree)),))
     if isinstance(tree, (list, tuple, torch.Size)):
-        return tuple(_refs(x, inputs, tracer) for x in tree)
+        return tuple(_refs(x, inputs, tracer, keep_lists=keep_lists) for x in tree)
     if isinstance(tree, dict):
-        return KV.of({str(k): _refs(v, inputs, tracer) for k, v in tree.items()})
+        return KV.of({str(k): _refs(v, inputs, tracer, keep_lists=keep_lists) for k, v in tree.items()})
     if isinstance(tree, slice):
         return KV((("__slice__", _refs((tree.start, tree.stop, tree.step), inputs, tracer)),))
     if tree is Ellipsis:

@@ -57,6 +57,8 @@ def materialize(value: AttrValue, refs: Sequence[Any], size: Callable[[Any], Any
             return slice(*materialize(value.items[0][1], refs, size))
         if value.items and value.items[0][0] == "__ellipsis__":
             return Ellipsis
+        if value.items and value.items[0][0] == "__list__":  # a list in an index key
+            return list(materialize(value.items[0][1], refs, size))
         return {k: materialize(v, refs, size) for k, v in value.items}
     if isinstance(value, tuple):
         return tuple(materialize(v, refs, size) for v in value)

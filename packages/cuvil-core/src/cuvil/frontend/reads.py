@@ -1,0 +1,200 @@
+"""Reads of long-lived Python state during capture, turned into read guards.
+
+The hooks ``glob``/``free``/``attr`` (emitted by :mod:`cuvil.frontend.scopes`) and
+the static fallback for functions that cannot be converted report each read
+here. What a read becomes depends on the value (see [Note: reads are guarded] in
+:mod:`cuvil.guards`):
+
+- a tensor: a graph input read through the same getter on every call, guarded
+  by its metadata (dtype, device, shape);
+- a Python scalar (``int``, ``float``, ``str``, ``None``, a dtype ...): guarded by value;
+- a ``list``/``tuple``/``dict``/``set``: guarded by contents (scalars by value,
+  other elements by identity);
+- a library Python module (``torch``, ``math``): a constant, not guarded;
+- anything else (functions, classes, user modules, objects): guarded by
+  identity, and remembered as *long-lived*, so reading its attributes is guarded
+  too and writing them is a located error.
+"""
+
+from __future__ import annotations
+
+import functools
+import types
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from cuvil.errors import CompileError, SourceLoc
+from cuvil.frontend.convert import is_user_file
+from cuvil.frontend.proxy import TensorProxy
+from cuvil.guards import _SCALARS, MISSING, ReadGuard, Same, contents_key, show, tensor_key
+
+_CONTAINERS = (list, tuple, dict, set, frozenset)
+MUTATORS = frozenset(
+    {
+        "append",
+        "extend",
+        "insert",
+        "pop",
+        "remove",
+        "clear",
+        "update",
+        "setdefault",
+        "popitem",
+        "add",
+        "discard",
+        "sort",
+        "reverse",
+        "__setitem__",
+        "__delitem__",
+        "__setattr__",
+        "__delattr__",
+    }
+)
+
+
+def _library_module(value: Any) -> bool:
+    return isinstance(value, types.ModuleType) and not is_user_file(getattr(value, "__file__", None) or "")
+
+
+class Reads:
+    """The read guards and the long-lived objects of one capture."""
+
+    def __init__(self, lift_sources: dict[int, tuple[str, Callable[[], Any]]]) -> None:
+        self.guards: list[ReadGuard] = []
+        self._seen: set[tuple[str, int]] = set()
+        #: id -> (object, how user code names it, graph input name prefix) of objects
+        #: whose identity is guarded
+        self.stable: dict[int, tuple[Any, str, str]] = {}
+        #: ids of the compiled module's submodules, whose submodule/parameter/buffer slots
+        #: the module snapshot in cuvil/api.py already checks on every call
+        self.snapshotted: set[int] = set()
+        self._lift_sources = lift_sources
+
+    def long_lived(self, obj: Any, path: str, input_name: str | None = None) -> None:
+        """``obj`` (named ``path`` in user code) is the same object on every call that
+        passes the guards: an argument guarded by identity, the compiled module, a read."""
+        self.stable.setdefault(id(obj), (obj, path, input_name or path))
+
+    def read(self, what: str, path: str, iname: str, getter: Callable[[], Any], value: Any) -> None:
+        """``value`` was read from the place ``what`` (named ``path`` in user code, ``iname``
+        as a graph input); ``getter`` reads it again."""
+        if isinstance(value, TensorProxy) or _library_module(value):
+            return  # parameters and buffers (module snapshot), constant library modules
+        if (what, id(value)) in self._seen:
+            return
+        self._seen.add((what, id(value)))
+        if isinstance(value, torch.Tensor):
+            self._lift_sources.setdefault(id(value), (iname, getter))
+            self._add(what, getter, "tensor", tensor_key(value), value)
+        elif isinstance(value, _SCALARS) or value is MISSING:
+            self._add(what, getter, "value", value, value)
+        elif type(value) in _CONTAINERS:
+            self._add(what, getter, "contents", contents_key(value), value)
+            self.long_lived(value, path, iname)
+            items = value.items() if isinstance(value, dict) else enumerate(value)
+            if not isinstance(value, (set, frozenset)):
+                for k, v in items:
+                    if not isinstance(v, _SCALARS):
+                        self.long_lived(v, f"{path}[{k!r}]", f"{iname}.{_key_name(k)}")
+        elif isinstance(value, types.MethodType):
+            self._add(what, getter, "method", (Same(value.__func__), Same(value.__self__)), value)
+        elif isinstance(value, types.BuiltinMethodType) and not isinstance(
+            getattr(value, "__self__", None), (types.ModuleType, type(None))
+        ):
+            return  # a method of a guarded object, e.g. ``lst.index``: a new object per read
+        else:
+            self._add(what, getter, "identity", value, value)
+            self.long_lived(value, path, iname)
+
+    def _add(self, what: str, getter: Callable[[], Any], kind: str, expected: Any, value: Any) -> None:
+        self.guards.append(ReadGuard(what, getter, kind, expected, show(value)))
+
+    # -- the reads converted code makes --------------------------------------------
+    def glob(self, globals_: dict[str, Any], name: str, value: Any) -> None:
+        if name in globals_:  # else a builtin: constant
+            self.read(
+                f"global '{name}'",
+                name,
+                f"global.{name}",
+                functools.partial(globals_.get, name, MISSING),
+                value,
+            )
+
+    def free(self, cell: types.CellType, name: str, value: Any) -> None:
+        self.read(
+            f"closure variable '{name}'",
+            name,
+            f"closure.{name}",
+            functools.partial(getattr, cell, "cell_contents"),
+            value,
+        )
+
+    def attr(self, obj: Any, name: str, value: Any, loc: SourceLoc | None) -> None:
+        entry = self.stable.get(id(obj))
+        if entry is None or entry[0] is not obj or _library_module(obj):
+            return
+        path, iname = entry[1], entry[2]
+        if name in MUTATORS and isinstance(obj, (list, dict, set)):
+            raise CompileError(
+                f"`{path}.{name}(...)` changes a {type(obj).__name__} that lives outside the compiled function",
+                loc,
+                "Python side effects would run once, at compile time, not on every call; "
+                "build a new value inside the function instead",
+            )
+        if id(obj) in self.snapshotted and (
+            name in obj._modules or name in obj._parameters or name in obj._buffers
+        ):
+            return
+        inst = getattr(obj, "__dict__", None)
+        if isinstance(inst, dict) and name in inst and not isinstance(obj, type):
+            getter: Callable[[], Any] = functools.partial(inst.get, name, MISSING)
+        else:
+            getter = functools.partial(getattr, obj, name)
+        self.read(f"attribute '{path}.{name}'", f"{path}.{name}", f"{iname}.{name}", getter, value)
+
+    def store(self, obj: Any, kind: str, loc: SourceLoc | None) -> None:
+        entry = self.stable.get(id(obj))
+        if entry is None or entry[0] is not obj:
+            return
+        raise CompileError(
+            f"writing an {kind} of `{entry[1]}`, which lives outside the compiled function",
+            loc,
+            "Python side effects would run once, at compile time, not on every call; "
+            "return the value instead (or keep the state in a tensor argument)",
+        )
+
+    # -- functions that are not converted -----------------------------------------
+    def code(self, fn: Any) -> None:
+        """Guard everything ``fn`` may read from outside (a lambda, code without source):
+        each global its code names and each closure cell."""
+        code = getattr(fn, "__code__", None)
+        if not isinstance(code, types.CodeType) or not isinstance(fn, types.FunctionType):
+            return
+        globals_ = fn.__globals__
+        for name in sorted(_names(code)):
+            if name in globals_:
+                self.glob(globals_, name, globals_[name])
+        for name, cell in zip(code.co_freevars, fn.__closure__ or ()):
+            try:
+                value = cell.cell_contents
+            except ValueError:
+                continue
+            self.free(cell, name, value)
+
+
+def _key_name(key: Any) -> str:
+    text = str(key)
+    return text if text.isidentifier() or text.isdigit() else "item"
+
+
+def _names(code: types.CodeType) -> set[str]:
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _names(const)
+    return names
+
+
+__all__ = ["MUTATORS", "Reads"]
