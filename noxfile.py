@@ -1,7 +1,9 @@
 """Sessions for the whole monorepo: the CI matrix, one place.
 
-    nox -s tests              every package's fast tests, in one environment
+    nox -s tests              every package's fast tests, in one environment, then the
+                              cpu corpus built for avx2 and portable (as tests_isa)
     nox -s tests_pkg          each package alone, with only what it depends on
+    nox -s tests_isa          the cpu target's corpus built for avx2 and portable ($CUVIL_CPU_ISA)
     nox -s slow               the tests marked slow
     nox -s lint typecheck     ruff; mypy (strict on cuvil_ir)
     nox -s demo               examples/demo.py
@@ -38,6 +40,7 @@ TORCH = ["torch==2.13.0", "numpy"]  # see [Note: pinning torch]
 RUFF = "ruff==0.17.6"
 MYPY = "mypy==2.4.1"
 PYTEST = "pytest>=8"
+HYPOTHESIS = "hypothesis"  # the differential fuzzer, packages/cuvil-core/tests/test_fuzz.py
 
 #: package id -> (folder, sibling folders it depends on, itself last)
 PACKAGES = {
@@ -82,8 +85,19 @@ def tests_dirs(session: nox.Session, folders: list[str]) -> list[str]:
 def tests(session: nox.Session) -> None:
     """Every package's fast tests in one environment (what CI runs), the optional
     integrations (ONNX, MLIR) included."""
-    install(session, ALL, PYTEST, *INTEGRATIONS)
+    install(session, ALL, PYTEST, HYPOTHESIS, *INTEGRATIONS)
     session.run("pytest", *tests_dirs(session, ALL), "-q", *FAST, *session.posargs)
+    if not session.posargs:  # a selection (``nox -s tests -- -k x``) runs only what it names
+        run_isas(session)
+
+
+@nox.session
+def fuzz(session: nox.Session) -> None:
+    """The differential fuzzer with a long, random budget (docs/testing.md): 2000
+    programs unless ``CUVIL_FUZZ_EXAMPLES`` says otherwise."""
+    install(session, ALL, PYTEST, HYPOTHESIS)
+    env = {"CUVIL_FUZZ_EXAMPLES": session.env.get("CUVIL_FUZZ_EXAMPLES", "2000")}
+    session.run("pytest", "packages/cuvil-core/tests/test_fuzz.py", "-q", *session.posargs, env=env)
 
 
 @nox.session
@@ -93,6 +107,45 @@ def tests_pkg(session: nox.Session, package: str) -> None:
     folders = PACKAGES[package]
     install(session, folders, PYTEST, *INTEGRATIONS)
     session.run("pytest", *tests_dirs(session, folders[-1:]), "-q", *FAST, *session.posargs)
+
+
+#: The ISAs ``tests_isa`` forces on the cpu target ($CUVIL_CPU_ISA, docs/cpu-backend.md): the
+#: paths an AVX-512 development host never takes by itself.
+ISAS = ["avx2", "portable"]
+#: What runs per ISA: the program corpus, one to two minutes on 2 cores with a cold kernel cache.
+ISA_TESTS = ["packages/cuvil-backend-cpu/tests/test_conformance.py"]
+#: Says whether this CPU can run $CUVIL_CPU_ISA's code (an aarch64 host cannot run avx2 kernels).
+CAN_RUN_ISA = """
+from cuvil_backend_cpu import toolchain as t
+try:
+    print("ok", t.isa_flags(t.requested_isa(), t._cpuinfo()))
+except t.ToolchainError as e:
+    print("cannot:", e)
+"""
+
+
+def run_isas(session: nox.Session, *args: str) -> None:
+    """The cpu corpus once per forced ISA in :data:`ISAS`; an ISA this CPU cannot run is
+    skipped, saying why."""
+    for isa in ISAS:
+        env = {"CUVIL_CPU_ISA": isa}
+        answer = session.run("python", "-c", CAN_RUN_ISA, env=env, silent=True)
+        if answer is None:  # --install-only
+            return
+        cannot = [line for line in answer.splitlines() if line.startswith("cannot:")]
+        if cannot:
+            session.warn(f"CUVIL_CPU_ISA={isa}: skipped, {cannot[0]}")
+            continue
+        session.log(f"the cpu corpus with kernels built for CUVIL_CPU_ISA={isa}")
+        session.run("pytest", *ISA_TESTS, "-q", *FAST, *args, env=env)
+
+
+@nox.session
+def tests_isa(session: nox.Session) -> None:
+    """The cpu target's conformance corpus, kernels built for each of :data:`ISAS`
+    ($CUVIL_CPU_ISA); part of ``tests`` too, alone here."""
+    install(session, ALL, PYTEST)
+    run_isas(session, *session.posargs)
 
 
 @nox.session

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shutil
+import subprocess
 
 import pytest
 
@@ -17,13 +19,16 @@ from cuvil_backend_cpu.toolchain import (
     check,
     default_kernel_cache_dir,
     find_toolchain,
+    isa_flags,
 )
 
 
 @pytest.fixture(autouse=True)
 def _private_cache(tmp_path, monkeypatch):
-    """Probe records go to a temporary cache, and the memoised toolchain is restored afterwards."""
+    """Probe records go to a temporary cache, and the memoised toolchain is restored afterwards.
+    The native ISA unless a test forces one (``nox -s tests_isa`` sets $CUVIL_CPU_ISA for the session)."""
     monkeypatch.setenv("CUVIL_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("CUVIL_CPU_ISA", raising=False)
     monkeypatch.setattr(tc_mod, "_toolchain", tc_mod._toolchain)
 
 
@@ -109,3 +114,119 @@ def test_cc_from_environment(monkeypatch):
     real = find_toolchain().cc
     monkeypatch.setenv("CC", os.path.basename(real))  # a bare name is looked up on PATH
     assert find_toolchain(refresh=True).cc == real
+
+
+# -- forcing the ISA: $CUVIL_CPU_ISA ------------------------------------------------------------------------
+
+
+def _x86_flags() -> set[str]:
+    if platform.machine() != "x86_64":
+        return set()
+    return set(tc_mod._cpuinfo().get("flags", "").split())
+
+
+def _runnable(isa: str) -> bool:
+    need = {"avx512": {"avx512f"}, "avx2": {"avx2", "fma", "f16c", "bmi2", "movbe"}, "portable": set()}[isa]
+    return isa == "portable" or (bool(_x86_flags()) and need <= _x86_flags())
+
+
+def test_forced_isa_changes_flags_identity_and_memo(monkeypatch):
+    native = find_toolchain()
+    assert native.requested == "native" and "-march=native" in native.flags
+    seen = {native.identity}
+    for isa, march, width in (("avx2", "-march=x86-64-v3", 32), ("portable", None, 16)):
+        if not _runnable(isa):
+            continue
+        monkeypatch.setenv("CUVIL_CPU_ISA", isa.upper())  # case-insensitive
+        tc = find_toolchain()  # a changed request is picked up without refresh=True
+        assert (tc.requested, tc.isa, tc.vector_bytes) == (isa, isa, width)
+        assert "-march=native" not in tc.flags and tc.flags[0] == "-O3"
+        if march:
+            assert march in tc.flags
+        assert isa in tc.identity and tc.identity not in seen  # never shares a cache key with another ISA
+        seen.add(tc.identity)
+        assert find_toolchain() is tc
+    monkeypatch.delenv("CUVIL_CPU_ISA")
+    assert find_toolchain().identity == native.identity
+
+
+def test_forced_isa_is_part_of_the_kernel_key(monkeypatch, tmp_path):
+    if not _runnable("avx2"):
+        pytest.skip("this CPU cannot run avx2 kernels")
+    from cuvil_backend_cpu.kernel_cache import KernelCache
+
+    source = "int one(void) { return 1; }\n"
+    native = KernelCache(root=tmp_path / "k").key(source)
+    monkeypatch.setenv("CUVIL_CPU_ISA", "avx2")
+    assert KernelCache(root=tmp_path / "k").key(source) != native
+
+
+@pytest.mark.parametrize("isa", ["avx2", "portable"])
+def test_forced_isa_code_has_no_wider_instructions(isa, monkeypatch, tmp_path):
+    """A forced ISA really builds for it: no AVX-512 (zmm, mask registers) in avx2 code, no AVX at all
+    in portable code, and vector math calls the libmvec variant of that width."""
+    if not _runnable(isa) or platform.machine() != "x86_64" or shutil.which("objdump") is None:
+        pytest.skip("needs an x86-64 CPU that runs this ISA, and objdump")
+    monkeypatch.setenv("CUVIL_CPU_ISA", isa)
+    tc = find_toolchain()
+    source = tmp_path / "k.c"
+    decls = tc_mod.SIMD_MATH_DECLARATIONS if tc.simd_math else "#include <math.h>\n"
+    source.write_text(
+        decls + "void k(const float* restrict x, float* restrict y, long n) {\n"
+        "#pragma omp simd\n  for (long i = 0; i < n; ++i) y[i] = expf(x[i]) * 2.0f + x[i];\n}\n"
+    )
+    out = tmp_path / "k.so"
+    subprocess.run(tc.command(source, out), check=True, capture_output=True)
+    asm = subprocess.run(["objdump", "-d", str(out)], check=True, capture_output=True, text=True).stdout
+    body = asm.split("<k>:", 1)[1].split("\n\n", 1)[0]
+    assert "zmm" not in body and "%k1" not in body
+    if isa == "avx2":
+        assert "ymm" in body
+        if tc.simd_math:
+            assert "_ZGVdN8v_expf" in body
+    else:
+        assert "ymm" not in body and "xmm" in body
+        if tc.simd_math:
+            assert "_ZGVbN4v_expf" in body
+
+
+def test_unknown_isa_is_an_error(monkeypatch):
+    monkeypatch.setenv("CUVIL_CPU_ISA", "avx9000")
+    with pytest.raises(
+        ToolchainError, match="CUVIL_CPU_ISA='avx9000' is not one of native, avx512, avx2, portable"
+    ):
+        find_toolchain()
+    reason = check()  # the cpu target is then unavailable, with this reason
+    assert reason is not None and "avx9000" in reason
+
+
+def test_isa_the_cpu_cannot_run_is_an_error_not_sigill(monkeypatch):
+    monkeypatch.setattr(platform, "machine", lambda: "x86_64")
+    zen3 = {"model name": "AMD EPYC 7763", "flags": "fpu sse2 avx avx2 bmi1 bmi2 f16c fma abm movbe xsave"}
+    assert isa_flags("native", zen3) == ("avx2", ("-march=native",))
+    assert isa_flags("avx2", zen3) == ("avx2", ("-march=x86-64-v3",))
+    assert isa_flags("portable", zen3) == ("portable", ("-march=x86-64", "-mtune=generic"))
+    with pytest.raises(ToolchainError) as info:
+        isa_flags("avx512", zen3)
+    message = str(info.value)
+    assert "CUVIL_CPU_ISA=avx512" in message and "avx512f" in message and "AMD EPYC 7763" in message
+    assert "illegal instruction" in message and "CUVIL_CPU_ISA=avx2" in message
+    old = {"model name": "Intel Xeon E5-2670", "flags": "fpu sse2 avx"}
+    with pytest.raises(ToolchainError, match="lacks avx2 bmi1 bmi2 f16c fma abm movbe xsave"):
+        isa_flags("avx2", old)
+    with pytest.raises(ToolchainError, match="/proc/cpuinfo lists no CPU flags"):
+        isa_flags("avx2", {})
+    # the same through the public entry point and the availability check
+    monkeypatch.setattr(tc_mod, "_cpuinfo", lambda: zen3)
+    monkeypatch.setenv("CUVIL_CPU_ISA", "avx512")
+    with pytest.raises(ToolchainError, match="avx512f"):
+        find_toolchain()
+    assert "avx512f" in (check() or "")
+
+
+def test_x86_isas_on_arm(monkeypatch):
+    monkeypatch.setattr(platform, "machine", lambda: "aarch64")
+    assert isa_flags("native", {}) == ("neon", ("-march=native",))
+    assert isa_flags("portable", {}) == ("portable", ("-march=armv8-a",))
+    with pytest.raises(ToolchainError, match="needs an x86-64 CPU; this machine is aarch64"):
+        isa_flags("avx2", {})

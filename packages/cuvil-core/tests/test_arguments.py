@@ -133,3 +133,21 @@ def test_threads_racing_on_new_keys_compile_each_once(target):
     assert not errors, errors
     assert f.stats.compiles == 4, f.stats
     assert f.stats.cache_hits == 8 * 4 - 4
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_module_parameters_requiring_grad_warn_once_and_match(target):
+    """Parameters require grad by default: the compiled module says, once, that its
+    results carry no autograd history, and every target agrees on that."""
+    m = torch.nn.Linear(3, 2)
+    c = cu.compile(m, target=target, fallback="error")
+    x = torch.randn(4, 3)
+    with pytest.warns(UserWarning, match="carry no autograd history.*torch.no_grad"):
+        y = c(x)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        y2 = c(torch.randn(6, 3))  # a second compile does not warn again
+        with torch.no_grad():
+            torch.testing.assert_close(c(x), m(x))
+    assert not y.requires_grad and y.grad_fn is None and not y2.requires_grad
+    torch.testing.assert_close(y, m(x).detach())

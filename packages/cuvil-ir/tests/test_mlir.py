@@ -10,7 +10,7 @@ import torch
 
 pytest.importorskip("torch_mlir")
 
-from cuvil_ir import parse_graph  # noqa: E402
+from cuvil_ir import Graph, parse_graph  # noqa: E402
 from cuvil_ir.mlir import MlirError, run_mlir, to_mlir  # noqa: E402
 from cuvil_ir.testing import CONTROL_FLOW_GRAPHS  # noqa: E402
 
@@ -169,3 +169,96 @@ def test_while_loop() -> None:
         y, n = y * 0.5, n + 1.0
     got = run_mlir(g, x)
     assert _close(got[0], y) and _close(got[1], n)
+
+
+# -- bf16 without compiler-runtime helpers (see [Note: bf16 in the oracle] in cuvil_ir/mlir/run.py) --
+
+#: f32 bit patterns around every bf16 rounding case: ties to even (down and up), just above a tie,
+#: overflow to inf, subnormals (kept, rounded, rounded up into the normals), signed zero, infinities
+#: and NaNs (a signalling NaN must not round into inf).
+BF16_EDGES = [
+    0x3F808000, 0x3F818000, 0x3F808001, 0x3F80FFFF, 0x7F7FFFFF, 0x7F7F7FFF, 0xFF7FFFFF,
+    0x00000001, 0x00008000, 0x00018000, 0x007FFFFF, 0x00400000, 0x80400000, 0x80000000,
+    0x00000000, 0x7F800000, 0xFF800000, 0x7FC00000, 0x7F800001, 0xFFC00000, 0xFF800001,
+]  # fmt: skip
+
+BF16_GRAPH = (
+    "graph @bf(%x: Tensor[f32, (x_0,), cpu], %d: Tensor[f64, (x_0,), cpu], %i: Tensor[i64, (x_0,), cpu]) {\n"
+    "  %0 = cast(%x) {dtype = bf16} : Tensor[bf16, (x_0,), cpu]\n"
+    "  %1 = cast(%0) {dtype = f32} : Tensor[f32, (x_0,), cpu]\n"
+    "  %2 = cast(%d) {dtype = bf16} : Tensor[bf16, (x_0,), cpu]\n"
+    "  %3 = cast(%i) {dtype = bf16} : Tensor[bf16, (x_0,), cpu]\n"
+    "  %4 = mul(%0, %2) : Tensor[bf16, (x_0,), cpu]\n"
+    "  %5 = amax(%0) {dims = [0], keepdim = false} : Tensor[bf16, (), cpu]\n"
+    "  %6 = cast(%x) {dtype = f16} : Tensor[f16, (x_0,), cpu]\n"
+    "  %7 = cast(%6) {dtype = bf16} : Tensor[bf16, (x_0,), cpu]\n"
+    "  return %1, %2, %3, %4, %5, %7\n}"
+)
+
+
+def _f32(bits: list[int]) -> torch.Tensor:
+    return torch.tensor([b - (1 << 32) if b >= 1 << 31 else b for b in bits], dtype=torch.int32).view(
+        torch.float32
+    )
+
+
+def _same_bf16_values(got: torch.Tensor, want: torch.Tensor) -> None:
+    """Bit-identical where not NaN, NaN where torch has NaN (torch's NaN bits vary by code path)."""
+    assert got.dtype == want.dtype and got.shape == want.shape
+    nan = want.isnan()
+    assert torch.equal(got.isnan(), nan)
+    assert torch.equal(got[~nan].view(torch.int16), want[~nan].view(torch.int16))
+
+
+def test_bf16_lowering_needs_no_runtime_helpers() -> None:
+    """An AVX2-only host's LLVM calls ``__truncsfbf2`` (missing from gcc 12's libgcc) for any bf16
+    conversion left in the LLVM dialect: none may remain, on any host."""
+    import re
+
+    from cuvil_ir.mlir.run import BF16_PASSES, lower_to_llvm, pipeline
+
+    g = parse_graph(BF16_GRAPH)
+    assert "arith.truncf" in to_mlir(g).text  # the emitted module stays plain: the lowering expands
+    llvm = lower_to_llvm(g)
+    assert "bf16" in llvm  # bf16 loads and stores remain; only bit operations touch them
+    bad = re.compile(
+        r"llvm\.(fptrunc|fpext|sitofp|uitofp|fptosi|fptoui|fadd|fsub|fmul|fdiv|frem|fneg|fcmp|intr\.\w+)\b.*bf16"
+    )
+    assert not [line for line in llvm.splitlines() if bad.search(line)]
+    assert "__truncsfbf2" not in llvm and "__extendbfsf2" not in llvm and "__truncdfbf2" not in llvm
+    # f32 programs keep the pipeline they always had
+    assert BF16_PASSES in pipeline("bf16") and BF16_PASSES not in pipeline(to_mlir(_ew_graph()).text)
+
+
+def _ew_graph() -> Graph:
+    return parse_graph(
+        f"graph @ew(%x: {T.format('x_0,')}) {{\n  %0 = neg(%x) : {T.format('x_0,')}\n  return %0\n}}"
+    )
+
+
+def test_bf16_rounding_matches_torch() -> None:
+    """Round to nearest even, subnormals kept, NaN stays NaN; f64 and i64 round through f32 as
+    torch's c10::BFloat16 does (so 1 + 2**-8 + 2**-40 becomes 1.0, not the nearer 1 + 2**-7)."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.cat(
+        [_f32(BF16_EDGES), torch.randn(300, generator=gen) * 10.0 ** torch.randint(-40, 38, (300,))]
+    )
+    d = torch.cat(
+        [torch.tensor([1 + 2**-8 + 2**-40, -(1 + 2**-8 + 2**-40)], dtype=torch.float64), x[2:].double()]
+    )
+    i = torch.cat(
+        [
+            torch.tensor([(1 << 40) + (1 << 32) + 1, -(2**62) - 3]),
+            torch.randint(-(2**40), 2**40, (x.numel() - 2,)),
+        ]
+    )
+    g = parse_graph(BF16_GRAPH)
+    roundtrip, from_f64, from_i64, product, amax, via_f16 = run_mlir(g, x, d, i)
+    xb = x.to(torch.bfloat16)
+    _same_bf16_values(roundtrip, xb.float())
+    _same_bf16_values(from_f64, d.to(torch.bfloat16))
+    assert from_f64[0].item() == 1.0
+    _same_bf16_values(from_i64, i.to(torch.bfloat16))
+    _same_bf16_values(product, xb * d.to(torch.bfloat16))
+    assert amax.isnan()  # NaN propagates through max, as in torch
+    _same_bf16_values(via_f16, x.to(torch.float16).to(torch.bfloat16))

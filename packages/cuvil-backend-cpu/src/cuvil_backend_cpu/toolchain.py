@@ -4,7 +4,7 @@ Kernels are C files that the machine's own compiler turns into shared objects,
 so everything the generated code may rely on is decided here, once per process:
 
 * which compiler (``$CC`` if set, else ``cc``, ``gcc``, ``clang`` on ``PATH``);
-* the flags. ``-O3 -march=native`` for speed, ``-fopenmp`` for ``#pragma omp``
+* the flags. ``-O3`` and the ISA's ``-march`` for speed, ``-fopenmp`` for ``#pragma omp``
   threads and ``omp simd`` loops, ``-fno-math-errno -fno-trapping-math`` so
   calls to ``expf`` & co. vectorise. Never ``-ffast-math``: it lets the compiler
   assume no inf/nan, and masked attention needs ``-inf`` to survive max and exp;
@@ -14,7 +14,12 @@ so everything the generated code may rely on is decided here, once per process:
   needs a libmvec new enough to have every function in
   :data:`SIMD_MATH_FUNCTIONS` (glibc 2.35), which only a real compile, link
   and call can tell;
-* the ISA and vector width (the ISA is part of every kernel's cache key).
+* the ISA and vector width (the ISA and its flags are part of every kernel's
+  cache key). By default the host's own (``-march=native``); ``$CUVIL_CPU_ISA``
+  forces one of :data:`ISA_CHOICES` (``avx2`` or ``portable`` on an AVX-512
+  host, to test those code paths anywhere). An ISA this CPU cannot execute is a
+  :class:`ToolchainError` naming the missing features, never a kernel that dies
+  with SIGILL.
 
 The probe costs one compile (about 0.05-0.15 s). Its result is kept in a small
 JSON file under the kernel cache root, keyed by everything it depends on
@@ -36,16 +41,16 @@ import subprocess
 import sys
 import tempfile
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from cuvil_backend_cpu import __version__
 from cuvil_runtime.cache import default_cache_dir
 
-#: Flags every kernel is compiled with (see the module docstring for why these and never -ffast-math).
+#: Flags every kernel is compiled with, plus the ISA's :func:`isa_flags` after ``-O3`` (see the
+#: module docstring for why these and never -ffast-math).
 BASE_FLAGS: tuple[str, ...] = (
     "-O3",
-    "-march=native",
     "-fopenmp",
     "-fno-math-errno",
     "-fno-trapping-math",
@@ -62,8 +67,22 @@ SIMD_MATH_DECLARATIONS: str = "".join(
     f'__attribute__((simd("notinbranch"))) float {name}(float);\n' for name in SIMD_MATH_FUNCTIONS
 )
 
-_VECTOR_BYTES = {"avx512": 64, "avx2": 32, "neon": 16, "generic": 16}
+_VECTOR_BYTES = {"avx512": 64, "avx2": 32, "neon": 16, "generic": 16, "portable": 16}
 _CANDIDATES = ("cc", "gcc", "clang")
+
+#: The environment variable that forces the ISA kernels are built for.
+ISA_ENV = "CUVIL_CPU_ISA"
+#: Its values: ``native`` (the default: the host's own ISA, ``-march=native``), ``avx512``
+#: (x86-64 with AVX-512F: ``-march=native``), ``avx2`` (``-march=x86-64-v3``: AVX2 + FMA,
+#: what an AMD Zen 3 has) and ``portable`` (the architecture's baseline: SSE2 on x86-64,
+#: ``-march=armv8-a`` on AArch64, the compiler's default elsewhere).
+ISA_CHOICES: tuple[str, ...] = ("native", "avx512", "avx2", "portable")
+#: /proc/cpuinfo flags a forced ISA needs (x86-64-v3 is AVX2, BMI1/2, F16C, FMA, LZCNT, MOVBE, XSAVE).
+_ISA_CPU_FLAGS = {
+    "avx512": ("avx512f", "avx2", "fma"),
+    "avx2": ("avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "abm", "movbe", "xsave"),
+}
+_X86 = ("x86_64", "amd64")
 
 
 class ToolchainError(RuntimeError):
@@ -76,14 +95,17 @@ class Toolchain:
 
     cc: str  #: absolute path of the compiler
     version: str  #: first line of ``cc --version``
-    isa: str  #: "avx512" | "avx2" | "neon" | "generic"
-    flags: tuple[str, ...]
+    isa: str  #: "avx512" | "avx2" | "neon" | "generic" (the host's own) | "portable"
+    flags: tuple[str, ...]  #: :data:`BASE_FLAGS` with the ISA's ``-march`` after ``-O3``
     libs: tuple[str, ...]  #: linker inputs, after the source on the command line
     simd_math: bool  #: libmvec vector math usable (see :data:`SIMD_MATH_DECLARATIONS`)
-    vector_bytes: int  #: 64 for avx512, 32 for avx2, 16 for neon/generic
+    vector_bytes: int  #: 64 for avx512, 32 for avx2, 16 for neon/generic/portable
     #: The CPU model: ``-march=native`` code may not run on another CPU with the same ``isa``, so
     #: a cache folder shared between machines (an NFS home) must not hand one machine's kernels to another.
     cpu: str = ""
+    #: What ``$CUVIL_CPU_ISA`` asked for (one of :data:`ISA_CHOICES`); ``isa`` and ``flags`` say what it
+    #: resolved to (``native`` and ``avx512`` on an AVX-512 host build the same bytes, so share kernels).
+    requested: str = field(default="native", compare=False)
 
     @property
     def identity(self) -> str:
@@ -181,6 +203,53 @@ def _detect_isa(info: dict[str, str]) -> str:
     return "generic"
 
 
+def requested_isa() -> str:
+    """``$CUVIL_CPU_ISA``, lower-cased (``native`` when unset or empty); :class:`ToolchainError` if unknown."""
+    raw = os.environ.get(ISA_ENV, "").strip()
+    value = raw.lower() or "native"
+    if value not in ISA_CHOICES:
+        raise ToolchainError(
+            f"{ISA_ENV}={raw!r} is not one of {', '.join(ISA_CHOICES)} (unset it for native)"
+        )
+    return value
+
+
+def isa_flags(requested: str, info: dict[str, str]) -> tuple[str, tuple[str, ...]]:
+    """The ISA ``requested`` resolves to on this CPU, and its ``-march`` flags.
+
+    Raises :class:`ToolchainError` when this CPU cannot execute code built for it:
+    the kernel would otherwise die with SIGILL (an illegal instruction) on its first call.
+    """
+    machine = platform.machine().lower()
+    if requested == "native":
+        return _detect_isa(info), ("-march=native",)
+    if requested == "portable":
+        if machine in _X86:
+            return "portable", ("-march=x86-64", "-mtune=generic")
+        if machine in ("aarch64", "arm64"):
+            return "portable", ("-march=armv8-a",)
+        return "portable", ()
+    model = info.get("model name") or platform.processor() or machine
+    if machine not in _X86:
+        raise ToolchainError(
+            f"{ISA_ENV}={requested} needs an x86-64 CPU; this machine is {machine or 'unknown'} "
+            f"(use {ISA_ENV}=portable, or unset it for the native ISA)"
+        )
+    have = set(info.get("flags", "").split())
+    missing = [f for f in _ISA_CPU_FLAGS[requested] if f not in have]
+    if missing:
+        where = "/proc/cpuinfo lists no CPU flags here" if not have else f"this CPU ({model}) lacks"
+        raise ToolchainError(
+            f"{ISA_ENV}={requested}: {where} {' '.join(missing)}, so kernels built for {requested} "
+            f"would die with an illegal instruction; use "
+            f"{' or '.join(f'{ISA_ENV}={c}' for c in ('avx2', 'portable') if c != requested)}, "
+            f"or unset it for the native ISA"
+        )
+    if requested == "avx512":
+        return "avx512", ("-march=native",)  # the host has AVX-512: its full feature set
+    return "avx2", ("-march=x86-64-v3",)
+
+
 def _cpu_model(info: dict[str, str]) -> str:
     """The model name plus a digest of the feature flags: "AMD EPYC" alone names CPUs with and without
     AVX-512, and ``-march=native`` code follows the flags."""
@@ -213,7 +282,7 @@ def _probe_expected(x: float) -> float:
     return math.exp(x) + math.log(x + 2) + math.erf(x) + math.tanh(x) + math.expm1(x) + math.log1p(x + 1)
 
 
-def _try_probe(cc: str, workdir: Path, *, simd: bool) -> str | None:
+def _try_probe(cc: str, workdir: Path, flags: tuple[str, ...], *, simd: bool) -> str | None:
     """Compile, link, load and call the probe; ``None`` when it all worked, else what went wrong.
 
     Loading matters: a shared object links even with undefined symbols, so an old
@@ -226,7 +295,7 @@ def _try_probe(cc: str, workdir: Path, *, simd: bool) -> str | None:
     output = workdir / f"probe-{'simd' if simd else 'plain'}.so"
     extra = ["-DCUVIL_PROBE_SIMD", "-Werror"] if simd else []  # -Werror: clang ignores `simd` with a warning
     libs = ["-lmvec", "-lm"] if simd else ["-lm"]
-    cmd = [cc, *BASE_FLAGS, *extra, "-o", str(output), str(source), *libs]
+    cmd = [cc, *flags, *extra, "-o", str(output), str(source), *libs]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     except (OSError, subprocess.TimeoutExpired) as e:
@@ -253,15 +322,22 @@ def _try_probe(cc: str, workdir: Path, *, simd: bool) -> str | None:
     return None
 
 
-def _probe(cc: str) -> bool:
-    """Whether libmvec works with ``cc``; raises :class:`ToolchainError` when even plain kernels cannot build."""
+def _probe(cc: str, flags: tuple[str, ...], requested: str) -> bool:
+    """Whether libmvec works with ``cc`` and ``flags``; raises :class:`ToolchainError` when even plain
+    kernels cannot build. The probe is built with the kernels' own flags, so a forced ISA's
+    libmvec variants (``_ZGVdN8v_expf`` for avx2, ``_ZGVbN4v_expf`` for portable) are what is tried."""
     with tempfile.TemporaryDirectory(prefix="cuvil-cc-probe-") as tmp:
-        if _try_probe(cc, Path(tmp), simd=True) is None:
+        if _try_probe(cc, Path(tmp), flags, simd=True) is None:
             return True
-        reason = _try_probe(cc, Path(tmp), simd=False)
+        reason = _try_probe(cc, Path(tmp), flags, simd=False)
     if reason is not None:
+        forced = (
+            f" (with the flags of {ISA_ENV}={requested}: an older compiler may not know them)"
+            if requested != "native"
+            else ""
+        )
         raise ToolchainError(
-            f"the C compiler {cc} cannot build OpenMP shared libraries: {reason}\n"
+            f"the C compiler {cc} cannot build OpenMP shared libraries{forced}: {reason}\n"
             f"the CPU backend needs a C compiler with OpenMP support (gcc has it built in; clang needs libomp); "
             f"{_install_hint()}"
         )
@@ -271,16 +347,14 @@ def _probe(cc: str) -> bool:
 # -- the on-disk probe record ------------------------------------------------------------------------------
 
 
-def _record_path(cc: str, version: str, isa: str, cpu: str) -> Path:
+def _record_path(cc: str, version: str, isa: str, cpu: str, flags: tuple[str, ...]) -> Path:
     try:
         mtime = os.stat(
             cc
         ).st_mtime_ns  # follows symlinks: upgrading the compiler behind /usr/bin/cc changes it
     except OSError:
         mtime = 0
-    key = "\n".join(
-        [__version__, cc, os.path.realpath(cc), str(mtime), version, isa, cpu, " ".join(BASE_FLAGS)]
-    )
+    key = "\n".join([__version__, cc, os.path.realpath(cc), str(mtime), version, isa, cpu, " ".join(flags)])
     return default_kernel_cache_dir() / f"toolchain-{hashlib.sha256(key.encode()).hexdigest()[:24]}.json"
 
 
@@ -314,30 +388,44 @@ _lock = threading.Lock()
 _toolchain: Toolchain | None = None
 
 
-def _detect(use_record: bool) -> Toolchain:
+def _detect(requested: str, use_record: bool) -> Toolchain:
+    info = _cpuinfo()
+    isa, march = isa_flags(requested, info)  # before the compiler: a wrong ISA is the clearer error
+    flags = (BASE_FLAGS[0], *march, *BASE_FLAGS[1:])  # -O3 -march=... -fopenmp ...
     cc = _find_compiler()
     version = _compiler_version(cc)
-    info = _cpuinfo()
-    isa, cpu = _detect_isa(info), _cpu_model(info)
-    record = _record_path(cc, version, isa, cpu)
+    cpu = _cpu_model(info)
+    record = _record_path(cc, version, isa, cpu, flags)
     simd_math = _read_record(record) if use_record else None
     if simd_math is None:
-        simd_math = _probe(cc)
-        _write_record(record, {"cc": cc, "version": version, "isa": isa, "cpu": cpu, "simd_math": simd_math})
+        simd_math = _probe(cc, flags, requested)
+        _write_record(
+            record,
+            {
+                "cc": cc,
+                "version": version,
+                "isa": isa,
+                "flags": list(flags),
+                "cpu": cpu,
+                "simd_math": simd_math,
+            },
+        )
     return Toolchain(
         cc=cc,
         version=version,
         isa=isa,
-        flags=BASE_FLAGS,
+        flags=flags,
         libs=("-lmvec", "-lm") if simd_math else ("-lm",),
         simd_math=simd_math,
         vector_bytes=_VECTOR_BYTES[isa],
         cpu=cpu,
+        requested=requested,
     )
 
 
 def find_toolchain(refresh: bool = False) -> Toolchain:
-    """The compiler kernels are built with, found and probed once per process.
+    """The compiler kernels are built with, found and probed once per process (and again
+    when ``$CUVIL_CPU_ISA`` changed; a target already created keeps the toolchain it got).
 
     ``refresh=True`` looks again (after ``$CC`` or ``PATH`` changed) and re-runs
     the probe instead of trusting the on-disk record. Failures are not
@@ -345,9 +433,10 @@ def find_toolchain(refresh: bool = False) -> Toolchain:
     """
     global _toolchain
     with _lock:
-        if _toolchain is None or refresh:
+        requested = requested_isa()
+        if _toolchain is None or refresh or _toolchain.requested != requested:
             _toolchain = None
-            _toolchain = _detect(use_record=not refresh)
+            _toolchain = _detect(requested, use_record=not refresh)
         return _toolchain
 
 
@@ -364,6 +453,8 @@ def check() -> str | None:
 
 __all__ = [
     "BASE_FLAGS",
+    "ISA_CHOICES",
+    "ISA_ENV",
     "SIMD_MATH_DECLARATIONS",
     "SIMD_MATH_FUNCTIONS",
     "Toolchain",
@@ -371,4 +462,6 @@ __all__ = [
     "check",
     "default_kernel_cache_dir",
     "find_toolchain",
+    "isa_flags",
+    "requested_isa",
 ]

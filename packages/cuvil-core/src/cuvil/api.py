@@ -299,6 +299,8 @@ class CompiledFunction:
             target = get_target(target_name)
             # before capture: an unsupported tensor must not reach tracing or kernels
             check_tensors(leaves, names, target.capabilities.devices, target_name)
+            if self.module is not None and torch.is_grad_enabled():
+                self._warn_parameters_need_no_grad()
             captured = capture(
                 self.__name__, self.fn, self.module, leaves, names, spec, self.dynamic, self.dims
             )
@@ -312,6 +314,20 @@ class CompiledFunction:
                 raise CompileError(reason) from e
             return _Artifact(key, extra, None, None, None, reason)
         return _Artifact(key, extra, captured, executable, target_name, lifted_keys=_lifted_keys(captured))
+
+    def _warn_parameters_need_no_grad(self) -> None:
+        assert self.module is not None
+        grad = [n for n, p in self.module.named_parameters() if p.requires_grad]
+        if grad and "parameters" not in self._warned:
+            self._warned.add("parameters")
+            warnings.warn(
+                f"cuvil: {self.__qualname__} has parameters that require grad ({grad[0]}, ...) and grad "
+                "mode is on, but compiled results carry no autograd history (Cuvil compiles "
+                "inference). Call it under torch.no_grad() or torch.inference_mode(), or "
+                "requires_grad_(False) the module, to silence this.",
+                UserWarning,
+                stacklevel=4,
+            )
 
     def _pick_target(self, leaves: list[Any]) -> str:
         if self.opt_level == 0:
@@ -413,7 +429,8 @@ def captured_call(f: Any, *args: Any, **kwargs: Any) -> tuple[Captured, list[Any
 def _run(art: _Artifact, leaves: list[Any]) -> Any:
     c = art.captured
     assert c is not None and art.executable is not None
-    results = art.executable(*graph_inputs(c, leaves))
+    with torch.no_grad():  # inference on every target: results carry no autograd history
+        results = art.executable(*graph_inputs(c, leaves))
     out = [results[i] if kind == "graph" else i for kind, i in c.outputs]
     if c.out_spec.is_leaf():
         return out[0]

@@ -339,6 +339,11 @@ class EmitterBase:
     def cvt(self, v: str, s: DType, d: DType) -> str:
         if s == d or elem(s) == elem(d) and s != DType.u8 and d != DType.u8:
             return v
+        if d in (DType.f16, DType.bf16) and s not in (DType.f32, DType.bool):
+            # torch builds c10::Half / c10::BFloat16 from a float: f64 and integers round to f32
+            # first, then to the half type (double rounding, as eager). The lowering then meets
+            # only f32 -> f16/bf16 truncations (bf16 ones are expanded to integer ops: run.py).
+            return self.cvt(self.cvt(v, s, DType.f32), DType.f32, d)
         r = self.fresh()
         es, ed = elem(s), elem(d)
         if s == DType.bool:
@@ -366,8 +371,6 @@ class EmitterBase:
             op = "fptoui" if d == DType.u8 else "fptosi"
             self.emit(f"{r} = arith.{op} {v} : {es} to {ed}")
         elif s.is_floating and d.is_floating:
-            if {s, d} == {DType.f16, DType.bf16}:
-                return self.cvt(self.cvt(v, s, DType.f32), DType.f32, d)
             op = "extf" if _BITS[s] < _BITS[d] else "truncf"
             self.emit(f"{r} = arith.{op} {v} : {es} to {ed}")
         else:

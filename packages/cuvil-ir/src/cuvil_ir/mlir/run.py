@@ -21,11 +21,19 @@ from cuvil_ir.mlir.base import MlirError
 from cuvil_ir.mlir.bindings import load
 from cuvil_ir.mlir.emit import to_mlir
 
+#: Software bf16 (see [Note: bf16 in the oracle]): arithmetic on bf16 becomes f32 arithmetic between
+#: ``extf``/``truncf``, then those conversions become integer ops (round to nearest even, NaN kept).
+BF16_PASSES = (
+    "func.func(arith-emulate-unsupported-floats{source-types=bf16 target-type=f32},"
+    "arith-expand{include-bf16=true}),"
+)
+
 PIPELINE = (
     "builtin.module("
     "one-shot-bufferize{allow-return-allocs-from-loops bufferize-function-boundaries "
     "function-boundary-type-conversion=identity-layout-map},"
     "convert-linalg-to-loops,"
+    f"{BF16_PASSES}"
     "convert-scf-to-cf,"
     "expand-strided-metadata,"
     "lower-affine,"
@@ -38,6 +46,17 @@ PIPELINE = (
     "convert-cf-to-llvm,"
     "reconcile-unrealized-casts)"
 )
+
+# [Note: bf16 in the oracle]
+# LLVM lowers ``fptrunc float to bfloat`` to one instruction only on CPUs with AVX512_BF16
+# (or AVX-NE-CONVERT); everywhere else it calls the compiler runtime's ``__truncsfbf2``,
+# which gcc 12's libgcc lacks, so the ExecutionEngine (which compiles for the host CPU)
+# failed with "JIT session error: Symbols not found: [ __truncsfbf2 ]" on an AVX2-only
+# host. BF16_PASSES leave no bf16 conversion or arithmetic for LLVM to lower: the oracle
+# builds the same code on every host, rounds as torch's c10::BFloat16 does (nearest even,
+# NaN -> 0x7FC0) and, unlike VCVTNEPS2BF16, keeps subnormals. They run only on modules
+# that mention bf16, so f32 programs lower exactly as before (arith-expand also rewrites
+# ``maximumf``/``minimumf`` into compares and selects, which order -0 and +0 differently).
 
 _SCALAR_CT: dict[ScalarKind, Any] = {
     ScalarKind.int: ctypes.c_int64,
@@ -119,6 +138,30 @@ _MEMREF_COPY = ctypes.CFUNCTYPE(None, ctypes.c_int64, ctypes.POINTER(_Unranked),
 )
 
 
+def pipeline(text: str) -> str:
+    """The lowering pipeline for a module's text: :data:`PIPELINE`, without :data:`BF16_PASSES`
+    when nothing in it is bf16."""
+    return PIPELINE if "bf16" in text else PIPELINE.replace(BF16_PASSES, "")
+
+
+def _lower(text: str, name: str) -> Any:
+    """Parse and lower ``text`` in the current context; the module in the LLVM dialect."""
+    b = load()
+    module = b.ir.Module.parse(text)
+    try:
+        b.passmanager.PassManager.parse(pipeline(text)).run(module.operation)
+    except Exception as exc:
+        raise MlirError(f"{name}: lowering failed: {exc}") from exc
+    return module
+
+
+def lower_to_llvm(graph: Graph) -> str:
+    """``graph``'s module lowered to the LLVM dialect, as text: what the ExecutionEngine compiles."""
+    result = to_mlir(graph)
+    with load().ir.Context():
+        return str(_lower(result.text, graph.name))
+
+
 class Compiled:
     """A lowered module and its ExecutionEngine (kept alive together)."""
 
@@ -132,11 +175,7 @@ class Compiled:
         self.graph = graph
         self.context = b.ir.Context()
         with self.context:
-            module = b.ir.Module.parse(result.text)
-            try:
-                b.passmanager.PassManager.parse(PIPELINE).run(module.operation)
-            except Exception as exc:
-                raise MlirError(f"{graph.name}: lowering failed: {exc}") from exc
+            module = _lower(result.text, graph.name)
             self.module = module
             self.engine = b.execution_engine.ExecutionEngine(module, opt_level=2)
             self.engine.raw_register_runtime("memrefCopy", ctypes.cast(_MEMREF_COPY, ctypes.c_void_p))

@@ -15,7 +15,7 @@ from typing import Any
 
 import sympy
 
-from cuvil_ir.graph_ir.nodes import Block, Graph, Node, Value
+from cuvil_ir.graph_ir.nodes import KV, Block, Graph, Node, Ref, Value
 from cuvil_ir.graph_ir.registry import REGISTRY
 from cuvil_ir.graph_ir.types import DType, ScalarKind, ScalarType, TensorType
 from cuvil_ir.symbolic import Dim
@@ -147,6 +147,13 @@ class Lowering:
         self._count: Counter[str] = Counter()
         self._reduce_count = 0
         self.rules = _rules()
+        #: the graph's size assumptions: rules decide sign and clamp facts under them
+        #: (a slice start of ``-3`` on a dim of size ``x_0 < 3`` clamps to 0)
+        self.assumptions: tuple[sympy.Basic, ...] = ()
+        #: the device of the tensors met so far (for the copies of :meth:`_extern_copy`)
+        self.device = "cpu"
+        #: scalar values that are size predicates (the conditions of size branches)
+        self.size_predicates: dict[str, sympy.Basic] = {}
 
     # -- names -------------------------------------------------------------------
     def fresh(self, kind: str) -> str:
@@ -214,6 +221,8 @@ class Lowering:
             and (order == "auto" or self._has_order(lz, order))
         ):
             return lz
+        if lz.dtype not in self.policy.dtypes:
+            return self._extern_copy(lz)
         if kind != "temp":
             order = None
         elif order == "auto":
@@ -222,6 +231,27 @@ class Lowering:
         buf = self.add_buffer(lz.dtype, lz.shape, kind, order=order)  # type: ignore[arg-type]
         self.steps.append(Kernel(self.fresh("k"), buf, tuple(lz.shape), body))
         return self.load(buf)
+
+    def _extern_copy(self, lz: Lazy) -> Lazy:
+        """A copy no kernel can make (kernels do not hold ``lz.dtype``: bf16, f16 ...):
+        an extern call. Such a value is always a view of a buffer (every op on the dtype
+        is an extern), e.g. an input or an extern's result returned twice."""
+        sv = strided_view(lz)
+        if sv is None:
+            raise NotLowered(f"a {lz.dtype} value that is not a view of a buffer")
+        # a channels-last buffer is copied to row-major, as eager returns it
+        target = "torch.Tensor.contiguous" if self.buffers[sv[0]].order is not None else "torch.clone"
+        t = TensorType(lz.dtype, tuple(lz.shape), self.device)
+        node = Node(
+            "extern",
+            (Value(self.fresh("copy_in"), t),),
+            (Value(self.fresh("copy"), t),),
+            (("args", (Ref(0),)), ("kwargs", KV(())), ("mutates", None), ("target", target)),
+        )
+        operand = View(sv[0], tuple(lz.shape), sv[1], sv[2])
+        outs = self.bind_results(node, "extern")
+        self.steps.append(Extern(self.fresh("e"), node, (operand,), outs, False))
+        return self.load(outs[0])
 
     def _split_low_rank(self, body: E.Expr, domain: tuple[Dim, ...]) -> E.Expr:
         """Realize costly subexpressions that vary with fewer indices than the kernel.
@@ -296,6 +326,7 @@ class Lowering:
     def bind_input(self, v: Value) -> ProgramInput:
         if isinstance(v.type, TensorType):
             buf = self.add_buffer(v.type.dtype, v.type.shape, "input", name=self.fresh("in"))
+            self.device = v.type.device
             self.env[v.name] = self.load(buf)
             return ProgramInput(buf, True)
         assert isinstance(v.type, ScalarType)
@@ -351,6 +382,11 @@ class Lowering:
         )
 
     def lower_node(self, n: Node) -> None:
+        if n.op == "const" and isinstance(n.attr("value"), sympy.Basic):
+            self.size_predicates[n.outputs[0].name] = n.attr("value")  # type: ignore[assignment]
+        for v in n.outputs:
+            if isinstance(v.type, TensorType):
+                self.device = v.type.device
         ins = [self.env[v.name] for v in n.inputs]
         out_vals: list[Val] | None = None
         if n.op in ("if", "for", "while"):
@@ -448,24 +484,48 @@ class Lowering:
             from cuvil_ir.symbolic import symbol
 
             loop_var = (symbol(str(n.attr("var"))),)
+        cond = self.size_predicates.get(n.inputs[0].name) if n.op == "if" and n.inputs else None
         for r, block in enumerate(n.regions):
             sub = Lowering(self.policy, prefix=f"{name}r{r}_")
-            inputs = tuple(sub.bind_input(a) for a in block.args) + tuple(sub.bind_input(v) for v in free)
+            sub.device, sub.size_predicates = self.device, self.size_predicates
+            sub.assumptions = self.assumptions
+            region = Graph(f"{name}r{r}", (*block.args, *free), block.nodes, block.results)
+            if cond is not None:
+                # see [Note: facts of a size branch]
+                sub.assumptions = _facts_under(self.assumptions, cond if r == 0 else sympy.Not(cond))
+                region = specialize(
+                    Graph(region.name, region.inputs, region.nodes, region.outputs, sub.assumptions)
+                )
+            inputs = tuple(sub.bind_input(v) for v in region.inputs)
             from cuvil_ir.tensor_ir.memory import plan_program
 
             regions.append(
                 plan_program(
-                    sub.lower_block(
-                        Graph(f"{name}r{r}", (*block.args, *free), block.nodes, block.results),
-                        f"{name}r{r}",
-                        block.nodes,
-                        block.results,
-                        inputs,
-                        loop_var,
-                    )
+                    sub.lower_block(region, region.name, region.nodes, region.outputs, inputs, loop_var)
                 )
             )
         self.steps.append(Control(name, n, operands, tuple(regions), self.bind_results(n, "extern")))
+
+
+# [Note: facts of a size branch]
+# Facts learnt while tracing a branch of an `if` on a size are recorded conditional on
+# it: `Or(Eq(x0_0, 1), Eq(x1_1, 1))` says that under `Ne(x0_0, 1)` (the else branch)
+# the dim x1_1 is 1, so `x1 + x0` broadcasts x1 there. The region is lowered (and
+# specialized) under the facts that hold in it, or the kernel would index x1_1 as if
+# it were x0_0 and read past the end of x1.
+def _facts_under(assumptions: Sequence[sympy.Basic], cond: sympy.Basic) -> tuple[sympy.Basic, ...]:
+    """The assumptions, with each one conditional on ``cond`` resolved, and ``cond``."""
+    from cuvil_ir.symbolic import canonical
+
+    c = canonical(cond)
+    repl = {c: sympy.true, canonical(sympy.Not(c)): sympy.false}
+    out: list[sympy.Basic] = []
+    for a in (*assumptions, c):
+        f = a.xreplace(repl)
+        if f is sympy.true or f is sympy.false or f in out:
+            continue  # false: the branch cannot run, nothing to learn
+        out.append(canonical(f))
+    return tuple(out)
 
 
 def _region_free_values(n: Node) -> list[Value]:
@@ -579,7 +639,9 @@ def lower(graph: Graph, policy: FusionPolicy | None = None) -> TensorProgram:
     """Lower a verified Graph IR graph to Tensor IR, then plan its memory."""
     from cuvil_ir.tensor_ir.memory import plan_program
 
-    program = Lowering(policy or FusionPolicy()).lower_graph(specialize(graph), graph.name)
+    lowering = Lowering(policy or FusionPolicy())
+    lowering.assumptions = tuple(graph.assumptions)
+    program = lowering.lower_graph(specialize(graph), graph.name)
     return plan_program(program)
 
 

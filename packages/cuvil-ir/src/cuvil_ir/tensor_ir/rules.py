@@ -15,9 +15,10 @@ from typing import Any
 import sympy
 
 from cuvil_ir.graph_ir.nodes import Node
+from cuvil_ir.graph_ir.ops.index import slice_bounds
 from cuvil_ir.graph_ir.registry import registrar
 from cuvil_ir.graph_ir.types import DType, ScalarType, TensorType
-from cuvil_ir.symbolic import Dim
+from cuvil_ir.symbolic import Dim, ShapeContext, UndecidableError
 from cuvil_ir.tensor_ir import expr as E
 from cuvil_ir.tensor_ir.lower import Lazy, Lowering, NotLowered, Val, idx, linear_offset, strided_view
 from cuvil_ir.tensor_ir.program import contiguous_strides
@@ -487,9 +488,18 @@ def _slice(lw: Lowering, n: Node, x: Val) -> Lazy:
     x = tensor_operand(x)
     t = out_type(n)
     d = int(n.attr("dim")) % x.rank  # type: ignore[arg-type]
-    start = _norm_index(n.attr("start"), x.shape[d], 0)
-    if isinstance(start, int) and isinstance(x.shape[d], int):
-        start = min(max(start, 0), x.shape[d])
+    # torch's normalisation (wrap a negative start once, clamp into [0, size]), decided
+    # under the graph's assumptions as the shape rule decided it: `x[-3:]` of a dim
+    # known shorter than 3 starts at 0, not at `x_0 - 3`
+    try:
+        start, _ = slice_bounds(
+            ShapeContext(None, lw.assumptions),
+            x.shape[d],
+            n.attr("start"),  # type: ignore[arg-type]
+            n.attr("end"),  # type: ignore[arg-type]
+        )
+    except UndecidableError:
+        raise NotLowered("slice bounds the graph's assumptions do not decide") from None
     step = int(n.attr("step"))  # type: ignore[arg-type]
     i = idx(t.rank)
     src = list(i)
