@@ -777,14 +777,8 @@ def describe(prog: Program, outcomes: Sequence[Outcome]) -> str:
 # ------------------------------------------------------------------------------------
 LONG = int(os.environ.get("CUVIL_FUZZ_EXAMPLES", "0"))
 #: open findings, reported, not fixed yet (docs/testing.md): not failures of the fuzz test
-KNOWN = (
-    # a one-output `split` extern (bf16 `chunk` of a size-1 dim): the cpu wrapper wraps
-    # the reference's 1-tuple in another tuple
-    "'tuple' object has no attribute 'untyped_storage'",
-    # a `while` condition reducing a tensor whose size is a Piecewise (from an `if` on a
-    # size): the cpu wrapper passes a non-int size to the kernel
-    "ArgumentError: argument",
-)
+#: substrings of findings that are known and not fixed yet (none today; see docs/testing.md)
+KNOWN: tuple[str, ...] = ()
 UNSUPPORTED: collections.Counter[str] = collections.Counter()
 
 

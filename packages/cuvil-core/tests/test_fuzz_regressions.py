@@ -123,3 +123,55 @@ def test_broadcast_facts_of_a_size_branch(fn, target):
         torch.randn(3, 7, 1, dtype=torch.float64),
     )
     check(fn, a, b, target=target)
+
+
+# -- a one-output `split` ---------------------------------------------------------------
+# `chunk(2)` of a size-1 dim gives one chunk: the op's reference returns a 1-tuple, and
+# the cpu wrapper wrapped it in another tuple ('tuple' object has no attribute ...).
+def first_chunk(x):
+    v = x.chunk(2, -1)[0]
+    return torch.sin(v), v
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_one_output_split(target):
+    check(
+        first_chunk,
+        (torch.randn(2, 1, dtype=torch.bfloat16),),
+        (torch.randn(3, 1, dtype=torch.bfloat16),),
+        target=target,
+    )
+    check(first_chunk, (torch.randn(2, 1),), (torch.randn(3, 4),), target=target)
+
+
+# -- derived sizes and scalar arguments in one kernel -------------------------------------
+# A kernel taking both a derived size (here a Piecewise from an `if` on a size) and a
+# scalar argument was called with the scalars before the derived sizes, against its C
+# signature: a ctypes error when their types differed, swapped values when they agreed.
+def while_over_piecewise(x0):
+    if x0.shape[0] > 2:
+        v1 = x0.narrow(0, 0, 1)
+    else:
+        v1 = x0[1:]
+    v2 = v1 * 1
+    v3 = torch.zeros((), dtype=torch.int64)
+    while (v3 < 4) & (v2.sum() < 1e4):
+        v2 = v2 * 2 + 1
+        v3 = v3 + 1
+    return v2, v3
+
+
+def scaled_tail(x, k: int):
+    if x.shape[0] > 3:
+        v = x[:2]
+    else:
+        v = x[1:]
+    return v.sum() * k + v.shape[0]
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_derived_sizes_and_scalars_in_one_kernel(target):
+    check(
+        while_over_piecewise, (torch.randn(4, 3),), (torch.randn(2, 3),), (torch.randn(5, 2),), target=target
+    )
+    check(scaled_tail, (torch.randn(5, 2), 3), (torch.randn(3, 2), 3), target=target)

@@ -205,11 +205,13 @@ class CpuProgram:
                     tensor[step.buf] = f"v_{step.buf}"
                     ptr[step.buf] = f"v_{step.buf}.data_ptr()"
                 assert ck.func is not None
+                # the C signature's order (bind_ctypes): buffers, sizes, derived sizes, scalars
                 call_args = [ptr[p.name] for p in ck.func.buffers]
                 call_args += [f"s_{s.name}" for s in ck.func.sizes]
+                if ck.derived:
+                    call_args.append(f"*_p.derived[{step.name!r}]")
                 call_args += [self._scalar_code(E.Arg(n, d)) for n, d in ck.func.args]
-                star = f", *_p.derived[{step.name!r}]" if ck.derived else ""
-                call = f"_k_{step.name}({', '.join(call_args)}{star})"
+                call = f"_k_{step.name}({', '.join(call_args)})"
                 if ck.may_fail:
                     ns["_zero_division"] = _zero_division
                     body.append(f"if {call}: _zero_division()")
@@ -270,7 +272,9 @@ class CpuProgram:
         tuple_result: bool = False,
     ) -> None:
         if len(names) == 1 and not tuple_result:
-            body.append(f"{var} = ({var},)")
+            # as the reference executor: a one-output op may still return a 1-tuple
+            # (``split`` into one chunk)
+            body.append(f"{var} = {var} if type({var}) is tuple else ({var},)")
         for k, (name, v) in enumerate(zip(names, values)):
             if isinstance(v.type, TensorType):
                 # a result that is a view of the arena (torch.real, a reshape ...) would be
