@@ -255,3 +255,22 @@ def test_warning_is_given_once_per_folder(tmp_path):
         a = trust.trusted_dir(root)
         b = trust.trusted_dir(root)
     assert a == b and len([m for m in w if issubclass(m.category, trust.UntrustedCacheWarning)]) == 1
+
+
+def test_a_fresh_cache_is_private(tmp_path):
+    """Every folder a first compile creates (root, kernels, programs, fan-out) is 0700."""
+    root = tmp_path / "fresh" / "cuvil"
+    code = """
+import torch, cuvil as cu
+f = cu.compile(lambda x: x.exp() + 1, target="cpu", fallback="error")
+x = torch.randn(3)
+torch.testing.assert_close(f(x), x.exp() + 1)
+"""
+    subprocess.run([sys.executable, "-c", code], check=True, env=dict(os.environ, CUVIL_CACHE_DIR=str(root)))
+    folders = [root, *(p for p in root.rglob("*") if p.is_dir())]
+    assert {root / "cpu-kernels", root / "cpu-programs"} <= set(folders)
+    for folder in folders:
+        assert stat.S_IMODE(folder.stat().st_mode) == 0o700, folder
+    for f in root.rglob("*"):
+        if f.is_file():
+            assert not f.stat().st_mode & 0o022, f  # nothing others can write

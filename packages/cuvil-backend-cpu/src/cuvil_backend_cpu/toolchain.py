@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cuvil_backend_cpu import __version__
+from cuvil_runtime import trust
 from cuvil_runtime.cache import default_cache_dir
 
 #: Flags every kernel is compiled with, plus the ISA's :func:`isa_flags` after ``-O3`` (see the
@@ -355,14 +356,18 @@ def _record_path(cc: str, version: str, isa: str, cpu: str, flags: tuple[str, ..
     except OSError:
         mtime = 0
     key = "\n".join([__version__, cc, os.path.realpath(cc), str(mtime), version, isa, cpu, " ".join(flags)])
-    return default_kernel_cache_dir() / f"toolchain-{hashlib.sha256(key.encode()).hexdigest()[:24]}.json"
+    # the kernel cache's folder as the kernel cache sees it: a folder others can write is
+    # replaced by a private one (docs/security.md), so a record is never read from there
+    folder = trust.trusted_dir(default_kernel_cache_dir(), "kernel cache")
+    return folder / f"toolchain-{hashlib.sha256(key.encode()).hexdigest()[:24]}.json"
 
 
 def _read_record(path: Path) -> bool | None:
     """The recorded ``simd_math``, or ``None`` when there is no readable record."""
+    data = trust.read_private_file(path)  # ours, not writable by others, not a link
     try:
-        record = json.loads(path.read_text())
-    except (OSError, ValueError):
+        record = json.loads(data) if data is not None else None
+    except ValueError:
         return None
     value = record.get("simd_math") if isinstance(record, dict) else None
     return value if isinstance(value, bool) else None
@@ -372,7 +377,7 @@ def _write_record(path: Path, record: dict[str, object]) -> None:
     """Write atomically (temp file + ``os.replace``); a read-only cache only costs a re-probe next time."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        trust.make_dirs(path.parent)
         tmp.write_text(json.dumps(record, indent=1) + "\n")
         os.replace(tmp, path)
     except OSError:
