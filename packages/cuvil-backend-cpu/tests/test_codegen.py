@@ -236,6 +236,8 @@ def test_missing_compiler_makes_the_target_unavailable(tmp_path):
     assert kind == "TargetUnavailableError"
     assert "target 'cpu' is unavailable" in message
     assert "no C compiler found" in message and "CC='/nonexistent/cc'" in message
+    # cuvil-backend-cpu is installed: reinstalling it would not help, so it is not suggested
+    assert "pip install" not in message
 
 
 # -- the kernel cache across processes ---------------------------------------------------
