@@ -41,6 +41,7 @@ def median_ms(fn, *args, repeat: int = 50) -> float:
     return times[len(times) // 2] * 1e3
 
 
+@torch.no_grad()  # inference, as Cuvil compiles it: eager is timed without autograd too
 def main() -> None:
     torch.manual_seed(0)
     section("targets (cuvil backends)")
