@@ -44,7 +44,10 @@ def stage_texts(
     from cuvil.api import compile as cu_compile
 
     compiled = f if isinstance(f, CompiledFunction) else cu_compile(f, target=target, fallback="error")
-    compiled(*example_args, **example_kwargs)
+    import torch
+
+    with torch.no_grad():  # inference: parameters that require grad need no warning here
+        compiled(*example_args, **example_kwargs)
     art = compiled.artifacts[-1]
     if art.captured is None:
         raise RuntimeError(f"cuvil.audit: {compiled.__qualname__} did not compile: {art.reason}")
