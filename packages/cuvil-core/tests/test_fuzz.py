@@ -496,18 +496,24 @@ class Generator:
         cond = d.pick(
             (f"{a}.shape[{i}] > 2", f"{a}.size({i}) == 1", f"{a}.shape[{i}] % 2 == 0", f"{a}.numel() > 8")
         )
-        for _ in range(4):
-            pair = self._branch_pair(False)
+        # one dtype and rank in both branches (else mostly an "unsupported" error)
+        self._if(cond, tries=4, tensor=False, same_type=lambda: not self.d.chance(0.1))
+
+    def _if(self, cond: str, tries: int, tensor: bool, same_type: Callable[[], bool]) -> None:
+        """``if cond: v = a else: v = b`` with a branch pair that runs on both input sets."""
+        for _ in range(tries):
+            pair = self._branch_pair(tensor)
             if pair is None:
                 return
             v = self.fresh()
             lines = [f"if {cond}:", f"    {v} = {pair[0]}", "else:", f"    {v} = {pair[1]}"]
-            # one dtype and rank in both branches (else mostly an "unsupported" error)
-            if self._both_branches_ok(pair, v, same_type=not self.d.chance(0.1)) and self.try_stmts(
+            same = same_type()
+            if self._both_branches_ok(pair, v, same_type=same, tensor_cond=tensor) and self.try_stmts(
                 lines, [v]
             ):
                 self.vars.append(v)
-                self.discontinuous |= pair[2]
+                # a tensor condition is a float comparison: which branch runs may flip
+                self.discontinuous |= tensor or pair[2]
                 return
 
     def _both_branches_ok(
@@ -541,18 +547,7 @@ class Generator:
         cond = d.pick(
             (f"{a}.sum() > 0", f"({a} > 0.5).any()", f"{a}.float().mean() < 0.25", f"{a}.amax() > 1")
         )
-        for _ in range(6):
-            pair = self._branch_pair(True)
-            if pair is None:
-                return
-            v = self.fresh()
-            lines = [f"if {cond}:", f"    {v} = {pair[0]}", "else:", f"    {v} = {pair[1]}"]
-            if self._both_branches_ok(pair, v, same_type=True, tensor_cond=True) and self.try_stmts(
-                lines, [v]
-            ):
-                self.vars.append(v)
-                self.discontinuous = True  # which branch runs is a float comparison
-                return
+        self._if(cond, tries=6, tensor=True, same_type=lambda: True)
 
     def tensor_while(self) -> None:
         a = self.operand("fi")

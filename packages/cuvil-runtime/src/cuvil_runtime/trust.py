@@ -194,19 +194,8 @@ def cache_secret(folder: Path) -> bytes:
 
 
 def _read_secret(path: Path) -> bytes | None:
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-    except FileNotFoundError:
-        return None
-    try:
-        st = os.fstat(fd)
-        me = _euid()
-        if me >= 0 and (st.st_uid != me or st.st_mode & 0o077 or not stat.S_ISREG(st.st_mode)):
-            return None
-        data = os.read(fd, 64)
-    finally:
-        os.close(fd)
-    return data if len(data) == 32 else None
+    data = read_private_file(path, others=0o077)  # nobody else may even read a key
+    return data if data is not None and len(data) == 32 else None
 
 
 def sign(key: bytes, data: bytes) -> bytes:
@@ -218,9 +207,10 @@ def verify(key: bytes, data: bytes, tag: bytes) -> bool:
     return hmac.compare_digest(sign(key, data), tag)
 
 
-def read_private_file(path: Path) -> bytes | None:
-    """The bytes of ``path`` when it is a regular file of ours that others cannot write
-    (not following a symbolic link), else ``None``."""
+def read_private_file(path: Path, others: int = 0o022) -> bytes | None:
+    """The bytes of ``path`` when it is a regular file of ours without any of the mode
+    bits ``others`` (by default: nobody else may write it), not following a symbolic
+    link; else ``None``."""
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
     except OSError:
@@ -228,7 +218,7 @@ def read_private_file(path: Path) -> bytes | None:
     try:
         st = os.fstat(fd)
         me = _euid()
-        if not stat.S_ISREG(st.st_mode) or (me >= 0 and (st.st_uid != me or st.st_mode & 0o022)):
+        if not stat.S_ISREG(st.st_mode) or (me >= 0 and (st.st_uid != me or st.st_mode & others)):
             return None
         with os.fdopen(os.dup(fd), "rb") as f:
             return f.read()

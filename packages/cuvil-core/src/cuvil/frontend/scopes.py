@@ -165,13 +165,7 @@ class OuterReads(ast.NodeTransformer):
         args.defaults = [self.visit(d) for d in args.defaults]
         args.kw_defaults = [None if d is None else self.visit(d) for d in args.kw_defaults]
         node.decorator_list = [self.visit(d) for d in node.decorator_list]
-        outer, self.scope = self.scope, self._enter(node)
-        try:
-            node.body = [self.visit(s) for s in node.body]
-            node.body = [s for item in node.body for s in (item if isinstance(item, list) else [item])]
-        finally:
-            self.scope = outer
-        return node
+        return self._scoped_body(node)
 
     visit_AsyncFunctionDef = visit_FunctionDef  # type: ignore[assignment]
 
@@ -191,7 +185,7 @@ class OuterReads(ast.NodeTransformer):
         node.decorator_list = [self.visit(d) for d in node.decorator_list]
         return self._scoped_body(node)
 
-    def _scoped_body(self, node: ast.ClassDef) -> ast.AST:
+    def _scoped_body(self, node: ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) -> ast.AST:
         outer, self.scope = self.scope, self._enter(node)
         try:
             node.body = [self.visit(s) for s in node.body]
