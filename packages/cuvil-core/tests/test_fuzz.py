@@ -686,8 +686,10 @@ def tolerance(dtype: torch.dtype) -> tuple[float, float]:
     }.get(dtype, (0.0, 0.0))
 
 
-def compare(got: Any, want: Any, discontinuous: bool) -> str | None:
-    """None when ``got`` matches ``want``, else what differs."""
+def compare(got: Any, want: Any, discontinuous: bool, inputs: Sequence[torch.dtype] = ()) -> str | None:
+    """None when ``got`` matches ``want``, else what differs. A float output is compared
+    with the loosest tolerance of its dtype and the inputs' float dtypes: a float64
+    output may hold a float32 computation (``x.tanh().double()``)."""
     if not isinstance(got, tuple) or len(got) != len(want):
         return f"result structure {type(got).__name__} vs {type(want).__name__}"
     for i, (g, w) in enumerate(zip(got, want)):
@@ -696,7 +698,7 @@ def compare(got: Any, want: Any, discontinuous: bool) -> str | None:
         if g.shape != w.shape or g.dtype != w.dtype:
             return f"output {i}: {g.dtype}{list(g.shape)} vs eager {w.dtype}{list(w.shape)}"
         if w.dtype.is_floating_point:
-            rtol, atol = tolerance(w.dtype)
+            rtol, atol = map(max, zip(*(tolerance(d) for d in (w.dtype, *inputs) if d.is_floating_point)))
             gf, wf = g.double(), w.double()
             scale = wf.abs().nan_to_num(0, 0, 0).amax().item() if wf.numel() else 0.0
             bad = ~torch.isclose(gf, wf, rtol=rtol, atol=atol + atol * scale, equal_nan=True)
@@ -735,7 +737,7 @@ def run_program(prog: Program, folder: Path, targets: Sequence[str] = TARGETS) -
             except Exception as e:  # a crash of compiled code is always a finding
                 outcomes.append(Outcome("finding", target, f"call {k}: {type(e).__name__}: {_first_line(e)}"))
                 break
-            diff = compare(got, want, prog.discontinuous)
+            diff = compare(got, want, prog.discontinuous, [a.dtype for a in args])
             if diff is not None:
                 outcomes.append(Outcome("finding", target, f"call {k} (sizes {_sizes(args)}): {diff}"))
                 break
@@ -821,6 +823,7 @@ def test_generated_programs_are_valid_python_and_vary():
 # ------------------------------------------------------------------------------------
 # a long exploratory run that collects every finding:
 #   python packages/cuvil-core/tests/test_fuzz.py --seconds 900 [--seed 0] [--out dir]
+#   python packages/cuvil-core/tests/test_fuzz.py --replay 2357 2562   (just those seeds)
 # ------------------------------------------------------------------------------------
 def main(argv: Sequence[str]) -> int:
     import argparse
@@ -830,15 +833,17 @@ def main(argv: Sequence[str]) -> int:
     p.add_argument("--seconds", type=float, default=60)
     p.add_argument("--seed", type=int, default=int(time.time()))
     p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--replay", type=int, nargs="+", default=None, help="run just these seeds")
     args = p.parse_args(argv)
     end = time.monotonic() + args.seconds
+    replay = list(args.replay or [])
     counts: collections.Counter[str] = collections.Counter()
     unsupported: collections.Counter[str] = collections.Counter()
     seed = args.seed
     n = 0
     with tempfile.TemporaryDirectory(prefix="cuvil-fuzz-") as tmp:
-        while time.monotonic() < end:
-            seed += 1
+        while replay or (args.replay is None and time.monotonic() < end):
+            seed = replay.pop(0) if replay else seed + 1
             try:
                 prog = generate(Draw(random.Random(seed)))
             except _Reject:

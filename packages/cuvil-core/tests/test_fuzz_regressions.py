@@ -175,3 +175,64 @@ def test_derived_sizes_and_scalars_in_one_kernel(target):
         while_over_piecewise, (torch.randn(4, 3),), (torch.randn(2, 3),), (torch.randn(5, 2),), target=target
     )
     check(scaled_tail, (torch.randn(5, 2), 3), (torch.randn(3, 2), 3), target=target)
+
+
+# -- arithmetic on bools ---------------------------------------------------------------
+# bools are 0/1 bytes in C kernels: `true + true` must be true (torch's add of bools is
+# a logical or), but the cpu kernel stored 2, which a later cast read back as 2.
+def bool_add_then_scale(x1):
+    v4 = torch.ones_like(x1) + x1
+    return v4 * 2, torch.stack([v4, v4 * 2], dim=0)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_bool_add_stays_bool(target):
+    check(bool_add_then_scale, (torch.rand(2, 3) > 0.5,), (torch.rand(6, 5) > 0.5,), target=target)
+
+
+# -- a size branch whose condition is decided by the graph's facts ----------------------
+# The branch facts were computed with sympy calls on a condition that had become a
+# plain Python bool: an internal AttributeError ('bool' object has no attribute 'xreplace').
+def bool_branches(x0):
+    v1 = x0.to(dtype=torch.bool)
+    if x0.numel() > 8:
+        v3 = torch.minimum(v1, v1)
+    else:
+        v3 = ~v1
+    v4 = torch.add(v3, v3, alpha=2)
+    return v4 <= v1, v1
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_size_branch_on_a_decided_condition(target):
+    check(bool_branches, (torch.randn(1),), (torch.randn(4),), target=target)
+    check(bool_branches, (torch.randn(9),), (torch.randn(12),), target=target)
+
+
+# -- sizes with rationals, computed in floats -------------------------------------------
+# chunk(3) of 7 rows has pieces of ceil(7/3) = 3, written floor(x/3 + 2/3); the cpu
+# wrapper and the size guards evaluated that in floats, floor(2.9999999999999996) = 2:
+# pieces of (2, 2, 3) instead of (3, 3, 1), silently. Found while fixing the next one.
+def three_chunks(x):
+    a, b, c = x.chunk(3, 0)
+    return a + 1, b * 2, c - 1
+
+
+# -- chunk of an empty dim ----------------------------------------------------------------
+# torch gives `chunks` empty pieces; the piece count ceil(n / ceil(n / chunks)) divided by
+# zero (an internal error at capture; ZeroDivisionError in the guard of another size).
+def chunk_any(x):
+    return x.chunk(3, 0)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_chunk_sizes_are_exact_and_empty_dims_work(target):
+    check(three_chunks, (torch.randn(7, 2),), (torch.randn(8, 2),), (torch.randn(9, 3),), target=target)
+    f = cu.compile(chunk_any, target=target, fallback="error")
+    for n in (7, 0, 5, 1, 2, 0, 9, 4):
+        x = torch.randn(n, 2)
+        got, want = f(x), chunk_any(x)
+        assert len(got) == len(want), n
+        for g, w in zip(got, want):
+            assert g.shape == w.shape
+            torch.testing.assert_close(g, w)

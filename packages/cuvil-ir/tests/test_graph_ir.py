@@ -174,3 +174,28 @@ def test_reserved_symbol_names_are_refused():
         symbol("f32")
     with pytest.raises(ValueError):
         symbol("1x")
+
+
+def test_exact_size_functions_do_not_round():
+    """[Note: exact size arithmetic]: floor(x/3 + 2/3) at x = 7 is 3 (2 in floats)."""
+    import sympy
+
+    from cuvil_ir.symbolic import exact_code, exact_function, symbol
+
+    x = symbol("x")
+    ceil3 = sympy.floor(x / 3 + sympy.Rational(2, 3))
+    f = exact_function([x], ceil3)
+    assert [f(n) for n in range(10)] == [-(-n // 3) for n in range(10)]
+    assert all(type(f(n)) is int for n in range(10))
+    assert math_floor_float(7) == 2  # the float evaluation this replaces
+    g = exact_function([x], sympy.Eq(sympy.floor((x + ceil3 - 1) / ceil3), 3))
+    assert [g(n) for n in (7, 8, 9, 3)] == [True, True, True, True] and g(2) is False
+    h = exact_function([x], sympy.Piecewise((1, sympy.Gt(x, 2)), (x - 1, True)) + sympy.Mod(x, 4))
+    assert [h(n) for n in (7, 2)] == [4, 3]
+    assert "Fraction" in exact_code(ceil3, {x: "n"}) and "n" in exact_code(ceil3, {x: "n"})
+
+
+def math_floor_float(n: int) -> int:
+    import math
+
+    return math.floor((1 / 3) * n + 2 / 3)

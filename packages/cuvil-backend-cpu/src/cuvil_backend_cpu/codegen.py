@@ -258,6 +258,9 @@ class _Gen:
                 return f"(({a[0]}) != 0)"
             return f"(({C_TYPES[d]})({a[0]}))"
         if fn in _INFIX:
+            if d == DType.bool and fn in ("add", "sub", "mul", "div"):
+                # bools are 0/1 in uint8_t: true + true must stay true (1), not 2
+                return f"(({a[0]} {_INFIX[fn]} {a[1]}) != 0)"
             return f"({a[0]} {_INFIX[fn]} {a[1]})"
         if fn == "neg":
             return f"(-{a[0]})"

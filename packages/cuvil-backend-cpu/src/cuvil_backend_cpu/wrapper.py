@@ -23,7 +23,7 @@ from cuvil_backend_cpu.codegen import C_TYPES, CKernel
 from cuvil_backend_cpu.externs import implementation
 from cuvil_ir.graph_ir.registry import REGISTRY
 from cuvil_ir.graph_ir.types import DType, TensorType
-from cuvil_ir.symbolic import evaluate
+from cuvil_ir.symbolic import EXACT_NAMESPACE, evaluate, exact_code
 from cuvil_ir.tensor_ir import expr as E
 from cuvil_ir.tensor_ir.memory import ALIGN
 from cuvil_ir.tensor_ir.program import Control, Extern, Kernel, ScalarRef, TensorProgram, View
@@ -132,7 +132,7 @@ class CpuProgram:
             "torch": torch,
             "_own": _own,
             "_draw_seed": _draw_seed,
-            "math": __import__("math"),
+            **EXACT_NAMESPACE,  # math, Fraction: what exact_code's sizes use
             "_self": self,
             "_as_strided": torch.as_strided,
         }
@@ -292,10 +292,8 @@ class CpuProgram:
             return str(int(e))
         if isinstance(e, sympy.Symbol):
             return f"s_{e.name}"
-        from sympy.printing.pycode import pycode
-
-        text = pycode(e.xreplace({s: sympy.Symbol(f"s_{s.name}", integer=True) for s in e.free_symbols}))
-        return f"int({text})"
+        # exact, not float arithmetic: see [Note: exact size arithmetic] in cuvil_ir.symbolic
+        return f"int({exact_code(e, {s: f's_{s.name}' for s in e.free_symbols})})"
 
     def _scalar_code(self, e: E.Expr) -> str:
         if isinstance(e, E.Const):

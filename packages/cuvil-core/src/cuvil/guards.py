@@ -27,6 +27,7 @@ import sympy
 import torch
 
 from cuvil_ir.graph_ir.types import DType
+from cuvil_ir.symbolic import exact_function
 
 _SCALARS = (bool, int, float, str, type(None), torch.dtype, torch.device)
 
@@ -92,7 +93,8 @@ class AssumptionCheck:
         self._index = {s: i for i, s in enumerate(self.symbols)}
         self._all: Callable[..., bool] | None = None
         if self.assumptions:
-            self._all = sympy.lambdify(self.symbols, sympy.And(*self.assumptions), modules="math")
+            # exact, not float arithmetic: see [Note: exact size arithmetic] in cuvil_ir.symbolic
+            self._all = exact_function(self.symbols, sympy.And(*self.assumptions))
 
     def bind(self, leaves: Sequence[Any]) -> list[int] | str:
         """Symbol values from the leaves, or a message when two inputs disagree."""

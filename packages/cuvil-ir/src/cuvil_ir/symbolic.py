@@ -18,10 +18,14 @@ graph relies on is visible in its text.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable, Mapping
+import math
+from collections.abc import Callable, Iterable, Mapping
+from fractions import Fraction
 from typing import Any, Union
 
 import sympy
+from sympy.printing.precedence import precedence
+from sympy.printing.pycode import PythonCodePrinter
 from sympy.printing.str import StrPrinter
 
 Dim = Union[int, sympy.Expr]
@@ -159,6 +163,59 @@ def _identifiers(text: str) -> list[str]:
                 out.append(cur)
             cur = ""
     return out
+
+
+# [Note: exact size arithmetic]
+# Size expressions hold rationals (torch's ceil(n/3) reads floor(n/3 + 2/3)). Python
+# code printed the usual way computes them in floats: floor(7/3 + 2/3) is
+# floor(2.9999999999999996) = 2, so a chunk of 7 rows had pieces of 2, not 3. Code that
+# evaluates sizes at run time (guards, the cpu wrapper's shapes) is printed exactly:
+# rationals and divisions as fractions.Fraction, floor/ceil as math.floor/ceil (exact
+# on Fractions), the rest as plain int arithmetic, which stays int where no rational is.
+
+
+class _ExactPrinter(PythonCodePrinter):  # type: ignore[misc]
+    def _print_Rational(self, e: sympy.Rational) -> str:
+        return f"Fraction({e.p}, {e.q})"
+
+    def _print_Half(self, e: Any) -> str:
+        return "Fraction(1, 2)"
+
+    def _print_Mul(self, e: sympy.Mul) -> str:
+        coeff, factors = e.as_coeff_mul()
+        parts = [] if coeff == 1 else [self._print(coeff)]
+        for f in factors:
+            if f.is_Pow and f.exp.is_Integer and f.exp < 0:
+                parts.append(f"Fraction(1, {self._print(f.base**-f.exp)})")
+            else:
+                parts.append(self.parenthesize(f, precedence(e)))
+        return "*".join(parts) or "1"
+
+    def _print_Pow(self, e: sympy.Pow, rational: bool = False) -> str:
+        if e.exp.is_Integer and e.exp < 0:
+            return f"Fraction(1, {self._print(e.base**-e.exp)})"
+        return str(super()._print_Pow(e, rational=rational))
+
+
+#: what :func:`exact_code` text needs in its namespace
+EXACT_NAMESPACE: dict[str, Any] = {"math": math, "Fraction": Fraction}
+
+
+def exact_code(expr: sympy.Basic, names: Mapping[sympy.Symbol, str]) -> str:
+    """Python source computing ``expr`` exactly (see [Note: exact size arithmetic]),
+    each symbol read from the variable ``names[symbol]``."""
+    e = sympy.sympify(expr)
+    renamed = e.xreplace({s: sympy.Symbol(names[s], **s.assumptions0) for s in e.free_symbols})
+    return str(_ExactPrinter({"fully_qualified_modules": True}).doprint(renamed))
+
+
+def exact_function(symbols: Iterable[sympy.Symbol], expr: sympy.Basic) -> Callable[..., Any]:
+    """``expr`` as a Python function of ``symbols`` (positional), computed exactly."""
+    symbols = list(symbols)
+    names = {s: f"_s{i}" for i, s in enumerate(symbols)}
+    args = ", ".join(names[s] for s in symbols)
+    code = f"lambda {args}: {exact_code(expr, names)}"
+    return eval(code, dict(EXACT_NAMESPACE))  # type: ignore[no-any-return]  # our own printed code
 
 
 def evaluate(expr: Dim | sympy.Basic, bindings: Mapping[sympy.Symbol, int]) -> int:

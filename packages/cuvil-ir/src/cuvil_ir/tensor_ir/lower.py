@@ -517,14 +517,15 @@ def _facts_under(assumptions: Sequence[sympy.Basic], cond: sympy.Basic) -> tuple
     """The assumptions, with each one conditional on ``cond`` resolved, and ``cond``."""
     from cuvil_ir.symbolic import canonical
 
-    c = canonical(cond)
-    repl = {c: sympy.true, canonical(sympy.Not(c)): sympy.false}
+    # canonical() may decide a fact outright (a plain bool): as sympy it stays one value
+    c = sympy.sympify(canonical(cond))
+    repl = {c: sympy.true, sympy.sympify(canonical(sympy.Not(c))): sympy.false}
     out: list[sympy.Basic] = []
     for a in (*assumptions, c):
-        f = a.xreplace(repl)
+        f = sympy.sympify(canonical(sympy.sympify(a).xreplace(repl)))
         if f is sympy.true or f is sympy.false or f in out:
             continue  # false: the branch cannot run, nothing to learn
-        out.append(canonical(f))
+        out.append(f)
     return tuple(out)
 
 

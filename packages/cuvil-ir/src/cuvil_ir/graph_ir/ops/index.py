@@ -304,5 +304,12 @@ def _chunk(b: Emitter, input: Any, chunks: Any, dim: Any = 0) -> Any:
     if c <= 0:
         raise NotCaptured("chunks must be positive")
     n = t.shape[d]
-    # torch: pieces of ceil(n / chunks), so fewer than `chunks` pieces can come out
-    return _pieces(b, input, d, n, ceildiv(n, c), "chunk: number of pieces")
+    # torch: an empty dim gives `chunks` empty pieces; else pieces of ceil(n / chunks),
+    # so fewer than `chunks` pieces can come out
+    if n == 0 or (not isinstance(n, int) and b.ctx.decide(sympy.Eq(n, 0), "chunk of an empty dim")):
+        return b.emit("split", [input], dim=d, sizes=(0,) * c)
+    size = ceildiv(n, c)
+    # the count as a guard must be defined at n = 0 too (a call of another size checks it)
+    count = ceildiv(n, size) if isinstance(size, int) else ceildiv(n, sympy.Max(size, 1))
+    k = max(_count(b, count, "chunk: number of pieces"), 1)
+    return b.emit("split", [input], dim=d, sizes=(size,) * (k - 1) + (n - (k - 1) * size,))
