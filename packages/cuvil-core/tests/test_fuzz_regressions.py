@@ -236,3 +236,21 @@ def test_chunk_sizes_are_exact_and_empty_dims_work(target):
         for g, w in zip(got, want):
             assert g.shape == w.shape
             torch.testing.assert_close(g, w)
+
+
+# -- a fact learnt in one branch of a size `if` leaking out of it -----------------------
+# In the else branch torch learnt x1_3 == 1 and replaced the symbol by 1 everywhere, so
+# `v4.shape[-1]` after the `if` (x1_3 in the then branch) was the constant 1: a wrong
+# shape, unguarded, for every call taking the then branch.
+def branch_fact_leak(x1):
+    if x1.shape[2] > 2:
+        v4 = x1 + 1
+    else:
+        v4 = x1[::2, [-1]]
+    return v4.new_zeros(v4.shape[-1]) + 1
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_branch_facts_stay_in_their_branch(target):
+    check(branch_fact_leak, (torch.randn(3, 3, 1, 1),), (torch.randn(6, 6, 4, 4),), target=target)
+    check(branch_fact_leak, (torch.randn(6, 6, 4, 4),), (torch.randn(3, 3, 1, 1),), target=target)

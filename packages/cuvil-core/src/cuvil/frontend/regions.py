@@ -106,10 +106,11 @@ def capture_if(
         if fact is not None:
             tracer.ctx.path.append(canonical(fact))
         try:
-            with tracer.region() as region:
+            with tracer.mirror.branch(), tracer.region() as region:
                 out = fn(*values)
                 leaves, spec = _flatten(out)
                 yielded = {i: tracer.value_of(x) for i, x in enumerate(leaves) if isinstance(x, TensorProxy)}
+                tracer.sync()  # the branch's facts, while its condition is on the path
         finally:
             if fact is not None:
                 tracer.ctx.path.pop()

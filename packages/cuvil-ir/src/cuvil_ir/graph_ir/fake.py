@@ -9,8 +9,10 @@ size fact torch had to assume (its guards) becomes an assumption of our graph.
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import sympy
@@ -139,6 +141,31 @@ class SymMirror:
         self.ours_to_theirs: dict[sympy.Symbol, sympy.Expr] = {}
         self.theirs_to_ours: dict[sympy.Symbol, sympy.Symbol] = {}
         self._synced = 0
+
+    #: the ShapeEnv's state that facts change (see :meth:`branch`)
+    _BRANCH_STATE = ("replacements", "replacements_slocs", "var_to_range", "var_to_range_sloc", "divisible")
+
+    @contextlib.contextmanager
+    def branch(self) -> Iterator[None]:
+        """Trace one branch of an ``if``: what torch learns there stays there.
+
+        torch's ShapeEnv applies a fact it learns everywhere: ``Eq(s, 1)`` learnt in
+        one branch replaces ``s`` by 1 from then on, so a size computed after the
+        ``if`` (``Piecewise((s, c), (1, True))``) became the constant 1, unguarded.
+        Our :class:`ShapeContext` records branch facts conditionally (``path``); here
+        the ShapeEnv's replacements, ranges and divisibility are put back as they were
+        before the branch. The caller syncs the branch's guards before leaving it.
+        """
+        env = self.env
+        saved = {name: copy.copy(getattr(env, name)) for name in self._BRANCH_STATE if hasattr(env, name)}
+        try:
+            yield
+        finally:
+            for name, value in saved.items():
+                setattr(env, name, value)
+            bump = getattr(env, "_update_version_counter", None)
+            if bump is not None:
+                bump()  # the ShapeEnv's caches key on it
 
     def _add(self, s: sympy.Symbol) -> None:
         from torch.fx.experimental.symbolic_shapes import DimDynamic
