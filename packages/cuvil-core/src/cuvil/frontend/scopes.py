@@ -108,13 +108,13 @@ def _bind(scope: _Scope) -> None:
             scope.nonlocals.update(n.names)
     if isinstance(node, _COMPS):
         # a walrus in a comprehension binds in the enclosing function
-        for n in list(scope.locals):
+        for name in list(scope.locals):
             if not any(
-                isinstance(t, ast.Name) and t.id == n for g in node.generators for t in ast.walk(g.target)
+                isinstance(t, ast.Name) and t.id == name for g in node.generators for t in ast.walk(g.target)
             ):
-                scope.locals.discard(n)
+                scope.locals.discard(name)
                 if scope.parent is not None:
-                    scope.parent.locals.add(n)
+                    scope.parent.locals.add(name)
     scope.locals -= scope.globals | scope.nonlocals
 
 

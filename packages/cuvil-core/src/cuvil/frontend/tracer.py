@@ -455,7 +455,7 @@ class Tracer:
             args = (args[0], self._mask_lists(args[0], args[1]), *args[2:])
             # the index key keeps lists as lists: `x[[1, 2]]` is advanced indexing
             # (a LongTensor index), `x[(1, 2)]` is `x[1, 2]`; see [Note: list indices]
-            args_attr = (
+            args_attr: AttrValue = (
                 _refs(args[0], inputs, self),
                 _refs(args[1], inputs, self, keep_lists=True),
                 *_refs(args[2:], inputs, self),  # type: ignore[misc]

@@ -383,7 +383,7 @@ class Lowering:
 
     def lower_node(self, n: Node) -> None:
         if n.op == "const" and isinstance(n.attr("value"), sympy.Basic):
-            self.size_predicates[n.outputs[0].name] = n.attr("value")  # type: ignore[assignment]
+            self.size_predicates[n.outputs[0].name] = n.attr("value")
         for v in n.outputs:
             if isinstance(v.type, TensorType):
                 self.device = v.type.device

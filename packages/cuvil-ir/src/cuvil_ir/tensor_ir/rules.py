@@ -495,8 +495,8 @@ def _slice(lw: Lowering, n: Node, x: Val) -> Lazy:
         start, _ = slice_bounds(
             ShapeContext(None, lw.assumptions),
             x.shape[d],
-            n.attr("start"),  # type: ignore[arg-type]
-            n.attr("end"),  # type: ignore[arg-type]
+            n.attr("start"),
+            n.attr("end"),
         )
     except UndecidableError:
         raise NotLowered("slice bounds the graph's assumptions do not decide") from None
