@@ -849,6 +849,9 @@ def main(argv: Sequence[str]) -> int:
             except _Reject:
                 continue
             n += 1
+            if args.out is not None:  # the seed in flight: a hang or a crash names its program
+                args.out.mkdir(parents=True, exist_ok=True)
+                (args.out / "current_seed").write_text(f"{seed}\n")
             try:
                 outcomes = run_program(prog, Path(tmp))
             except Exception as e:  # the harness itself (eager) failing: report, go on

@@ -254,3 +254,19 @@ def branch_fact_leak(x1):
 def test_branch_facts_stay_in_their_branch(target):
     check(branch_fact_leak, (torch.randn(3, 3, 1, 1),), (torch.randn(6, 6, 4, 4),), target=target)
     check(branch_fact_leak, (torch.randn(6, 6, 4, 4),), (torch.randn(3, 3, 1, 1),), target=target)
+
+
+# -- a view whose size divides a product of floors -----------------------------------------
+# `v3.view(-1, v3.shape[-1])` with v3 of shape (d, d), d = x_1 - floor(x_0/2): the shape
+# rule asked sympy whether Mod(d**2, d) is 0 in a form sympy's expand never finishes
+# on; the compile hung.
+def view_of_square(x0):
+    v1 = x0[::2, x0.shape[0] // 2 :]
+    v2 = v1[0]
+    v3 = v2 @ v2.transpose(-1, -2)
+    return v3.view(-1, v3.shape[-1]) / 3
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_view_of_a_square_of_floors_compiles(target):
+    check(view_of_square, (torch.randn(5, 4, 1),), (torch.randn(7, 5, 1),), target=target)

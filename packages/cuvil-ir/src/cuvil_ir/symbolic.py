@@ -251,7 +251,11 @@ def prove(cond: sympy.Basic) -> bool | None:
     if cond in (sympy.true, sympy.false):
         return bool(cond)
     if isinstance(cond, sympy.Rel):
-        diff = sympy.expand(cond.lhs - cond.rhs)
+        diff = cond.lhs - cond.rhs
+        # sympy's expand can run forever on a Mod of rational functions; such a
+        # difference is judged as it stands
+        if not diff.has(sympy.Mod):
+            diff = sympy.expand(diff)
         if isinstance(cond, sympy.Eq):
             if diff == 0:
                 return True

@@ -45,10 +45,15 @@ def exact_quotient(ctx: ShapeContext, n: Dim, k: Dim, what: str) -> Dim:
         if k == 0 or n % k:
             raise ShapeError(f"{what}: {n} elements do not divide into parts of {k}")
         return n // k
-    q = sympy.cancel(sympy.sympify(n) / k)
+    # floor(..), Max(..) ... are generators like symbols: (s - floor(t/2))**2 / (s - floor(t/2))
+    # cancels to a polynomial in them (without this, a Mod of rational functions that
+    # sympy cannot even expand)
+    num, den = sympy.sympify(n), sympy.sympify(k)
+    opaque = {a: sympy.Dummy(integer=True) for a in (num.atoms(sympy.Function) | den.atoms(sympy.Function))}
+    q = sympy.cancel(num.xreplace(opaque) / den.xreplace(opaque))
     syms = sorted(q.free_symbols, key=lambda s: s.name)
     if syms and q.is_polynomial(*syms) and all(c.is_integer for c in sympy.Poly(q, *syms).coeffs()):
-        return sympy.expand(q)
+        return sympy.expand(q).xreplace({d: a for a, d in opaque.items()})
     if not syms and q.is_integer:
         return int(q)
     check_divisible(ctx, n, k, what)
