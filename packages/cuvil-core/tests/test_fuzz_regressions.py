@@ -270,3 +270,28 @@ def view_of_square(x0):
 @pytest.mark.parametrize("target", TARGETS)
 def test_view_of_a_square_of_floors_compiles(target):
     check(view_of_square, (torch.randn(5, 4, 1),), (torch.randn(7, 5, 1),), target=target)
+
+
+# -- a size merged from an `if` that broadcasts ---------------------------------------------
+# `v2` is (n, 1) in one branch and (n, n) in the other; `x <= v2` broadcasts its last dim
+# when it is 1. The graph assumed Eq(Piecewise(...), 1), but the lowering only used facts
+# about plain symbols, so the kernel walked v2's last dim as if it were n long (wrong
+# values, reads past the end).
+def merged_dim_broadcasts(x0):
+    if x0.shape[0] > 2:
+        v2 = torch.ones(x0.shape[0], 1) * x0.sum()
+    else:
+        v2 = x0 * 1
+    v3 = x0 <= v2
+    return v3.long().amax(dim=1) * v3
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_merged_size_broadcasts(target):
+    check(
+        merged_dim_broadcasts,
+        (torch.randn(4, 4).t() * 3,),
+        (torch.randn(7, 7) * 3,),
+        (torch.randn(2, 2),),
+        target=target,
+    )

@@ -554,17 +554,23 @@ def _region_free_values(n: Node) -> list[Value]:
     return [v for k, v in sorted(used.items()) if k not in defined]
 
 
-def known_sizes(assumptions: Sequence[sympy.Basic]) -> dict[sympy.Symbol, Any]:
-    """Sizes the graph's assumptions pin down: ``Eq(s, 1)`` gives ``s -> 1`` and
-    ``Eq(a, b)`` of two symbols gives the later name -> the earlier one."""
-    out: dict[sympy.Symbol, Any] = {}
+def known_sizes(assumptions: Sequence[sympy.Basic]) -> dict[sympy.Basic, Any]:
+    """Sizes the graph's assumptions pin down: ``Eq(s, 1)`` gives ``s -> 1``,
+    ``Eq(a, b)`` of two symbols gives the later name -> the earlier one, and
+    ``Eq(e, 1)`` of an expression (a ``Piecewise`` size merged from the branches of an
+    ``if``) gives ``e -> 1``: such a dim broadcasts like a literal 1."""
+    out: dict[sympy.Basic, Any] = {}
     for a in assumptions:
         if not isinstance(a, sympy.Eq):
             continue
         lhs, rhs = a.lhs, a.rhs
         if isinstance(rhs, sympy.Symbol) and not isinstance(lhs, sympy.Symbol):
             lhs, rhs = rhs, lhs
+        if lhs.is_Integer and not rhs.is_Number:
+            lhs, rhs = rhs, lhs
         if not isinstance(lhs, sympy.Symbol):
+            if rhs.is_Integer and not lhs.is_Number:
+                out[lhs] = rhs  # xreplace matches it as a whole, before its parts
             continue
         if rhs.is_Integer:
             out[lhs] = rhs
