@@ -295,3 +295,67 @@ def test_merged_size_broadcasts(target):
         (torch.randn(2, 2),),
         target=target,
     )
+
+
+# -- conditions over sizes merged from `if`s -------------------------------------------------
+# sympy writes a condition over Piecewise sizes with ITE, which our size parser did not
+# know (internal TypeError); torch's symbolic sizes cannot hold an ITE at all, which
+# must be a clear "unsupported" error, not an internal KeyError; and a symbol torch first
+# met inside a branch lost its range when the branch's facts were undone.
+def ite_condition(x0):
+    if x0.shape[0] > 2:
+        v1 = x0.narrow(-1, 0, 1)
+    else:
+        v1 = x0[-2:, x0.shape[0] // 2 :, ...]
+    if v1.shape[0] % 2 == 0:
+        v5 = F.hardtanh(x0)
+    else:
+        v5 = v1 * 0.5 + 1.0
+    if v5.shape[1] > 2:
+        v9 = v5.mean(dim=-1, keepdim=True)
+    else:
+        v9 = v5.sum(dim=-1, keepdim=True).expand(v5.shape)
+    return F.layer_norm(v9, v9.shape[-1:], eps=1e-3)
+
+
+def ite_into_torch(x1):
+    if x1.shape[1] % 2 == 0:
+        v3 = x1 @ x1
+    else:
+        v3 = x1[[-1], x1.shape[0] // 2 :]
+    if v3.shape[1] % 2 == 0:
+        v4 = x1[:-1]
+    else:
+        v4 = torch.where(v3 > v3, v3, v3)
+    if v3.numel() > 8:
+        v5 = F.layer_norm(v4, v4.shape[-1:])
+    else:
+        v5 = torch.where(v4 > v4, v4, v4)
+    return v5 + 1
+
+
+def symbol_first_seen_in_a_branch(x0, x2):
+    if x0.shape[0] > 2:
+        v3 = torch.log1p(x2.abs())
+    else:
+        v3 = x2[:-1, x2.shape[0] // 2 :, :-1]
+    v5 = x0[:-1, 0, :].amin(dim=-1)
+    if x2.shape[2] % 2 == 0:
+        v8 = F.rms_norm(v5, [v5.shape[-1]])
+    else:
+        v8 = v5[1:]
+    return v8 * 2, v3.sum()
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_conditions_over_merged_sizes(target):
+    check(ite_condition, (torch.randn(2, 1, 2),), (torch.randn(4, 3, 2),), target=target)
+    check(symbol_first_seen_in_a_branch, (torch.randn(5, 1, 5), torch.randn(3, 5, 5)), target=target)
+    f = cu.compile(ite_into_torch, target=target, fallback="error")
+    with pytest.raises(cu.CompileError, match="torch cannot compute with the size") as info:
+        f(torch.randn(2, 2))
+    assert "internal error" not in str(info.value)
+    g = cu.compile(ite_into_torch, target=target)  # the default fallback: eager's result
+    x = torch.randn(2, 2)
+    with pytest.warns(cu.CuvilFallbackWarning):
+        torch.testing.assert_close(g(x), ite_into_torch(x))

@@ -145,6 +145,7 @@ _FUNCTIONS: dict[str, object] = {
     "Le": sympy.Le,
     "Abs": sympy.Abs,
     "Piecewise": sympy.Piecewise,
+    "ITE": sympy.ITE,  # sympy writes a condition over Piecewise sizes as an if-then-else
     "And": sympy.And,
     "Or": sympy.Or,
     "Not": sympy.Not,

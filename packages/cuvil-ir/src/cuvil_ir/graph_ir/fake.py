@@ -161,8 +161,16 @@ class SymMirror:
         try:
             yield
         finally:
-            for name, value in saved.items():
-                setattr(env, name, value)
+            # symbols first mirrored inside the branch keep what torch knows of them
+            # (their ranges); what it learnt about the symbols from before is undone
+            new = set(getattr(env, "var_to_range", {})) - set(saved.get("var_to_range", {}))
+            for name, old in saved.items():
+                now = getattr(env, name)
+                if isinstance(old, dict):
+                    old.update({k: v for k, v in now.items() if k in new})
+                elif isinstance(old, set):
+                    old.update(e for e in now if getattr(e, "free_symbols", set()) <= new)
+                setattr(env, name, old)
             bump = getattr(env, "_update_version_counter", None)
             if bump is not None:
                 bump()  # the ShapeEnv's caches key on it
@@ -249,7 +257,16 @@ def fake_call(
     refs: list[Any] = []
     for t in inputs:
         if isinstance(t, TensorType):
-            refs.append(m.fake_tensor(t))
+            try:
+                refs.append(m.fake_tensor(t))
+            except (KeyError, TypeError, NotImplementedError) as e:
+                # torch's symbolic sizes cannot hold every size we can (an if-then-else
+                # over the sizes of two branches): say so instead of an internal error
+                raise FakeInferenceError(
+                    f"{what}: torch cannot compute with the size {t} (which branch of an `if` "
+                    f"ran decides it; torch's symbolic sizes have no {type(e).__name__}: {e}); "
+                    "give both branches the same shape, or call this outside the `if`"
+                ) from None
         else:
             refs.append({ScalarKind.bool: True, ScalarKind.int: 1, ScalarKind.float: 1.0}[t.kind])
     with m.mode:
