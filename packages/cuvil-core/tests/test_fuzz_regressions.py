@@ -331,7 +331,13 @@ def ite_into_torch(x1):
         v5 = F.layer_norm(v4, v4.shape[-1:])
     else:
         v5 = torch.where(v4 > v4, v4, v4)
-    return v5 + 1
+    v6 = torch.reciprocal(v5 + 3.0)
+    v7 = torch.add(v6, v5, alpha=2)  # an extern call: torch's symbolic sizes see the ITE
+    if v3.shape[0] % 2 == 0:
+        v10 = torch.sqrt(v6)
+    else:
+        v10 = x1 + torch.arange(x1.shape[-1])
+    return v10, v7
 
 
 def symbol_first_seen_in_a_branch(x0, x2):
