@@ -738,12 +738,36 @@ def run_program(prog: Program, folder: Path, targets: Sequence[str] = TARGETS) -
                 outcomes.append(Outcome("finding", target, f"call {k}: {type(e).__name__}: {_first_line(e)}"))
                 break
             diff = compare(got, want, prog.discontinuous, [a.dtype for a in args])
+            if diff is not None and prog.discontinuous and _eager_unstable(fn, args, want):
+                # eager itself changes under last-bit noise (a tensor condition on a value
+                # that is ~0, as the sum of a layer_norm): no reference answer to hold to
+                outcomes.append(Outcome("unstable", target, f"call {k}: {diff}"))
+                break
             if diff is not None:
                 outcomes.append(Outcome("finding", target, f"call {k} (sizes {_sizes(args)}): {diff}"))
                 break
         else:
             outcomes.append(Outcome("ok", target))
     return outcomes
+
+
+def _eager_unstable(fn: Callable[..., Any], args: Sequence[Any], want: Any) -> bool:
+    """Whether eager's result moves past the tolerance when its float inputs move by a
+    few ulps (a fused kernel's different rounding is no larger than that)."""
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(4):
+        noisy = [
+            a * (1 + 4 * torch.finfo(a.dtype).eps * (2 * torch.rand(a.shape, generator=gen) - 1)).to(a.dtype)
+            if isinstance(a, torch.Tensor) and a.dtype.is_floating_point
+            else a
+            for a in args
+        ]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            again = fn(*noisy)
+        if compare(again, want, True, [a.dtype for a in args if isinstance(a, torch.Tensor)]) is not None:
+            return True
+    return False
 
 
 def _sizes(args: Sequence[torch.Tensor]) -> str:
