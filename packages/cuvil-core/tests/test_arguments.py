@@ -151,3 +151,32 @@ def test_module_parameters_requiring_grad_warn_once_and_match(target):
             torch.testing.assert_close(c(x), m(x))
     assert not y.requires_grad and y.grad_fn is None and not y2.requires_grad
     torch.testing.assert_close(y, m(x).detach())
+
+
+SCALE = 0.0
+
+
+def scaled(x):
+    return x * SCALE
+
+
+def test_a_value_changing_every_call_is_correct_bounded_and_warned():
+    """Every call recompiles (the global changes), results stay eager's, the artifact list
+    and the reasons stay bounded, and one warning says what to do."""
+    global SCALE
+    from cuvil import api
+
+    f = cu.compile(scaled, target="reference", fallback="error")
+    x = torch.randn(3)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for i in range(api.MAX_ARTIFACTS + 10):
+            SCALE = float(i)
+            torch.testing.assert_close(f(x), x * SCALE)
+    assert f.stats.compiles == api.MAX_ARTIFACTS + 10
+    assert len(f.artifacts) == api.MAX_ARTIFACTS
+    assert len(f.stats.recompile_reasons) <= api.MAX_REASONS
+    many = [w for w in caught if "has been compiled" in str(w.message)]
+    assert len(many) == 1 and "global 'SCALE' changed" in str(many[0].message)
+    SCALE = 2.0  # an evicted value compiles again, correctly
+    torch.testing.assert_close(f(x), x * 2.0)

@@ -22,6 +22,12 @@ from cuvil_runtime.cache import CompileCache
 from cuvil_runtime.target import CompileOptions, Executable
 
 FALLBACKS = ("eager", "error")
+#: compiled variants one function keeps (the oldest go first); past MANY_RECOMPILES a
+#: warning names the reason, once. Bounds memory when a guarded value changes every call.
+MAX_ARTIFACTS = 64
+MANY_RECOMPILES = 16
+#: recompile reasons kept in ``stats.recompile_reasons`` (the most recent)
+MAX_REASONS = 256
 
 #: executables of this process by (graph hash, target, options): compiled functions
 #: whose captured graphs are the same share one compile
@@ -215,23 +221,39 @@ class CompiledFunction:
                 self._flat_specs[len(args)] = spec
         key = (spec, tuple(leaf_key(x, self.dynamic) for x in leaves))
         extra = self._extra_key()
-        seen = len(self.artifacts)
         art = self._find(key, extra, leaves, self.artifacts)
         if art is not None:
             return self._serve(art, leaves, args, kwargs, hit=True)
         names = self._leaf_names(bargs, bkwargs)
         self._check_types(key, names)
         # One compile per key: threads missing at once queue here, and each looks again
-        # at what the ones before it compiled (only the artifacts added meanwhile).
+        # at what the ones before it compiled.
         with self._compile_lock:
-            art = self._find(key, extra, leaves, self.artifacts[seen:])
+            art = self._find(key, extra, leaves, self.artifacts)  # with what others just compiled
             if art is not None:
                 return self._serve(art, leaves, args, kwargs, hit=True)
             if self.artifacts:
-                self.stats.recompile_reasons.append(self._why_miss(key, extra, leaves, names))
+                self._note_recompile(self._why_miss(key, extra, leaves, names))
             art = self._compile(key, extra, leaves, names, spec)
-            self.artifacts.append(art)
+            # a new list, not an in-place change: other threads may be scanning the old one
+            self.artifacts = [*self.artifacts[-(MAX_ARTIFACTS - 1) :], art]
         return self._serve(art, leaves, args, kwargs, hit=False)
+
+    def _note_recompile(self, reason: str) -> None:
+        reasons = self.stats.recompile_reasons
+        reasons.append(reason)
+        if len(reasons) > MAX_REASONS:
+            del reasons[: len(reasons) - MAX_REASONS]
+        if self.stats.compiles == MANY_RECOMPILES and "recompiles" not in self._warned:
+            self._warned.add("recompiles")
+            warnings.warn(
+                f"cuvil: {self.__qualname__} has been compiled {MANY_RECOMPILES} times; the latest "
+                f"reason: {reason}. A value that changes on every call (a global, an attribute, "
+                "a Python number argument) recompiles every call: pass it as a tensor argument "
+                f"instead. At most {MAX_ARTIFACTS} compiled variants are kept.",
+                UserWarning,
+                stacklevel=4,
+            )
 
     @staticmethod
     def _find(
