@@ -365,3 +365,21 @@ def test_conditions_over_merged_sizes(target):
     x = torch.randn(2, 2)
     with pytest.warns(cu.CuvilFallbackWarning):
         torch.testing.assert_close(g(x), ite_into_torch(x))
+
+
+# -- repeat of an empty dim -------------------------------------------------------------
+# The cpu lowering indexed the source with Mod(i, 0) when the graph pinned the dim to 0
+# (internal ZeroDivisionError); no element is read, so index 0 stands in.
+def repeat_empty(x0, x2):
+    v1 = x0 / (x2.abs() + 1)
+    return v1[1::2, 0].repeat(2)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_repeat_of_an_empty_dim(target):
+    check(
+        repeat_empty, (torch.randn(1, 5), torch.randn(1)), (torch.randn(1, 3), torch.randn(1)), target=target
+    )
+    check(
+        repeat_empty, (torch.randn(4, 5), torch.randn(1)), (torch.randn(1, 3), torch.randn(1)), target=target
+    )

@@ -675,7 +675,12 @@ def _repeat(lw: Lowering, n: Node, x: Val) -> Lazy:
     t = out_type(n)
     i = idx(t.rank)
     lead = t.rank - x.rank
-    src = [sympy.Mod(i[lead + d], x.shape[d]) if x.shape[d] != 1 else sympy.Integer(0) for d in range(x.rank)]
+    # a dim of size 0 repeats to size 0: no index is ever read, but Mod(i, 0) is not even
+    # an expression (sympy raises), so it reads index 0 "instead"
+    src = [
+        sympy.Integer(0) if x.shape[d] in (0, 1) else sympy.Mod(i[lead + d], x.shape[d])
+        for d in range(x.rank)
+    ]
     return Lazy(t.shape, t.dtype, x.at(src))
 
 
