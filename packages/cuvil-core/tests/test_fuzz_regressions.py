@@ -383,3 +383,17 @@ def test_repeat_of_an_empty_dim(target):
     check(
         repeat_empty, (torch.randn(4, 5), torch.randn(1)), (torch.randn(1, 3), torch.randn(1)), target=target
     )
+
+
+# -- a load hoisted out of the arm that guards it ------------------------------------------
+# pad's kernel reads x[i - 1] only where i >= 1; the scheduler's common-subexpression pass
+# computed that load before the `where`, for every i: a read before the buffer, and a
+# segfault when the input was empty (its data pointer is not a buffer at all).
+def pad_square(x0):
+    v4 = F.hardsigmoid(x0 / (x0.abs() + 1)).reshape(-1)
+    return F.pad(torch.square(v4), (1, 0)), v4
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_guarded_loads_stay_guarded(target):
+    check(pad_square, (torch.randn(5),), (torch.randn(0),), (torch.randn(3),), target=target)

@@ -100,14 +100,28 @@ def _init(kind: str, dtype: DType) -> E.Expr:
     return E.Const(bool(v) if dtype == DType.bool else (float(v) if dtype.is_floating else int(v)), dtype)
 
 
+#: calls whose later operands are evaluated only conditionally -> how many operands run always
+_CONDITIONAL = {"where": 1, "and": 1, "or": 1}
+
+
 def _cse(stmt_expr: E.Expr, names: _Names) -> tuple[list[Let], E.Expr]:
-    """Compute each call that occurs more than once in ``stmt_expr`` once, as a ``let``."""
+    """Compute each call that occurs more than once in ``stmt_expr`` once, as a ``let``.
+
+    Only what is evaluated unconditionally is counted: the arms of ``where`` and the
+    second operand of ``and``/``or`` run only when their condition allows (``c ? a : b``
+    and ``&&`` in C). A ``let`` runs on every iteration, so hoisting a load from an arm
+    would read out of bounds exactly where the condition guards it (a pad's
+    ``x[i - 1]`` at ``i = 0``: a crash on an empty input).
+    """
     counts: Counter[E.Expr] = Counter()
 
     def count(x: E.Expr) -> None:
         counts[x] += 1
         if counts[x] == 1:
-            for c in E.children(x):
+            children = list(E.children(x))
+            if isinstance(x, E.Call) and x.fn in _CONDITIONAL:
+                children = children[: _CONDITIONAL[x.fn]]
+            for c in children:
                 count(c)
 
     count(stmt_expr)
