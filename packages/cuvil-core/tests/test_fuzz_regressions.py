@@ -397,3 +397,28 @@ def pad_square(x0):
 @pytest.mark.parametrize("target", TARGETS)
 def test_guarded_loads_stay_guarded(target):
     check(pad_square, (torch.randn(5),), (torch.randn(0),), (torch.randn(3),), target=target)
+
+
+# -- shapes that do not broadcast, in a branch the example does not take ---------------------
+# masked_fill's capture rule raised ShapeError from inside tracing: an "internal error"
+# instead of a located CompileError (and eager under fallback="eager").
+def bad_branch(x0):
+    v1 = x0.mT
+    v2 = x0[0] * 1
+    if v2.size(0) == 1:
+        v4 = v1[v1.shape[0] // 2 :, ...]
+    else:
+        v4 = v1.masked_fill(v2 > 0, -1.0)
+    return v4 + 1
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_shape_errors_in_a_branch_are_located(target):
+    f = cu.compile(bad_branch, target=target, fallback="error")
+    with pytest.raises(cu.CompileError, match="do not broadcast") as info:
+        f(torch.randn(4, 1))
+    assert "internal error" not in str(info.value) and "test_fuzz_regressions.py" in str(info.value)
+    g = cu.compile(bad_branch, target=target)
+    x = torch.randn(4, 1)
+    with pytest.warns(cu.CuvilFallbackWarning):
+        torch.testing.assert_close(g(x), bad_branch(x))

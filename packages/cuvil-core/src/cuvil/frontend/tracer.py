@@ -29,6 +29,7 @@ from cuvil.frontend.proxy import TensorProxy
 from cuvil.frontend.reads import Reads
 from cuvil_ir.graph_ir.fake import FakeInferenceError, SymMirror, fake_call
 from cuvil_ir.graph_ir.nodes import KV, AttrValue, Block, Graph, Loc, Node, Ref, Value
+from cuvil_ir.graph_ir.ops._rules import ShapeError
 from cuvil_ir.graph_ir.registry import REGISTRY, NotCaptured, infer_types
 from cuvil_ir.graph_ir.torch_names import qualname
 from cuvil_ir.graph_ir.types import DType, ScalarKind, ScalarType, TensorType, Type
@@ -425,6 +426,15 @@ class Tracer:
             return rule(self, *args, **kwargs)
         except NotCaptured:
             return NotImplemented
+        except ShapeError as e:
+            # shapes this op cannot take for the sizes the graph allows (often in a branch
+            # whose condition rules out the example's sizes): the user's error, located
+            raise CompileError(
+                str(e),
+                self.source_loc(),
+                "torch would raise here for these sizes; if this is a branch that cannot run, "
+                "make the shapes agree there too",
+            ) from None
         except TypeError as e:
             # a call form the rule does not accept: the extern path is always correct
             if "argument" in str(e):
