@@ -79,9 +79,4 @@ def check_tensors(leaves: Sequence[Any], names: Sequence[str], devices: frozense
                 raise CompileError(f"argument {name!r} {problem}")
 
 
-def grad_key(x: torch.Tensor) -> bool:
-    """The part of a tensor's guard key for autograd: whether this call would record history."""
-    return x.requires_grad and torch.is_grad_enabled()
-
-
-__all__ = ["check_tensors", "grad_key", "tensor_problem"]
+__all__ = ["check_tensors", "tensor_problem"]
