@@ -5,7 +5,7 @@
     nox -s tests_pkg          each package alone, with only what it depends on
     nox -s tests_isa          the cpu target's corpus built for avx2 and portable ($CUVIL_CPU_ISA)
     nox -s slow               the tests marked slow
-    nox -s lint typecheck     ruff; mypy (strict on cuvil_ir)
+    nox -s lint typecheck     ruff and the import-cycle check; mypy (strict on cuvil_ir)
     nox -s demo               examples/demo.py
     nox -s wheels             build wheels, install cuvil[cpu] into a fresh venv, smoke-test
     nox -s bench              eager vs torch.compile vs Cuvil (benchmarks/README.md)
@@ -39,6 +39,7 @@ ROOT = Path(__file__).parent
 TORCH = ["torch==2.13.0", "numpy"]  # see [Note: pinning torch]
 RUFF = "ruff==0.17.6"
 MYPY = "mypy==2.4.1"
+GRIMP = "grimp==3.20"  # the import graph for tools/check_import_cycles.py
 PYTEST = "pytest>=8"
 HYPOTHESIS = "hypothesis"  # the differential fuzzer, packages/cuvil-core/tests/test_fuzz.py
 
@@ -118,7 +119,7 @@ ISA_TESTS = ["packages/cuvil-backend-cpu/tests/test_conformance.py"]
 CAN_RUN_ISA = """
 from cuvil_backend_cpu import toolchain as t
 try:
-    print("ok", t.isa_flags(t.requested_isa(), t._cpuinfo()))
+    print("ok", t.isa_flags(t.requested_isa(), t.cpuinfo()))
 except t.ToolchainError as e:
     print("cannot:", e)
 """
@@ -166,15 +167,18 @@ def slow(session: nox.Session) -> None:
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    session.install(RUFF)
-    session.run("ruff", "check", "packages", "noxfile.py")
-    session.run("ruff", "format", "--check", "packages", "noxfile.py")
+    """ruff, and no import cycles among the modules of packages/*/src (docs/testing.md)."""
+    session.install(RUFF, GRIMP, PYTEST)
+    session.run("ruff", "check", "packages", "noxfile.py", "tools")
+    session.run("ruff", "format", "--check", "packages", "noxfile.py", "tools")
+    session.run("python", "tools/check_import_cycles.py")
+    session.run("pytest", "tools/test_check_import_cycles.py", "-q")  # the check catches cycles
 
 
 @nox.session
 def typecheck(session: nox.Session) -> None:
     """mypy: strict on cuvil_ir, default strictness on the packages not yet widened."""
-    # pytest: cuvil_runtime.testing.conformance imports it; the integrations are typed against
+    # pytest: cuvil.testing.conformance imports it; the integrations are typed against
     install(session, ALL, MYPY, PYTEST, *INTEGRATIONS)
     session.run("mypy", "--strict", "packages/cuvil-ir/src/cuvil_ir")
     session.run(

@@ -24,12 +24,12 @@ import torch
 import torch.nn.functional as F
 
 import cuvil as cu
-from cuvil_backend_cpu.backend import CpuExecutable
 from cuvil_backend_cpu.codegen import generate_c
-from cuvil_backend_cpu.compile import FUSION
+from cuvil_backend_cpu.loop_ir.schedule import SchedulePolicy, schedule_program
+from cuvil_backend_cpu.policy import FUSION
 from cuvil_backend_cpu.testing import executable_of as executable
-from cuvil_ir.loop_ir.schedule import SchedulePolicy, schedule_program
 from cuvil_ir.tensor_ir.lower import lower
+from cuvil_runtime.pipeline import ProgramExecutable
 
 GOLDEN = Path(__file__).parent / "golden"
 UPDATE_CMD = "pytest packages/cuvil-backend-cpu/tests/test_codegen.py --update-golden"
@@ -79,7 +79,7 @@ GOLDEN_CASES: dict[str, tuple[Callable[..., Any], Callable[[], tuple[Any, ...]]]
 }
 
 
-def generated(name: str) -> tuple[Any, str, str, CpuExecutable]:
+def generated(name: str) -> tuple[Any, str, str, ProgramExecutable]:
     """(the only Loop IR function, its text, its C, the compiled executable) of a golden case.
 
     The graph comes from ``cu.compile``; lowering, scheduling and C generation run here
@@ -111,7 +111,7 @@ def check_golden(path: Path, text: str, update: bool) -> None:
 
 
 def loops(func: Any) -> list[Any]:
-    from cuvil_ir.loop_ir.nodes import Loop
+    from cuvil_backend_cpu.loop_ir.nodes import Loop
 
     out: list[Any] = []
 
@@ -189,16 +189,23 @@ def test_cuvil_dump_writes_every_stage(tmp_path, monkeypatch):
     (folder,) = (tmp_path / "dump").iterdir()
     assert folder.name == cf.graphs[0].hash[:12] == ex.report.graph_hash[:12]
     files = sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
-    kernels = sorted(f"kernels/{k}.c" for k in ex.report.c_hashes)
-    assert len(kernels) == ex.report.kernels >= 2
-    assert files == sorted(["graph.txt", "tensor_ir.txt", "loop_ir.txt", "wrapper.py", *kernels])
-    assert (folder / "graph.txt").read_text() == ex.stages["graph"] == cf.graphs[0].text
+    kernels = sorted(f"kernels/{k}.c" for k in ex.report.kernel_hashes["c"])
+    loops = sorted(f"kernels/{k}.txt" for k in ex.report.kernel_hashes["loop_ir"])
+    assert len(kernels) == len(loops) == ex.report.kernels >= 2
+    # one file per stage the target declares, named by the stage
+    assert files == sorted(
+        ["graph_ir.txt", "tensor_ir.txt", "loop_ir.txt", "c.c", "wrapper.py", *kernels, *loops]
+    )
+    assert (folder / "graph_ir.txt").read_text() == ex.stages["graph_ir"] == cf.graphs[0].text
     assert (folder / "tensor_ir.txt").read_text() == ex.stages["tensor_ir"]
     assert (folder / "loop_ir.txt").read_text() == ex.stages["loop_ir"]
+    assert (folder / "c.c").read_text() == ex.stages["c"]
     assert (folder / "wrapper.py").read_text() == ex.stages["wrapper"]
     for k in kernels:
         text = (folder / k).read_text()
         assert text in ex.stages["c"] and f"void {Path(k).stem}(" in text
+    for k in loops:
+        assert (folder / k).read_text() in ex.stages["loop_ir"]
 
 
 # -- a missing compiler ---------------------------------------------------------------
@@ -256,8 +263,11 @@ cf = cu.compile(f, target="cpu", fallback="error")
 x, w, b = torch.randn(4, 8), torch.randn(8), torch.randn(8)
 for got, ref in zip(cf(x, w, b), f(x, w, b)):
     torch.testing.assert_close(got, ref)
+from cuvil_runtime.registry import get_target
 r = cf.artifacts[-1].executable.report
-print(json.dumps({"hits": r.cache_hits, "misses": r.cache_misses, "kernels": r.kernels, "c": r.c_hashes}))
+st = get_target("cpu").cache.stats  # this process compiled this one graph
+print(json.dumps({"hits": st.hits, "misses": st.misses, "kernels": r.kernels, "c": r.kernel_hashes["c"],
+                  "program_cache_hit": r.program_cache_hit}))
 """
 
 
@@ -269,4 +279,6 @@ def test_kernel_cache_is_reused_by_a_fresh_process(tmp_path):
     assert (first["hits"], first["misses"]) == (0, first["kernels"])  # an empty cache: all built
     assert (second["hits"], second["misses"]) == (second["kernels"], 0)  # all reused
     assert first["c"] == second["c"]
+    # the second process also skipped lowering and C generation (the program cache)
+    assert (first["program_cache_hit"], second["program_cache_hit"]) == (False, True)
     assert len(list((tmp_path / "cache").rglob("*.so"))) == first["kernels"]

@@ -1,14 +1,14 @@
 """The program corpus on the ``cpu`` target: every program compiles and matches eager.
 
-See :mod:`cuvil_runtime.testing.conformance` for what one check asserts.
+See :mod:`cuvil.testing.conformance` for what one check asserts.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from cuvil_runtime.testing import Program
-from cuvil_runtime.testing.conformance import check_program, conformance_params
+from cuvil.testing import Program
+from cuvil.testing.conformance import check_program, conformance_params
 
 #: program name -> why the cpu target cannot run it yet. Strict: once a program
 #: passes, its entry must go.

@@ -8,11 +8,13 @@ import json
 import pytest
 
 import cuvil as cu
-from cuvil_backend_cpu.compile import FUSION, _codec, _generate, schedule_policy
+from cuvil.testing import PROGRAMS, instantiate
+from cuvil_backend_cpu.policy import FUSION
+from cuvil_backend_cpu.target import CpuTarget
 from cuvil_ir.serial import Codec, SerialError
 from cuvil_ir.tensor_ir.lower import lower
+from cuvil_runtime.pipeline import generate_all, program_codec
 from cuvil_runtime.target import CompileOptions
-from cuvil_runtime.testing import PROGRAMS, instantiate
 
 
 def _graphs():
@@ -27,22 +29,23 @@ def _graphs():
 
 
 def test_every_corpus_program_round_trips():
-    codec = _codec()
+    target = CpuTarget()
+    codec = program_codec(target.codec_classes)
     count = 0
     for name, graph in _graphs():
         program = lower(graph, FUSION)
-        generated = {}
-        _generate(program, schedule_policy(CompileOptions()), True, generated)
+        generated = generate_all(target, program, CompileOptions())
         blob = codec.dumps((program, generated))
         back, back_gen = codec.loads(blob)
         assert back == program, name
         assert back.text == program.text, name
         assert back.plan == program.plan, name
-        assert {k: ck.source for k, (_, ck) in back_gen.items()} == {
-            k: ck.source for k, (_, ck) in generated.items()
+        assert back_gen == generated, name
+        assert {k: ck.source for k, ck in back_gen.items()} == {
+            k: ck.source for k, ck in generated.items()
         }, name
-        assert {k: ck.derived for k, (_, ck) in back_gen.items()} == {
-            k: ck.derived for k, (_, ck) in generated.items()
+        assert {k: ck.func.text for k, ck in back_gen.items()} == {
+            k: ck.func.text for k, ck in generated.items()
         }, name
         count += 1
     assert count >= len(PROGRAMS) // 2

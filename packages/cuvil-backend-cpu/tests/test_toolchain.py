@@ -122,7 +122,7 @@ def test_cc_from_environment(monkeypatch):
 def _x86_flags() -> set[str]:
     if platform.machine() != "x86_64":
         return set()
-    return set(tc_mod._cpuinfo().get("flags", "").split())
+    return set(tc_mod.cpuinfo().get("flags", "").split())
 
 
 def _runnable(isa: str) -> bool:
@@ -217,7 +217,7 @@ def test_isa_the_cpu_cannot_run_is_an_error_not_sigill(monkeypatch):
     with pytest.raises(ToolchainError, match="/proc/cpuinfo lists no CPU flags"):
         isa_flags("avx2", {})
     # the same through the public entry point and the availability check
-    monkeypatch.setattr(tc_mod, "_cpuinfo", lambda: zen3)
+    monkeypatch.setattr(tc_mod, "cpuinfo", lambda: zen3)
     monkeypatch.setenv("CUVIL_CPU_ISA", "avx512")
     with pytest.raises(ToolchainError, match="avx512f"):
         find_toolchain()

@@ -355,3 +355,17 @@ def test_defaults_that_name_locals_of_an_enclosing_function() -> None:
     x = torch.randn(3)
     torch.testing.assert_close(cf(x), f(x))
     torch.testing.assert_close(cf(x, scale=1.0), f(x, scale=1.0))
+
+
+def test_a_compiled_function_called_from_compiled_code_is_inlined() -> None:
+    # hooks learns CompiledFunction from cuvil.api (an injected class, not an import)
+    inner = cu.compile(lambda x: torch.sin(x) * 2, target="reference", fallback="error")
+
+    def outer(x):
+        return inner(x) + 1
+
+    cf = cu.compile(outer, target="reference", fallback="error")
+    x = torch.randn(4)
+    torch.testing.assert_close(cf(x), torch.sin(x) * 2 + 1)
+    assert inner.stats.compiles == 0  # traced through, not compiled (or called) on its own
+    assert "sin(" in str(cf.graphs[0]) and "extern" not in str(cf.graphs[0])

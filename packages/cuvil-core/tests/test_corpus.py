@@ -1,7 +1,7 @@
 """The program corpus end to end: compile, run every shape variant, compare with eager.
 
-For every program in :mod:`cuvil_runtime.testing.corpus`, the backend
-conformance check of :mod:`cuvil_runtime.testing.conformance`, on the
+For every program in :mod:`cuvil.testing.corpus`, the backend
+conformance check of :mod:`cuvil.testing.conformance`, on the
 ``reference`` target whatever else is installed (this tests the frontend; each
 backend package runs the same check on its own target): a fresh compile per
 test, ``fallback="error"``, each shape variant's result equals eager PyTorch
@@ -30,8 +30,8 @@ from torch.utils import _pytree as pytree
 
 import cuvil as cu
 import cuvil_ir
-from cuvil_runtime.testing import PROGRAMS, Program
-from cuvil_runtime.testing.conformance import compile_and_check, conformance_params
+from cuvil.testing import PROGRAMS, Program
+from cuvil.testing.conformance import compile_and_check, conformance_params
 
 GOLDEN = Path(__file__).parent / "golden"
 UPDATE_CMD = "pytest packages/cuvil-core/tests/test_corpus.py --update-golden"
@@ -102,7 +102,7 @@ def test_no_stale_golden_files():
 
 
 def test_corpus_programs_are_captured_as_user_code():
-    from cuvil_runtime.testing import get_program
+    from cuvil.testing import get_program
 
     p = get_program("helper_chain")
     compiled = cu.compile(p.fn, fallback="error")

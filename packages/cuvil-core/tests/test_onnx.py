@@ -16,7 +16,7 @@ ort = pytest.importorskip("onnxruntime")
 import cuvil as cu  # noqa: E402
 from cuvil.onnx import compile_onnx, export_onnx  # noqa: E402
 from cuvil.onnx.load import OnnxImportError  # noqa: E402
-from cuvil_runtime.testing import get_program, instantiate  # noqa: E402
+from cuvil.testing import get_program, instantiate  # noqa: E402
 
 ort.set_default_logger_severity(3)
 
@@ -477,3 +477,23 @@ def test_import_loop_scan_output_is_a_clear_error():
     )
     with pytest.raises(OnnxImportError, match="Loop node 'my_loop'.*scan outputs.*'ys'"):
         compile_onnx(model, target="reference")(torch.rand(2, 3))
+
+
+def test_the_device_picks_the_target_and_types_the_graph():
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3])
+    c = helper.make_tensor("c", TensorProto.FLOAT, [3], [1.0, 2.0, 3.0])
+    g = helper.make_graph([helper.make_node("Mul", ["x", "c"], ["y"])], "g", [x], [y], initializer=[c])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+    # meta tensors: only the reference target runs them, and the importer types the
+    # graph's inputs and constants on that device (no hard-coded cpu)
+    fn = compile_onnx(model, device="meta")
+    assert fn.target == "reference"
+    out = fn(torch.empty(5, 3, device="meta"))
+    assert out.device.type == "meta" and out.shape == (5, 3)
+    assert {v.type.device for v in fn.graphs[0].inputs} == {"meta"}
+    if "cpu" in {b.name for b in cu.backends() if b.available}:
+        with pytest.raises(ValueError, match="does not run on 'meta'"):
+            compile_onnx(model, target="cpu", device="meta")

@@ -23,11 +23,15 @@ from cuvil_runtime.target import CompileOptions
 
 #: a plugin module; {name}, {priority}, {devices}, {install} are filled per test
 PLUGIN = """
-from cuvil_runtime.target import BackendSpec, Capabilities
+from cuvil_runtime.target import GRAPH_STAGE, BackendSpec, Capabilities
 
 class _Target:
     name = {name!r}
     capabilities = Capabilities(devices=frozenset({devices!r}))
+    stages = (GRAPH_STAGE,)
+
+    def hash(self):
+        return "synthetic"
 
     def compile(self, graph, options):
         from cuvil_runtime.executor import Interpreter
@@ -220,3 +224,29 @@ def test_explicit_entry_points_replace_the_scan() -> None:
     assert "resolves to the spec of target 'reference'" in info.reason
     reg = registry.Registry([EntryPoint("reference", "cuvil_runtime.reference:BACKEND", registry.GROUP)])
     assert reg.get_target("reference").name == "reference"
+
+
+def test_a_target_that_breaks_the_contract_is_unavailable_with_the_reason(make_dist: MakeDist) -> None:
+    source = PLUGIN.format(
+        name="nostages", priority=0, devices={"cpu"}, install=None, check="lambda: None"
+    ).replace("    stages = (GRAPH_STAGE,)\n", "")
+    make_dist("cuvil-test-nostages", "nostages", source=source)
+    with pytest.raises(registry.TargetUnavailableError, match="no 'stages'"):
+        registry.get_target("nostages")
+
+
+def test_stages_must_start_with_the_graph(make_dist: MakeDist) -> None:
+    source = PLUGIN.format(
+        name="backwards", priority=0, devices={"cpu"}, install=None, check="lambda: None"
+    ).replace("stages = (GRAPH_STAGE,)", "stages = (Stage('code', 'x'), GRAPH_STAGE)")
+    source = source.replace("import GRAPH_STAGE,", "import GRAPH_STAGE, Stage,")
+    make_dist("cuvil-test-backwards", "backwards", source=source)
+    with pytest.raises(registry.TargetUnavailableError, match="graph_ir stage first"):
+        registry.get_target("backwards")
+
+
+def test_discover_shows_each_targets_stages_in_order() -> None:
+    infos = {i.name: i for i in registry.discover()}
+    assert infos["reference"].stages == ("graph_ir",)
+    if "cpu" in infos:
+        assert infos["cpu"].stages == ("graph_ir", "tensor_ir", "loop_ir", "c", "wrapper")

@@ -19,8 +19,8 @@ from typing import Any
 
 import sympy
 
+from cuvil_backend_cpu.loop_ir.nodes import Accumulate, Let, Loop, LoopFunc, Stmt, Store
 from cuvil_ir.graph_ir.types import DType
-from cuvil_ir.loop_ir.nodes import Accumulate, Let, Loop, LoopFunc, Stmt, Store
 from cuvil_ir.tensor_ir import expr as E
 
 

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from cuvil_backend_cpu.backend import CpuExecutable
+from cuvil_runtime.pipeline import ProgramExecutable
 
 
-def executable_of(compiled: Any) -> CpuExecutable:
-    """The :class:`CpuExecutable` behind the latest artifact of a ``cu.compile`` result
-    (its ``stages``, ``report`` and ``program``)."""
-    ex = compiled.artifacts[-1].executable
-    if not isinstance(ex, CpuExecutable):
-        raise TypeError(f"the latest artifact did not compile for cpu: {type(ex).__name__}")
+def executable_of(compiled: Any) -> ProgramExecutable:
+    """The :class:`ProgramExecutable` behind the latest artifact of a ``cu.compile``
+    result compiled for ``cpu`` (its ``stages``, ``report`` and ``program``)."""
+    art = compiled.artifacts[-1]
+    ex = art.executable
+    if art.target != "cpu" or not isinstance(ex, ProgramExecutable):
+        raise TypeError(f"the latest artifact did not compile for cpu: {art.target}, {type(ex).__name__}")
     return ex

@@ -173,7 +173,7 @@ def _compiler_version(cc: str) -> str:
 # -- the CPU -----------------------------------------------------------------------------------------------
 
 
-def _cpuinfo() -> dict[str, str]:
+def cpuinfo() -> dict[str, str]:
     """The first processor's fields from /proc/cpuinfo (empty where there is none, e.g. macOS)."""
     fields: dict[str, str] = {}
     try:
@@ -394,7 +394,7 @@ _toolchain: Toolchain | None = None
 
 
 def _detect(requested: str, use_record: bool) -> Toolchain:
-    info = _cpuinfo()
+    info = cpuinfo()
     isa, march = isa_flags(requested, info)  # before the compiler: a wrong ISA is the clearer error
     flags = (BASE_FLAGS[0], *march, *BASE_FLAGS[1:])  # -O3 -march=... -fopenmp ...
     cc = _find_compiler()

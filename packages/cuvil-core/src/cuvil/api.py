@@ -14,7 +14,9 @@ import torch
 from torch.utils import _pytree as pytree
 
 from cuvil.arguments import check_tensors
+from cuvil.capabilities import check_capabilities
 from cuvil.errors import CompileError
+from cuvil.frontend import hooks
 from cuvil.frontend.capture import Captured, capture, module_state
 from cuvil.guards import describe_leaf, explain_structure, leaf_key
 from cuvil_ir.symbolic import expr_str, symbol
@@ -326,6 +328,7 @@ class CompiledFunction:
             captured = capture(
                 self.__name__, self.fn, self.module, leaves, names, spec, self.dynamic, self.dims
             )
+            check_capabilities(captured.graph, target.capabilities, target_name)
             options = CompileOptions(opt_level=self.opt_level)
             executable = _EXECUTABLES.get_or_compile(captured.graph, target, options)
         except Exception as e:
@@ -404,6 +407,10 @@ class _ModuleSnapshot:
             if cur is not t or cur.dtype != dtype or cur.shape != shape:
                 return False
         return True
+
+
+# one called from compiled code is inlined (hooks cannot import this module: a cycle)
+hooks.COMPILED_FUNCTION = (CompiledFunction,)
 
 
 def _lifted_keys(c: Captured) -> tuple[Any, ...]:

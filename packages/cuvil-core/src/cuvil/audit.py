@@ -4,13 +4,14 @@
     cu.audit(f, x, y, out_dir="audit/")           # also writes each stage's text
     $ cuvil audit mymodel:head --args-spec "f32[4,3,64,64]" --out audit/
 
-Stages, in pipeline order (a target reports the ones it has):
+Stages, in pipeline order: whatever the target declares (``Target.stages``;
+``cuvil backends -v`` lists them), then ``mlir``. For ``cpu``:
 
 ==============  ==============================================================
 ``graph_ir``    the captured Graph IR (``Graph.text``: no source locations)
 ``tensor_ir``   fused kernels, externs, buffers and the arena plan
 ``loop_ir``     every kernel's loop nest
-``code``        the generated code (the C of every kernel, for ``cpu``)
+``c``           the C source of every kernel
 ``wrapper``     the generated per-call Python function
 ``mlir``        the Graph IR as upstream MLIR (with ``cuvil-ir[mlir]`` installed and
                 a graph the emitter accepts; absent otherwise)
@@ -31,9 +32,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-STAGES = ("graph_ir", "tensor_ir", "loop_ir", "code", "wrapper", "mlir")
-#: target stage names -> audit stage names
-_TARGET_STAGES = {"tensor_ir": "tensor_ir", "loop_ir": "loop_ir", "c": "code", "wrapper": "wrapper"}
+#: the stage every audit ends with, after the target's own (when the MLIR emitter can run)
+MLIR_STAGE = "mlir"
 
 
 def stage_texts(
@@ -52,15 +52,18 @@ def stage_texts(
     if art.captured is None:
         raise RuntimeError(f"cuvil.audit: {compiled.__qualname__} did not compile: {art.reason}")
     graph = art.captured.graph
+    from cuvil_runtime.registry import get_target
+
+    assert art.executable is not None and art.target is not None
+    produced = art.executable.stages
     texts = {"graph_ir": graph.text}
-    produced = getattr(art.executable, "stages", None) or {}
-    for name, stage in _TARGET_STAGES.items():
-        if name in produced:
-            texts[stage] = produced[name]
+    for stage in get_target(art.target).stages:  # the target's order
+        if stage.name in produced:
+            texts[stage.name] = produced[stage.name]
     mlir = _mlir_text(graph)
     if mlir is not None:
-        texts["mlir"] = mlir
-    return {k: texts[k] for k in STAGES if k in texts}
+        texts[MLIR_STAGE] = mlir
+    return texts
 
 
 def _mlir_text(graph: Any) -> str | None:
@@ -104,4 +107,4 @@ def audit(
     return hashes
 
 
-__all__ = ["STAGES", "audit", "digest", "stage_texts"]
+__all__ = ["MLIR_STAGE", "audit", "digest", "stage_texts"]

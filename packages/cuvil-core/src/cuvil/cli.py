@@ -39,6 +39,16 @@ def _backends(args: argparse.Namespace) -> int:
         print("  ".join([*cells, r[-1]]).rstrip())
     if not rows:
         print("(no targets are installed: the 'cuvil-runtime' distribution registers 'reference')")
+    if args.verbose:
+        for i in infos:
+            caps = i.capabilities
+            print(f"\n{i.name}: {i.description}")
+            print(f"  stages: {' -> '.join(i.stages) or '-'}")
+            if caps is not None:
+                print(
+                    f"  devices: {', '.join(sorted(caps.devices))}; control flow: "
+                    f"{'yes' if caps.control_flow else 'no'}; extern calls: {'yes' if caps.extern_calls else 'no'}"
+                )
     return 0
 
 
@@ -156,6 +166,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     backends = sub.add_parser("backends", help="list installed targets and whether each can be used here")
+    backends.add_argument(
+        "-v", "--verbose", action="store_true", help="also each target's stages and capabilities"
+    )
     backends.set_defaults(run=_backends)
     aud = sub.add_parser(
         "audit", help="compile a function and print the hash of every stage (Graph IR ... generated code)"

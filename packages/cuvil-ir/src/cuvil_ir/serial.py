@@ -81,10 +81,9 @@ _SYMPY_ATOMS: tuple[Any, ...] = (
 
 def _ir_modules() -> list[ModuleType]:
     from cuvil_ir.graph_ir import nodes, types
-    from cuvil_ir.loop_ir import nodes as loop_nodes
     from cuvil_ir.tensor_ir import expr, memory, program
 
-    return [nodes, types, expr, program, memory, loop_nodes]
+    return [nodes, types, expr, program, memory]
 
 
 def _classes_of(module: ModuleType) -> list[type]:

@@ -31,6 +31,7 @@ from typing import Any
 
 from cuvil_ir.graph_ir.nodes import Graph
 from cuvil_runtime import trust
+from cuvil_runtime.dump import compile_graph
 from cuvil_runtime.target import CompileOptions, Executable, Target
 
 # -- in-process ----------------------------------------------------------------
@@ -85,7 +86,7 @@ class CompileCache:
             with pending[0]:
                 exe = self.get(graph_hash, target.name, options)
                 if exe is None:
-                    exe = target.compile(graph, options)
+                    exe = compile_graph(target, graph, options)
                     self.put(graph_hash, target.name, options, exe)
         finally:
             with self._lock:

@@ -27,7 +27,7 @@ import torch
 
 from cuvil_ir.graph_ir.nodes import KV, AttrValue, Graph, Node, Value
 from cuvil_ir.graph_ir.registry import REGISTRY
-from cuvil_ir.graph_ir.types import ScalarKind, ScalarType, TensorType
+from cuvil_ir.graph_ir.types import SCALAR_PYTHON_TYPES, ScalarType, TensorType
 from cuvil_ir.symbolic import dim_str, evaluate, evaluate_bool, symbol
 
 Bindings = Mapping[sympy.Symbol, int]
@@ -36,13 +36,6 @@ Bindings = Mapping[sympy.Symbol, int]
 _MEMO_SIZE = 64
 #: attributes evaluated per loop iteration (and binding) remembered per interpreter
 _LOOP_MEMO_SIZE = 4096
-
-_SCALAR_KINDS: dict[ScalarKind, tuple[type, ...]] = {
-    ScalarKind.bool: (bool,),
-    ScalarKind.int: (int,),
-    ScalarKind.float: (float, int),
-}
-
 
 _PREDICATES = (sympy.Rel, sympy.logic.boolalg.BooleanFunction, sympy.logic.boolalg.BooleanAtom)
 
@@ -88,16 +81,16 @@ def _exact(bindings: Bindings) -> dict[sympy.Symbol, sympy.Integer]:
     return {s: sympy.Integer(v) for s, v in bindings.items()}
 
 
-def _evaluate_attr(value: AttrValue, bindings: Bindings) -> Any:
+def evaluate_attr(value: AttrValue, bindings: Bindings) -> Any:
     """``value`` with every size expression replaced by its int (or bool) value."""
     if isinstance(value, sympy.Basic):
         if isinstance(value, _PREDICATES):  # not Boolean: a Symbol is a Boolean to sympy
             return evaluate_bool(value, bindings)
         return evaluate(value, bindings)
     if isinstance(value, tuple):
-        return tuple(_evaluate_attr(v, bindings) for v in value)
+        return tuple(evaluate_attr(v, bindings) for v in value)
     if isinstance(value, KV):
-        return KV(tuple((k, _evaluate_attr(v, bindings)) for k, v in value.items))
+        return KV(tuple((k, evaluate_attr(v, bindings)) for k, v in value.items))
     return value
 
 
@@ -201,6 +194,14 @@ class Interpreter:
         self._memo: dict[tuple[int, ...], list[dict[str, Any]]] = {}
         self._loop_memo: dict[tuple[int, ...], dict[str, Any]] = {}
 
+    @property
+    def stages(self) -> dict[str, str]:
+        """The reference target's one stage: the graph it runs."""
+        return {"graph_ir": self.graph.text}
+
+    #: no kernels: every op runs its reference
+    kernel_texts: dict[str, dict[str, str]] = {}
+
     def _block(
         self,
         args: tuple[Value, ...],
@@ -271,7 +272,7 @@ class Interpreter:
         for name, value in node.attrs:
             if not _has_symbols(value):
                 # Constant size expressions (sympy Integers) still reach the op as ints.
-                static[name] = _evaluate_attr(value, {})
+                static[name] = evaluate_attr(value, {})
                 continue
             syms = _free_symbols(value)
             unbound = syms - set(self._symbols) - loop_vars
@@ -362,7 +363,7 @@ class Interpreter:
         if isinstance(t, TensorType):
             return _Input(index, v, t.dtype.torch, tuple(t.shape), ())
         assert isinstance(t, ScalarType)
-        return _Input(index, v, None, (), _SCALAR_KINDS[t.kind])
+        return _Input(index, v, None, (), SCALAR_PYTHON_TYPES[t.kind])
 
     # -- per call --------------------------------------------------------------
     def __call__(self, *inputs: Any) -> tuple[Any, ...]:
@@ -424,7 +425,7 @@ class Interpreter:
             kwargs = dict(step.static_attrs)
             for name, value in step.symbolic_attrs:
                 try:
-                    kwargs[name] = _evaluate_attr(value, exact)
+                    kwargs[name] = evaluate_attr(value, exact)
                 except ValueError as e:
                     raise ValueError(f"{_where(step.node)}: attribute {name!r}: {e}") from e
             if len(self._loop_memo) >= _LOOP_MEMO_SIZE:
@@ -504,7 +505,7 @@ class Interpreter:
                 kwargs = dict(step.static_attrs)
                 for name, value in step.symbolic_attrs:
                     try:
-                        kwargs[name] = _evaluate_attr(value, exact)
+                        kwargs[name] = evaluate_attr(value, exact)
                     except ValueError as e:
                         raise ValueError(f"{_where(step.node)}: attribute {name!r}: {e}") from e
                 attrs[k] = kwargs
@@ -514,4 +515,4 @@ class Interpreter:
         return attrs
 
 
-__all__ = ["AssumptionError", "Interpreter"]
+__all__ = ["AssumptionError", "Interpreter", "evaluate_attr"]

@@ -8,8 +8,10 @@ heavy; the executor (and torch) are imported when a graph is compiled.
 
 from __future__ import annotations
 
+import hashlib
+
 from cuvil_ir.graph_ir.nodes import Graph
-from cuvil_runtime.target import BackendSpec, Capabilities, CompileOptions, Executable
+from cuvil_runtime.target import GRAPH_STAGE, BackendSpec, Capabilities, CompileOptions, Executable
 
 CAPABILITIES = Capabilities(
     # Reference kernels are plain torch calls, so they run wherever torch does.
@@ -19,11 +21,22 @@ CAPABILITIES = Capabilities(
 )
 
 
+#: nothing is generated: the graph is the program
+STAGES = (GRAPH_STAGE,)
+
+
 class ReferenceTarget:
     """Compiling is only preparing an :class:`~cuvil_runtime.executor.Interpreter`."""
 
     name = "reference"
     capabilities = CAPABILITIES
+    stages = STAGES
+
+    def hash(self) -> str:
+        import cuvil_runtime
+        from cuvil_runtime.pipeline import package_hash
+
+        return hashlib.sha256(package_hash(cuvil_runtime).encode()).hexdigest()
 
     def compile(self, graph: Graph, options: CompileOptions) -> Executable:
         from cuvil_runtime.executor import Interpreter
@@ -37,6 +50,7 @@ BACKEND = BackendSpec(
     factory=ReferenceTarget,
     priority=0,
     capabilities=CAPABILITIES,
+    stages=STAGES,
 )
 
 __all__ = ["BACKEND", "CAPABILITIES", "ReferenceTarget"]

@@ -19,8 +19,9 @@ import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 from importlib.metadata import EntryPoint, entry_points
+from typing import Any
 
-from cuvil_runtime.target import BackendSpec, Target
+from cuvil_runtime.target import GRAPH_STAGE, BackendSpec, Capabilities, Stage, Target
 
 GROUP = "cuvil.backends"
 
@@ -60,6 +61,9 @@ class BackendInfo:
     install: str | None
     priority: int
     description: str
+    #: the target's pipeline, in order (stage names)
+    stages: tuple[str, ...] = ()
+    capabilities: Capabilities | None = None
 
 
 @dataclass(slots=True)
@@ -159,6 +163,8 @@ class Registry:
             install=spec.install if spec is not None else None,
             priority=spec.priority if spec is not None else 0,
             description=spec.description if spec is not None else "",
+            stages=tuple(st.name for st in spec.stages) if spec is not None else (),
+            capabilities=spec.capabilities if spec is not None else None,
         )
 
     # -- public questions --------------------------------------------------
@@ -193,6 +199,11 @@ class Registry:
                     raise TargetUnavailableError(
                         name, f"its factory failed: {type(e).__name__}: {e}", spec.install, installed=True
                     ) from e
+                problem = contract_problem(target)
+                if problem is not None:
+                    raise TargetUnavailableError(
+                        name, f"{type(target).__name__} {problem}", spec.install, installed=True
+                    )
                 self._targets[name] = target
             return target
 
@@ -232,6 +243,24 @@ class Registry:
 REGISTRY = Registry()
 
 
+def contract_problem(target: Any) -> str | None:
+    """What ``target`` lacks of the :class:`~cuvil_runtime.target.Target` contract, if anything."""
+    for attr in ("name", "capabilities", "stages", "hash", "compile"):
+        if not hasattr(target, attr):
+            return f"does not implement the target contract: it has no {attr!r}"
+    stages = target.stages
+    if not isinstance(stages, tuple) or not stages or not all(isinstance(s, Stage) for s in stages):
+        return "declares no stages: 'stages' must be a non-empty tuple of cuvil_runtime.target.Stage"
+    if stages[0] != GRAPH_STAGE:
+        return f"must declare the graph_ir stage first, not {stages[0].name!r}"
+    names = [s.name for s in stages]
+    if len(set(names)) != len(names):
+        return f"declares a stage twice: {names}"
+    if not isinstance(target.capabilities, Capabilities):
+        return "has capabilities that are not a cuvil_runtime.target.Capabilities"
+    return None
+
+
 def discover() -> list[BackendInfo]:
     """Every installed target, available or not, sorted by name."""
     return REGISTRY.discover()
@@ -260,6 +289,7 @@ __all__ = [
     "Registry",
     "TargetUnavailableError",
     "UnknownTargetError",
+    "contract_problem",
     "default_target",
     "discover",
     "get_target",

@@ -4,15 +4,31 @@ A distribution registers a backend with an entry point in the group
 ``cuvil.backends`` whose name is the target string and whose value is a
 :class:`BackendSpec`. Importing the spec must be cheap: heavy imports (a
 toolchain, triton, a vendor runtime) happen in ``check`` and ``factory``.
+
+A target declares its pipeline as an ordered list of named :class:`Stage` s (as
+Triton's ``BaseBackend.add_stages`` does): Graph IR first, then whatever the
+target has (Tensor IR, its own IRs, generated code, binaries). Its executables
+carry the text of each stage under the stage's name, so ``cu.audit`` and
+``CUVIL_DUMP`` list whatever stages a target declares, and know none by name.
+A target that compiles through Tensor IR implements :class:`KernelBackend`
+instead of ``compile`` itself and gets the shared program cache, stages, dumps and
+program runner (:mod:`cuvil_runtime.pipeline`, :mod:`cuvil_runtime.runner`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+import sympy
 
 from cuvil_ir.graph_ir.nodes import Graph
+from cuvil_ir.graph_ir.types import DType
+
+if TYPE_CHECKING:
+    from cuvil_ir.tensor_ir.lower import FusionPolicy
+    from cuvil_ir.tensor_ir.program import Kernel, TensorProgram
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +44,28 @@ class Capabilities:
 
 
 @dataclass(frozen=True, slots=True)
+class Stage:
+    """One named step of a target's pipeline; its text is what the step produced."""
+
+    #: key in ``Executable.stages``, ``cu.audit``'s result and dump file names
+    name: str
+    #: one line for docs and ``cuvil backends``
+    summary: str
+    #: file suffix of the stage's text in ``CUVIL_DUMP`` and ``cu.audit(out_dir=)``
+    suffix: str = "txt"
+    #: the stage produces one text per kernel (also dumped as ``kernels/<kernel>.<suffix>``)
+    per_kernel: bool = False
+
+
+#: the first stage of every target: the captured graph (``Graph.text``)
+GRAPH_STAGE = Stage("graph_ir", "the captured Graph IR")
+#: the stage after it for targets that compile through Tensor IR
+TENSOR_STAGE = Stage("tensor_ir", "fused kernels, extern calls, buffers and the arena plan")
+#: the last stage of targets run by :class:`cuvil_runtime.runner.ProgramRunner`
+WRAPPER_STAGE = Stage("wrapper", "the generated per-call Python function", suffix="py")
+
+
+@dataclass(frozen=True, slots=True)
 class CompileOptions:
     opt_level: int = 2
     #: extra per-target settings, as sorted (key, value) pairs so options hash
@@ -35,7 +73,20 @@ class CompileOptions:
 
 
 class Executable(Protocol):
-    """A compiled graph: graph inputs in order (tensors, Python scalars) → flat outputs."""
+    """A compiled graph: graph inputs in order (tensors, Python scalars) → flat outputs.
+
+    ``stages`` maps the name of each stage the target declares (in its order) to the
+    text that stage produced for this graph; a stage that produced nothing is absent.
+    ``CUVIL_DUMP`` and ``cu.audit`` read only these.
+    """
+
+    @property
+    def stages(self) -> Mapping[str, str]: ...
+
+    @property
+    def kernel_texts(self) -> Mapping[str, Mapping[str, str]]:
+        """Kernel name -> the kernel's text at each ``per_kernel`` stage (empty: no kernels)."""
+        ...
 
     def __call__(self, *inputs: Any) -> tuple[Any, ...]: ...
 
@@ -44,7 +95,82 @@ class Target(Protocol):
     name: str
     capabilities: Capabilities
 
+    @property
+    def stages(self) -> tuple[Stage, ...]:
+        """The pipeline, in order; the first is :data:`GRAPH_STAGE`."""
+        ...
+
+    def hash(self) -> str:
+        """A digest of everything that changes what ``compile`` produces besides the
+        graph and options: the target's code, its compiler, flags and versions."""
+        ...
+
     def compile(self, graph: Graph, options: CompileOptions) -> Executable: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Launch:
+    """How the program runner calls one compiled kernel: ``fn(*arguments)`` with, in
+    this order, the data pointers of ``buffers``, the int values of ``sizes``, the
+    values of ``derived`` (size expressions evaluated once per size binding) and the
+    scalar graph values ``scalars``. A kernel with ``may_fail`` returns nonzero when
+    an integer division met a zero divisor (the runner raises ``ZeroDivisionError``)."""
+
+    fn: Callable[..., Any]
+    buffers: tuple[str, ...]
+    sizes: tuple[sympy.Symbol, ...]
+    #: (expression, "int" | "float")
+    derived: tuple[tuple[sympy.Expr, str], ...] = ()
+    #: (graph value name, dtype)
+    scalars: tuple[tuple[str, DType], ...] = ()
+    may_fail: bool = False
+
+
+class KernelBackend(Protocol):
+    """What a target that compiles through Tensor IR supplies to the shared pipeline
+    (:func:`cuvil_runtime.pipeline.compile_program`); everything else (lowering with
+    its policy, the program cache, regions, stages, dumps, the per-call runner with
+    its arena, extern calls and control flow) is shared."""
+
+    name: str
+
+    @property
+    def stages(self) -> tuple[Stage, ...]:
+        """Graph IR → Tensor IR → the backend's ``per_kernel`` stages → wrapper."""
+        ...
+
+    @property
+    def codec_classes(self) -> tuple[type, ...]:
+        """Classes of the objects ``generate`` returns, so the program cache can store
+        them (plain dataclasses and enums: see :class:`cuvil_ir.serial.Codec`)."""
+        ...
+
+    def hash(self) -> str: ...
+
+    def fusion_policy(self, options: CompileOptions) -> FusionPolicy:
+        """What lowering may fuse and which ops stay extern calls, for these options."""
+        ...
+
+    def generate(self, kernel: Kernel, program: TensorProgram, options: CompileOptions) -> Any:
+        """The backend's code for one kernel (plain data, cached with the program)."""
+        ...
+
+    def kernel_texts(self, code: Any) -> dict[str, str]:
+        """The text of each ``per_kernel`` stage for one ``generate`` result."""
+        ...
+
+    def build(self, codes: Sequence[tuple[str, Any]], label: str) -> list[Launch]:
+        """Compile and load (kernel name, code) pairs; one :class:`Launch` each, in order."""
+        ...
+
+    def extern(self, op: str, reference: Callable[..., Any], channels_last: bool) -> Callable[..., Any]:
+        """What an extern call of ``op`` runs (``reference``, or a faster equivalent)."""
+        ...
+
+    def out_variant(self, op: str) -> Callable[..., Any]:
+        """``fn(out, *inputs, **attrs)`` for an extern lowered to write into its planned
+        buffer (the ops in ``fusion_policy(...).out_variants``)."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,3 +188,5 @@ class BackendSpec:
     #: ``target=None`` picks the available target with the highest priority
     priority: int = 0
     capabilities: Capabilities = field(default_factory=Capabilities)
+    #: the target's pipeline, in order (the same as its ``Target.stages``)
+    stages: tuple[Stage, ...] = (GRAPH_STAGE,)

@@ -24,7 +24,7 @@ from cuvil.frontend import hooks
 from cuvil.frontend.convert import ConversionError, convert, is_user_function
 from cuvil.frontend.proxy import TensorProxy
 from cuvil.frontend.regions import Undefined
-from cuvil.frontend.tracer import Lifted, Tracer
+from cuvil.frontend.tracer import Lifted, Tracer, trace_entry
 from cuvil.guards import _SCALARS, AssumptionCheck, ReadGuards, SymbolSlot
 from cuvil_ir.graph_ir.nodes import Graph, Value
 from cuvil_ir.graph_ir.verifier import verify
@@ -118,6 +118,7 @@ def root_callable(fn: Any, module: torch.nn.Module | None) -> Callable[..., Any]
     return fn  # type: ignore[no-any-return]
 
 
+@trace_entry
 def capture(
     name: str,
     fn: Any,

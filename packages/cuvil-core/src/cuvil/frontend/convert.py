@@ -59,11 +59,13 @@ def _library_roots() -> tuple[str, ...]:
     import torch
 
     roots.add(os.path.dirname(torch.__file__))
-    import cuvil
     import cuvil_ir
     import cuvil_runtime
 
-    for pkg in (cuvil, cuvil_ir, cuvil_runtime):  # editable installs live outside site-packages
+    # editable installs live outside site-packages; cuvil's own folder is two up from
+    # here (not ``import cuvil``: this module is part of what cuvil/__init__ imports)
+    roots.add(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    for pkg in (cuvil_ir, cuvil_runtime):
         roots.add(os.path.dirname(pkg.__file__ or ""))
     return tuple(sorted(r for r in roots if r))
 
@@ -83,7 +85,7 @@ def is_user_frame(frame: types.FrameType) -> bool:
 
 def is_user_function(fn: Any) -> bool:
     """User code is converted; a module can opt in wherever it is installed by setting
-    ``__cuvil_convert__ = True`` (the program corpus in ``cuvil_runtime.testing`` does)."""
+    ``__cuvil_convert__ = True`` (the program corpus in ``cuvil.testing`` does)."""
     if not isinstance(fn, types.FunctionType):
         return False
     return fn.__globals__.get("__cuvil_convert__") is True or is_user_file(fn.__code__.co_filename)

@@ -33,6 +33,12 @@ from cuvil.frontend.regions import (
     capture_while,
     static_truth,
 )
+from cuvil.frontend.tracer import Tracer
+
+#: The class of ``cu.compile``'s results (:class:`cuvil.api.CompiledFunction`), set by
+#: :mod:`cuvil.api` (which imports this module, through capture): one called from compiled
+#: code is inlined, its original function traced instead.
+COMPILED_FUNCTION: tuple[type[Any], ...] = ()
 
 _HINTS = {
     "if": "an `if` inside a loop body that uses `break`/`continue`/`return` stays Python; "
@@ -115,11 +121,9 @@ def call(site: int, fn: Any, *args: Any, **kwargs: Any) -> Any:
 
 def _unwrap(fn: Any) -> Any:
     """A ``cu.compile`` result called from compiled code is inlined: its original function."""
-    from cuvil.api import CompiledFunction
-
-    if isinstance(fn, CompiledFunction):
+    if isinstance(fn, COMPILED_FUNCTION):
         return fn.fn
-    if isinstance(fn, functools.partial) and isinstance(fn.func, CompiledFunction):  # a bound method
+    if isinstance(fn, functools.partial) and isinstance(fn.func, COMPILED_FUNCTION):  # a bound method
         return functools.partial(fn.func.fn, *fn.args, **fn.keywords)
     return fn
 
@@ -203,8 +207,6 @@ def load(scope: dict[str, Any], name: str, site: int) -> Any:
 
 
 def _tracer() -> Any:
-    from cuvil.frontend.tracer import Tracer
-
     return Tracer.active
 
 

@@ -16,7 +16,7 @@ import sys
 import types
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import sympy
 import torch
@@ -34,6 +34,19 @@ from cuvil_ir.graph_ir.registry import REGISTRY, NotCaptured, infer_types
 from cuvil_ir.graph_ir.torch_names import qualname
 from cuvil_ir.graph_ir.types import DType, ScalarKind, ScalarType, TensorType, Type
 from cuvil_ir.symbolic import ShapeContext, UndecidableError, symbol
+
+#: The code of the trace entry points (:func:`cuvil.frontend.capture.capture`): the frames
+#: above one are not part of the program. Registered by :func:`trace_entry`, not imported:
+#: capture imports this module.
+_ENTRY_CODES: set[types.CodeType] = set()
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def trace_entry(fn: _F) -> _F:
+    """Decorator: ``fn`` starts a trace, so :meth:`Tracer.source_loc` stops at its frame."""
+    _ENTRY_CODES.add(fn.__code__)
+    return fn
+
 
 # Calls without tensor arguments that must run on every call, not once at trace time.
 _SYM = (torch.SymInt, torch.SymBool, torch.SymFloat)
@@ -348,12 +361,10 @@ class Tracer:
 
     # -- locations ------------------------------------------------------------
     def source_loc(self) -> SourceLoc | None:
-        from cuvil.frontend.capture import capture
-
         f = sys._getframe(1)
         while f is not None:
             code = f.f_code
-            if code is capture.__code__:
+            if code in _ENTRY_CODES:
                 return None  # frames above the trace entry are not part of the program
             if is_user_frame(f):
                 pos = self._positions.get(code)

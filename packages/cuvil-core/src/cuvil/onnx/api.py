@@ -50,16 +50,19 @@ def export_onnx(f: Any, *example_args: Any, path: str | os.PathLike[str] | None 
     return model
 
 
-def compile_onnx(model_or_path: Any, target: str | None = None, **compile_kwargs: Any) -> Callable[..., Any]:
+def compile_onnx(
+    model_or_path: Any, target: str | None = None, device: str = "cpu", **compile_kwargs: Any
+) -> Callable[..., Any]:
     """Read an ONNX model (a ``ModelProto``, a path, or bytes) into Graph IR and compile it.
 
     Returns a callable taking the model's (non-initializer) inputs positionally as
     torch tensors and returning its outputs: one tensor, or a tuple. Inputs whose
     dims carry a ``dim_param`` get one size symbol per distinct name; the graph is
     built (and compiled) for the first call and rebuilt only when a later call's
-    sizes break a size fact the graph relies on.
+    sizes break a size fact the graph relies on. ``device`` is the torch device type
+    the inputs live on; ``target=None`` picks the best available target for it.
     """
     _require_onnx()
     from cuvil.onnx.load import OnnxFunction
 
-    return OnnxFunction(model_or_path, target=target, **compile_kwargs)
+    return OnnxFunction(model_or_path, target=target, device=device, **compile_kwargs)

@@ -20,9 +20,18 @@ from typing import Any
 
 import sympy
 
+from cuvil_ir.graph_ir.decompose import NotDecomposed, expand, uses_decomposition
 from cuvil_ir.graph_ir.nodes import Block, Graph, Node, Value
-from cuvil_ir.graph_ir.registry import registrar
-from cuvil_ir.graph_ir.types import DType, ScalarKind, ScalarType, TensorType, Type
+from cuvil_ir.graph_ir.registry import REGISTRY, registrar
+from cuvil_ir.graph_ir.types import (
+    DType,
+    ScalarKind,
+    ScalarType,
+    TensorType,
+    Type,
+    element_dtype,
+    promote_types,
+)
 from cuvil_ir.symbolic import expr_str
 
 OPSET = 18
@@ -60,11 +69,7 @@ def onnx_dtype(dt: DType) -> int:
     }[dt]
 
 
-_SCALAR_DTYPE = {ScalarKind.int: DType.i64, ScalarKind.float: DType.f64, ScalarKind.bool: DType.bool}
-
-
-def dtype_of(t: Type) -> DType:
-    return t.dtype if isinstance(t, TensorType) else _SCALAR_DTYPE[t.kind]
+dtype_of = element_dtype
 
 
 class _Scope:
@@ -110,6 +115,11 @@ class Exporter:
         self.floats: set[str] = set()
         #: symbols the graph's assumptions pin to a value
         self.known: dict[sympy.Symbol, int] = {}
+        #: the graph's assumptions (decompositions infer their types under them)
+        self.assumptions: tuple[sympy.Basic, ...] = ()
+        #: ONNX value -> the Python number of a ``const`` node it holds, so that a use in
+        #: float arithmetic gets a constant of its dtype rather than a ``Cast``
+        self.numbers: dict[str, float] = {}
 
     # -- building blocks ---------------------------------------------------------------
     def fresh(self, hint: str = "t") -> str:
@@ -161,6 +171,8 @@ class Exporter:
         name = self.env[v]
         if dst is None:
             return name
+        if name in self.numbers and dst in (DType.f32, DType.f64) and dtype_of(v.type) != dst:
+            return self.const(self.numbers[name], dst)
         return self.cast(name, dtype_of(v.type), dst)
 
     # -- size expressions -------------------------------------------------------------
@@ -233,7 +245,10 @@ class Exporter:
         if isinstance(e, sympy.Mod):
             return self.op("Mod", [self.expr(e.args[0]), self.expr(e.args[1])])
         if isinstance(e, (sympy.Max, sympy.Min)):
-            return self.op("Max" if isinstance(e, sympy.Max) else "Min", [self.expr(a) for a in e.args])
+            out = self.op("Max" if isinstance(e, sympy.Max) else "Min", [self.expr(a) for a in e.args])
+            # already of shape [1]; the Reshape keeps it so for load.py, whose Max/Min fold
+            # of one-element known values gives a 0-d value
+            return self.op("Reshape", [out, self.ints([1])])
         rel = {
             sympy.StrictLessThan: "Less",
             sympy.LessThan: "LessOrEqual",
@@ -324,20 +339,37 @@ class Exporter:
     def block(self, nodes: Sequence[Node]) -> None:
         for n in nodes:
             fn = OPS.get(n.op)
-            if fn is None:
-                where = f" (at {n.loc})" if n.loc else ""
-                extra = f" {_a(n, 'target')}" if n.op == "extern" else ""
-                raise ExportError(f"Graph IR op {n.op!r}{extra}{where} has no ONNX translation")
-            try:
-                outs = fn(self, n)
-            except ExportError:
-                raise
-            except Exception as e:
-                raise ExportError(f"exporting {n.op}{f' at {n.loc}' if n.loc else ''}: {e}") from e
+            outs = None
+            if fn is not None:
+                try:
+                    outs = fn(self, n)  # None: no native form here, use the decomposition
+                except ExportError:
+                    raise
+                except Exception as e:
+                    raise ExportError(f"exporting {n.op}{f' at {n.loc}' if n.loc else ''}: {e}") from e
+            if outs is None:
+                outs = self.decomposed(n)
             if isinstance(outs, str):
                 outs = [outs]
             for v, name in zip(n.outputs, outs):
                 self.env[v] = name
+
+    def decomposed(self, n: Node) -> list[str]:
+        """``n`` exported as its decomposition's primitives (see
+        :mod:`cuvil_ir.graph_ir.decompose`), or an :class:`ExportError` naming the op and
+        the reason its declaration gives."""
+        where = f" (at {n.loc})" if n.loc else ""
+        if not uses_decomposition(n.op, "onnx", native=False):
+            extra = f" {_a(n, 'target')}" if n.op == "extern" else ""
+            reason = REGISTRY.get(n.op).extern_reasons.get("onnx") if n.op in REGISTRY else None
+            why = f": {reason}" if reason else ""
+            raise ExportError(f"Graph IR op {n.op!r}{extra}{where} has no ONNX translation{why}")
+        try:
+            ex = expand(n, self.assumptions)
+        except NotDecomposed as e:
+            raise ExportError(f"exporting {n.op}{where}: {e}") from e
+        self.block(ex.nodes)
+        return [self.env[v] for v in ex.outputs]
 
     def subgraph(
         self, name: str, inputs: Sequence[tuple[str, Type]], body: Callable[[], Sequence[tuple[str, Type]]]
@@ -402,6 +434,7 @@ def export_graph(
                 if isinstance(d, sympy.Symbol) and d not in ex.sources:
                     ex.sources[d] = (v.name, i)
     ex.known = _pinned(graph.assumptions)
+    ex.assumptions = tuple(graph.assumptions)
     ex.block(graph.nodes)
     picks = list(range(len(graph.outputs))) if outputs is None else list(outputs)
     out_infos = []
@@ -475,22 +508,6 @@ def _tt(v: Value) -> TensorType:
     return t
 
 
-def _promote(types: Sequence[Type]) -> DType:
-    import torch
-
-    dummies: list[Any] = []
-    for t in types:
-        if isinstance(t, ScalarType):
-            dummies.append({ScalarKind.bool: True, ScalarKind.int: 1, ScalarKind.float: 1.0}[t.kind])
-        else:
-            dummies.append(torch.empty((1,) * min(t.rank, 1), dtype=t.dtype.torch))
-    if all(not isinstance(d, torch.Tensor) for d in dummies):
-        dummies[0] = torch.tensor(dummies[0])
-    out = dummies[0]
-    res = torch.result_type(dummies[0], dummies[1]) if len(dummies) > 1 else out.dtype
-    return DType.from_torch(res)
-
-
 _UNARY = {
     "abs": "Abs",
     "neg": "Neg",
@@ -529,8 +546,9 @@ def _fconst(ex: Exporter, value: float, dt: DType) -> str:
     return ex.const(value, dt)
 
 
-@_reg("rsqrt", "log1p", "expm1", "log2", "square", "silu", "trunc", "logsigmoid", "hardsigmoid")
+@_reg("rsqrt", "log1p", "expm1", "log2", "square", "trunc", "hardsigmoid")
 def _unary_composite(ex: Exporter, n: Node) -> Any:
+    """Primitives ONNX spells with a few nodes (and its native HardSigmoid)."""
     dt = _out(n).dtype
     x = ex.val(n.inputs[0], dt)
     if n.op == "rsqrt":
@@ -543,30 +561,19 @@ def _unary_composite(ex: Exporter, n: Node) -> Any:
         return ex.op("Div", [ex.op("Log", [x]), _fconst(ex, math.log(2.0), dt)])
     if n.op == "square":
         return ex.op("Mul", [x, x])
-    if n.op == "silu":
-        return ex.op("Mul", [x, ex.op("Sigmoid", [x])])
     if n.op == "trunc":
         if not dt.is_floating:
             return ex.op("Identity", [x])
         neg = ex.op("Less", [x, _fconst(ex, 0.0, dt)])
         return ex.op("Where", [neg, ex.op("Ceil", [x]), ex.op("Floor", [x])])
-    if n.op == "logsigmoid":
-        return ex.op("Neg", [ex.op("Softplus", [ex.op("Neg", [x])])])
     return ex.op("HardSigmoid", [x], alpha=1.0 / 6.0, beta=0.5)
 
 
 @_reg("gelu")
 def _gelu(ex: Exporter, n: Node) -> Any:
-    dt = _out(n).dtype
-    x = ex.val(n.inputs[0], dt)
-    half = ex.op("Mul", [x, _fconst(ex, 0.5, dt)])
-    if _a(n, "approximate") == "tanh":
-        x3 = ex.op("Mul", [ex.op("Mul", [x, x]), x])
-        inner = ex.op("Add", [x, ex.op("Mul", [x3, _fconst(ex, 0.044715, dt)])])
-        t = ex.op("Tanh", [ex.op("Mul", [inner, _fconst(ex, math.sqrt(2.0 / math.pi), dt)])])
-    else:
-        t = ex.op("Erf", [ex.op("Mul", [x, _fconst(ex, 1.0 / math.sqrt(2.0), dt)])])
-    return ex.op("Mul", [half, ex.op("Add", [t, _fconst(ex, 1.0, dt)])])
+    if ex.opset < 20:
+        return None  # no Gelu before opset 20: the decomposition
+    return ex.op("Gelu", [ex.val(n.inputs[0], _out(n).dtype)], approximate=str(_a(n, "approximate")))
 
 
 @_reg("leaky_relu")
@@ -577,16 +584,6 @@ def _leaky(ex: Exporter, n: Node) -> Any:
 @_reg("elu")
 def _elu(ex: Exporter, n: Node) -> Any:
     return ex.op("Elu", [ex.val(n.inputs[0], _out(n).dtype)], alpha=float(_a(n, "alpha")))
-
-
-@_reg("softplus")
-def _softplus(ex: Exporter, n: Node) -> Any:
-    dt = _out(n).dtype
-    x = ex.val(n.inputs[0], dt)
-    beta, threshold = float(_a(n, "beta")), float(_a(n, "threshold"))
-    bx = ex.op("Mul", [x, _fconst(ex, beta, dt)])
-    sp = ex.op("Div", [ex.op("Softplus", [bx]), _fconst(ex, beta, dt)])
-    return ex.op("Where", [ex.op("Greater", [bx, _fconst(ex, threshold, dt)]), x, sp])
 
 
 @_reg("round")
@@ -627,7 +624,7 @@ def _binary(ex: Exporter, n: Node) -> Any:
             return ex.op("Pow", [ex.val(a, out), ex.val(b, DType.f32 if out != DType.f64 else DType.f64)])
         return ex.op(_ARITH[n.op], [ex.val(a, out), ex.val(b, out)])
     if n.op in _CMP or n.op == "ne":
-        ct = _promote([a.type, b.type])
+        ct = promote_types(a.type, b.type)
         if n.op == "ne":
             return ex.op("Not", [ex.op("Equal", [ex.val(a, ct), ex.val(b, ct)])])
         return ex.op(_CMP[n.op], [ex.val(a, ct), ex.val(b, ct)])
@@ -696,7 +693,10 @@ def _const(ex: Exporter, n: Node) -> Any:
         return ex.scalar_expr(value, dt)
     if isinstance(value, sympy.Basic):
         value = bool(value) if dt == DType.bool else (int(value) if dt.is_integer else float(value))
-    return ex.const(value, dt)
+    name = ex.const(value, dt)
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        ex.numbers[name] = float(value)
+    return name
 
 
 # -- reductions ----------------------------------------------------------------------------
@@ -723,23 +723,6 @@ def _reduce(ex: Exporter, n: Node) -> Any:
         r = ex.op("ReduceMin" if n.op == "all" else "ReduceMax", [xi, ex.ints(dims)], keepdims=keep)
         return ex.cast(r, DType.i32, out)
     return ex.op(_REDUCE[n.op], [ex.val(x, out), ex.ints(dims)], keepdims=keep)
-
-
-@_reg("var", "std")
-def _var(ex: Exporter, n: Node) -> Any:
-    dt = _out(n).dtype
-    x = ex.val(n.inputs[0], dt)
-    dims = tuple(_a(n, "dims") or range(_tt(n.inputs[0]).rank))
-    axes = ex.ints(dims)
-    mean = ex.op("ReduceMean", [x, axes], keepdims=1)
-    d = ex.op("Sub", [x, mean])
-    ss = ex.op("ReduceSum", [ex.op("Mul", [d, d]), axes], keepdims=int(bool(_a(n, "keepdim"))))
-    shape = ex.op("Shape", [x])
-    count = ex.op("ReduceProd", [ex.op("Gather", [shape, axes], axis=0)], keepdims=0)
-    count = ex.cast(count, DType.i64, dt)
-    denom = ex.op("Sub", [count, ex.const(float(_a(n, "correction")), dt)])
-    var = ex.op("Div", [ss, denom])
-    return var if n.op == "var" else ex.op("Sqrt", [var])
 
 
 @_reg("max", "min")
@@ -1033,71 +1016,6 @@ def _layer_norm(ex: Exporter, n: Node) -> Any:
         )
     ins = [x, w] + ([b] if b is not None else [])
     return ex.op("LayerNormalization", ins, axis=-len(ns), epsilon=float(_a(n, "eps")))
-
-
-@_reg("rms_norm")
-def _rms_norm(ex: Exporter, n: Node) -> Any:
-    import torch
-
-    dt = _out(n).dtype
-    ns = list(_a(n, "normalized_shape"))
-    x = ex.val(n.inputs[0], dt)
-    eps = _a(n, "eps")
-    if eps is None:
-        eps = float(torch.finfo(dt.torch).eps)
-    axes = ex.ints(list(range(-len(ns), 0)))
-    ms = ex.op("ReduceMean", [ex.op("Mul", [x, x]), axes], keepdims=1)
-    y = ex.op(
-        "Mul", [x, ex.op("Reciprocal", [ex.op("Sqrt", [ex.op("Add", [ms, ex.const(float(eps), dt)])])])]
-    )
-    if _a(n, "has_weight"):
-        y = ex.op("Mul", [y, ex.val(n.inputs[1], dt)])
-    return y
-
-
-def _channel(ex: Exporter, v: str, rank: int) -> str:
-    """A (C,) tensor reshaped to (C, 1, ...) to broadcast over (N, C, ...)."""
-    return ex.op("Unsqueeze", [v, ex.ints(list(range(1, rank - 1)))]) if rank > 2 else v
-
-
-@_reg("batch_norm")
-def _batch_norm(ex: Exporter, n: Node) -> Any:
-    dt = _out(n).dtype
-    rank = _out(n).rank
-    args = [ex.val(v, dt) for v in n.inputs]
-    x, mean, var, rest = args[0], args[1], args[2], args[3:]
-    eps = ex.const(float(_a(n, "eps")), dt)
-    inv = ex.op("Reciprocal", [ex.op("Sqrt", [ex.op("Add", [var, eps])])])
-    y = ex.op("Mul", [ex.op("Sub", [x, _channel(ex, mean, rank)]), _channel(ex, inv, rank)])
-    if _a(n, "has_weight"):
-        y = ex.op("Mul", [y, _channel(ex, rest.pop(0), rank)])
-    if _a(n, "has_bias"):
-        y = ex.op("Add", [y, _channel(ex, rest.pop(0), rank)])
-    return y
-
-
-@_reg("group_norm")
-def _group_norm(ex: Exporter, n: Node) -> Any:
-    dt = _out(n).dtype
-    rank = _out(n).rank
-    args = [ex.val(v, dt) for v in n.inputs]
-    x, rest = args[0], args[1:]
-    g = int(_a(n, "num_groups"))
-    shape = ex.op("Shape", [x])
-    nb = ex.op("Shape", [x], start=0, end=1)
-    xg = ex.op("Reshape", [x, ex.op("Concat", [nb, ex.ints([g, -1])], axis=0)])
-    axes = ex.ints([2])
-    mean = ex.op("ReduceMean", [xg, axes], keepdims=1)
-    d = ex.op("Sub", [xg, mean])
-    var = ex.op("ReduceMean", [ex.op("Mul", [d, d]), axes], keepdims=1)
-    eps = ex.const(float(_a(n, "eps")), dt)
-    y = ex.op("Div", [d, ex.op("Sqrt", [ex.op("Add", [var, eps])])])
-    y = ex.op("Reshape", [y, shape])
-    if _a(n, "has_weight"):
-        y = ex.op("Mul", [y, _channel(ex, rest.pop(0), rank)])
-    if _a(n, "has_bias"):
-        y = ex.op("Add", [y, _channel(ex, rest.pop(0), rank)])
-    return y
 
 
 @_reg("interpolate")

@@ -91,10 +91,14 @@ def _as_dim(v: Any) -> Any:
 
 # -- the importer -----------------------------------------------------------------------
 class Importer:
-    def __init__(self, model: Any, hints: dict[sympy.Symbol, int], input_types: list[TensorType]) -> None:
+    def __init__(
+        self, model: Any, hints: dict[sympy.Symbol, int], input_types: list[TensorType], device: str = "cpu"
+    ) -> None:
         from onnx import numpy_helper
 
         self.model = model
+        #: the torch device type the graph runs on (its inputs, constants and factories)
+        self.device = device
         g = model.graph
         self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 18)
         self.ctx = ShapeContext(hints=hints)
@@ -146,13 +150,15 @@ class Importer:
             value = flat[0]
             if not symbolic:
                 value = _py(value, k.dtype)
-            return self.emit("full", [], shape=shape, value=value, dtype=k.dtype, device="cpu")  # type: ignore[no-any-return]
+            return self.emit("full", [], shape=shape, value=value, dtype=k.dtype, device=self.device)  # type: ignore[no-any-return]
         if symbolic:
-            parts = [self.emit("full", [], shape=(1,), value=x, dtype=k.dtype, device="cpu") for x in flat]
+            parts = [
+                self.emit("full", [], shape=(1,), value=x, dtype=k.dtype, device=self.device) for x in flat
+            ]
             out = self.emit("cat", parts, dim=0)
             return self.emit("reshape", [out], shape=shape)  # type: ignore[no-any-return]
-        t = torch.tensor(np.asarray(arr).astype(_np_dtype(k.dtype)), dtype=k.dtype.torch)
-        v = Value(_ident(f"const_{name}", "c"), TensorType(k.dtype, shape))
+        t = torch.tensor(np.asarray(arr).astype(_np_dtype(k.dtype)), dtype=k.dtype.torch, device=self.device)
+        v = Value(_ident(f"const_{name}", "c"), TensorType(k.dtype, shape, self.device))
         self.inputs.append(v)
         self.consts.append(t)
         return v
@@ -728,7 +734,7 @@ def _constant_of_shape(im: Importer, node: Any, ins: list[str], attrs: dict[str,
         dt, value = DType.f32, 0.0
     if all(isinstance(d, int) for d in shape) and int(np.prod(shape)) <= 64:
         return Known(np.full(shape, value, dtype=object), dt)
-    return im.emit("full", [], shape=shape, value=_py(value, dt), dtype=dt, device="cpu")
+    return im.emit("full", [], shape=shape, value=_py(value, dt), dtype=dt, device=im.device)
 
 
 @_reg("Range")
@@ -738,7 +744,7 @@ def _range(im: Importer, node: Any, ins: list[str], attrs: dict[str, Any]) -> An
     dt = ks[0].dtype
     if all(isinstance(v, (int, float)) for v in (start, end, step)) and abs((end - start) / step) <= 64:
         return Known(np.arange(start, end, step).astype(object), dt)
-    return im.emit("arange", [], start=start, end=end, step=step, dtype=dt, device="cpu")
+    return im.emit("arange", [], start=start, end=end, step=step, dtype=dt, device=im.device)
 
 
 @_reg("Trilu")
@@ -1178,14 +1184,14 @@ def _as_while(im: Importer, node: Any, body: Any, m_name: str, c_name: str, init
     when the body reads it or a trip count bounds the loop) next to the values."""
     b_ins = [i.name for i in body.input]
     counted = bool(m_name) or _uses(body, b_ins[0])
-    i64, bool_t = TensorType(DType.i64, ()), TensorType(DType.bool, ())
+    i64, bool_t = TensorType(DType.i64, (), im.device), TensorType(DType.bool, (), im.device)
     pre: list[Value] = []
     if counted:
-        pre.append(im.emit("full", [], shape=(), value=0, dtype=DType.i64, device="cpu"))
+        pre.append(im.emit("full", [], shape=(), value=0, dtype=DType.i64, device=im.device))
     if c_name:
         pre.append(_predicate(im, c_name))
     else:
-        pre.append(im.emit("full", [], shape=(), value=True, dtype=DType.bool, device="cpu"))
+        pre.append(im.emit("full", [], shape=(), value=True, dtype=DType.bool, device=im.device))
     trips = _trip_tensor(im, m_name) if m_name else None
     n_pre = len(pre)
     types: list[Type] = [v.type for v in pre] + [v.type for v in init]
@@ -1216,7 +1222,7 @@ def _as_while(im: Importer, node: Any, body: Any, m_name: str, c_name: str, init
     try:
         nxt = [_coerce_pred(im, results[0])]
         if counted:
-            one = im.emit("full", [], shape=(), value=1, dtype=DType.i64, device="cpu")
+            one = im.emit("full", [], shape=(), value=1, dtype=DType.i64, device=im.device)
             nxt.insert(0, im.emit("add", [bargs[0], one]))
         nxt += results[1:]
         body_block = Block(tuple(bargs), tuple(im.nodes), tuple(nxt))
@@ -1265,7 +1271,9 @@ def _load(model_or_path: Any) -> Any:
 class OnnxFunction:
     """An ONNX model compiled by Cuvil (see :func:`cuvil.compile_onnx`)."""
 
-    def __init__(self, model_or_path: Any, target: str | None = None, **compile_kwargs: Any) -> None:
+    def __init__(
+        self, model_or_path: Any, target: str | None = None, device: str = "cpu", **compile_kwargs: Any
+    ) -> None:
         from cuvil_runtime.registry import default_target, get_target
         from cuvil_runtime.target import CompileOptions
 
@@ -1274,8 +1282,14 @@ class OnnxFunction:
         inits = {i.name for i in g.initializer}
         self.input_names = [i.name for i in g.input if i.name not in inits]
         self.output_names = [o.name for o in g.output]
-        self.target = target if target is not None else default_target("cpu")
+        self.device = device
+        self.target = target if target is not None else default_target(device)
         self._target = get_target(self.target)
+        if device not in self._target.capabilities.devices:
+            raise ValueError(
+                f"target {self.target!r} does not run on {device!r} tensors (it runs on "
+                f"{', '.join(sorted(self._target.capabilities.devices))}); pass device= or another target"
+            )
         self.options = CompileOptions(**compile_kwargs)
         #: per input: (dtype, dims) with dims ints or size symbols
         self.signature: list[tuple[DType, tuple[Any, ...]]] = []
@@ -1325,8 +1339,8 @@ class OnnxFunction:
     def build(self, bindings: dict[sympy.Symbol, int]) -> tuple[Graph, list[torch.Tensor]]:
         from cuvil_ir.graph_ir.verifier import verify
 
-        types = [TensorType(dt, dims) for dt, dims in self.signature]
-        im = Importer(self.model, bindings, types)
+        types = [TensorType(dt, dims, self.device) for dt, dims in self.signature]
+        im = Importer(self.model, bindings, types, self.device)
         graph = im.run()
         verify(graph)
         return graph, im.consts
@@ -1339,7 +1353,9 @@ class OnnxFunction:
                 break
         else:
             graph, consts = self.build(bindings)
-            exe = self._target.compile(graph, self.options)
+            from cuvil_runtime.dump import compile_graph
+
+            exe = compile_graph(self._target, graph, self.options)
             self._artifacts.append((graph, exe, consts))
             self.stats_compiles += 1
         outs = exe(*args, *consts)

@@ -10,13 +10,24 @@ the blocks that enclose it.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, fields
 from typing import Any, Union
 
 import sympy
 
 from cuvil_ir.graph_ir.types import DType, Type
+
+#: Graph IR's text form, what :attr:`Graph.text` and ``str(graph)`` give: set to
+#: :func:`cuvil_ir.graph_ir.printer.print_graph` when the printer is imported (the
+#: package ``cuvil_ir.graph_ir`` imports it), since the printer imports this module.
+PRINT_GRAPH: Callable[..., str] | None = None
+
+
+def _print(g: Graph, locations: bool) -> str:
+    if PRINT_GRAPH is None:  # only while cuvil_ir.graph_ir is being imported
+        raise RuntimeError("the Graph IR printer is not loaded yet (import cuvil_ir.graph_ir)")
+    return PRINT_GRAPH(g, locations=locations)
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,18 +164,14 @@ class Graph:
     @property
     def text(self) -> str:
         """Canonical text: renumbered values, no locations. What `hash` covers."""
-        from cuvil_ir.graph_ir.printer import print_graph
-
-        return print_graph(self, locations=False)
+        return _print(self, locations=False)
 
     @property
     def hash(self) -> str:
         return hashlib.sha256(self.text.encode()).hexdigest()
 
     def __str__(self) -> str:
-        from cuvil_ir.graph_ir.printer import print_graph
-
-        return print_graph(self, locations=True)
+        return _print(self, locations=True)
 
 
 def _walk(nodes: tuple[Node, ...]) -> Iterator[Node]:

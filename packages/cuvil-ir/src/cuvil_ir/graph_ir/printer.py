@@ -20,6 +20,7 @@ import math
 
 import sympy
 
+from cuvil_ir.graph_ir import nodes as graph_nodes
 from cuvil_ir.graph_ir.nodes import KV, AttrValue, Block, Graph, Node, Ref, Value
 from cuvil_ir.graph_ir.types import DType, Type
 from cuvil_ir.symbolic import dim_str, expr_str
@@ -89,6 +90,9 @@ def print_graph(g: Graph, *, locations: bool = True, canonical: bool = True) -> 
     lines.append("  return " + ", ".join(namer.use(v) for v in g.outputs))
     lines.append("}")
     return "\n".join(lines) + "\n"
+
+
+graph_nodes.PRINT_GRAPH = print_graph  # Graph.text and str(graph)
 
 
 def _print_nodes(nodes: tuple[Node, ...], namer: _Namer, lines: list[str], ind: str, locs: bool) -> None:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import inspect
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, ClassVar, Protocol
 
 from cuvil_ir.graph_ir.types import Type
@@ -102,6 +102,14 @@ class Op:
     #: ``check_regions(node, checker)``: verifies the regions and result types of an op
     #: that carries regions (see :class:`cuvil_ir.graph_ir.verifier.RegionChecker`)
     check_regions: ClassVar[Callable[..., None] | None] = None
+    #: ``decompose(b, *inputs, **attrs)``: the op written once in other (primitive) ops
+    #: with a :class:`~cuvil_ir.graph_ir.decompose.Builder`. Tensor IR lowering, MLIR
+    #: emission and ONNX export use it wherever they have no native form of the op
+    decompose: ClassVar[Callable[..., Any] | None] = None
+    #: consumer (``"tensor_ir"``, ``"mlir"``, ``"onnx"``) -> why it does not lower this op
+    #: itself (Tensor IR and MLIR then call the op's reference as an extern, ONNX export
+    #: refuses it), even where a decomposition exists; data the coverage tests read
+    extern_reasons: ClassVar[Mapping[str, str]] = {}
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -137,7 +145,6 @@ class Registry:
         self._by_torch = None
 
     def get(self, name: str) -> type[Op]:
-        _load_builtin_ops()
         try:
             return self._ops[name]
         except KeyError:
@@ -147,16 +154,13 @@ class Registry:
             raise KeyError(f"unknown Graph IR op {name!r}") from None
 
     def __contains__(self, name: str) -> bool:
-        _load_builtin_ops()
         return name in self._ops
 
     def names(self) -> list[str]:
-        _load_builtin_ops()
         return sorted(self._ops)
 
     def for_torch(self, fn: Any) -> tuple[type[Op], CaptureRule] | None:
         """The op and capture rule that handle the torch callable ``fn``."""
-        _load_builtin_ops()
         if self._by_torch is None:
             self.load_plugins()
             table: dict[Any, tuple[type[Op], CaptureRule]] = {}
@@ -187,25 +191,13 @@ class Registry:
             self._by_torch = None
 
 
+#: Every op declared. The built-in ops (:mod:`cuvil_ir.graph_ir.ops`) register when the
+#: package ``cuvil_ir.graph_ir`` is imported, which Python does before this module is
+#: (not imported from here: each op family imports this module); plugin ops on first
+#: lookup (:meth:`Registry.load_plugins`).
 REGISTRY = Registry()
 
-_BUILTINS_LOADED = False
-
-
-_LOAD_LOCK = threading.RLock()  # re-entrant: the imports below may ask the registry again
-
-
-def _load_builtin_ops() -> None:
-    # The flag is set only once the import finished: a second thread asking meanwhile
-    # waits on the lock instead of seeing half the ops ("unknown Graph IR op 'abs'").
-    global _BUILTINS_LOADED
-    if _BUILTINS_LOADED:
-        return
-    with _LOAD_LOCK:
-        if not _BUILTINS_LOADED:
-            import cuvil_ir.graph_ir.ops  # noqa: F401  (declarations register on import)
-
-            _BUILTINS_LOADED = True
+_LOAD_LOCK = threading.RLock()  # re-entrant: a plugin's import may ask the registry again
 
 
 def infer_types(

@@ -141,6 +141,53 @@ class ScalarType:
 
 Type = Union[TensorType, ScalarType]
 
+#: the element type a scalar takes where it must have one (a kernel argument, an MLIR
+#: value, a 0-d ONNX tensor): Python's bool, int and float are bool, int64 and float64
+SCALAR_DTYPES: dict[ScalarKind, DType] = {
+    ScalarKind.bool: DType.bool,
+    ScalarKind.int: DType.i64,
+    ScalarKind.float: DType.f64,
+}
+
+#: the Python values a scalar of each kind accepts (an int is a valid float)
+SCALAR_PYTHON_TYPES: dict[ScalarKind, tuple[type, ...]] = {
+    ScalarKind.bool: (builtins.bool,),
+    ScalarKind.int: (builtins.int,),
+    ScalarKind.float: (builtins.float, builtins.int),
+}
+
+
+def element_dtype(t: Type) -> DType:
+    """A tensor's dtype, or the element type of a scalar (:data:`SCALAR_DTYPES`)."""
+    return t.dtype if isinstance(t, TensorType) else SCALAR_DTYPES[t.kind]
+
+
+def promote_types(*types: Type) -> DType:
+    """torch's type promotion (``torch.result_type``) over tensors, 0-d tensors and weak
+    Python scalars: the dtype an elementwise op on these operands computes and returns.
+
+    The one promotion function of Cuvil (shape rules, lowering, MLIR, ONNX): it asks torch
+    itself, on storage-less ``meta`` tensors, so it cannot drift from eager.
+    """
+    import torch
+
+    def probe(t: Type) -> _torch.Tensor | builtins.bool | builtins.int | builtins.float:
+        if isinstance(t, ScalarType):
+            return {ScalarKind.bool: True, ScalarKind.int: 1, ScalarKind.float: 1.0}[t.kind]
+        return torch.empty((1,) * min(t.rank, 1), dtype=t.dtype.torch, device="meta")
+
+    probes = [probe(t) for t in types]
+    if not any(isinstance(p, torch.Tensor) for p in probes):
+        raise ValueError("type promotion needs at least one tensor operand")
+    ranked = any(isinstance(t, TensorType) and t.rank > 0 for t in types)
+    acc = probes[0]
+    dtype = acc.dtype if isinstance(acc, torch.Tensor) else None
+    for p in probes[1:]:
+        dtype = torch.result_type(acc, p)
+        acc = torch.empty((1,) if ranked else (), dtype=dtype, device="meta")
+    assert dtype is not None
+    return DType.from_torch(dtype)
+
 
 def tensor(dtype: DType, shape: tuple[Dim, ...] | list[Dim], device: str = "cpu") -> TensorType:
     return TensorType(dtype, tuple(shape), device)

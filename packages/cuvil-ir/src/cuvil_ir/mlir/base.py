@@ -12,7 +12,16 @@ from typing import Any
 import sympy
 
 from cuvil_ir.graph_ir.nodes import KV, Graph, Node, Ref
-from cuvil_ir.graph_ir.types import DType, ScalarKind, ScalarType, TensorType, Type
+from cuvil_ir.graph_ir.types import (
+    SCALAR_DTYPES,
+    DType,
+    ScalarKind,
+    ScalarType,
+    TensorType,
+    Type,
+    element_dtype,
+    promote_types,
+)
 from cuvil_ir.symbolic import Dim, dim_str, expr_str
 
 
@@ -32,7 +41,6 @@ _ELEM = {
     DType.f32: "f32",
     DType.f64: "f64",
 }
-_SCALAR_DTYPE = {ScalarKind.bool: DType.bool, ScalarKind.int: DType.i64, ScalarKind.float: DType.f64}
 _BITS = {DType.u8: 8, DType.i8: 8, DType.i16: 16, DType.i32: 32, DType.i64: 64, DType.f16: 16}
 _BITS.update({DType.bf16: 16, DType.f32: 32, DType.f64: 64})
 
@@ -46,13 +54,12 @@ def elem(d: DType) -> str:
     return _ELEM[d]
 
 
-def dtype_of(t: Type) -> DType:
-    return t.dtype if isinstance(t, TensorType) else _SCALAR_DTYPE[t.kind]
+dtype_of = element_dtype
 
 
 def mlir_type(t: Type) -> str:
     if isinstance(t, ScalarType):
-        return elem(_SCALAR_DTYPE[t.kind])
+        return elem(SCALAR_DTYPES[t.kind])
     dims = "".join(f"{d}x" if isinstance(d, int) else "?x" for d in t.shape)
     return f"tensor<{dims}{elem(t.dtype)}>"
 
@@ -77,41 +84,6 @@ def float_lit(v: float, d: DType) -> str:
     if d == DType.bf16:
         return "0x" + struct.pack(">f", v).hex().upper()[:4]
     raise MlirError(f"no float literal for {d}")
-
-
-def promote(types: Sequence[Type]) -> DType:
-    """torch-style result dtype of an op on these operands (scalars are weak)."""
-    cat = {DType.bool: 0}
-
-    def category(d: DType) -> int:
-        return 0 if d == DType.bool else (1 if d.is_integer else 2)
-
-    tensors = [t.dtype for t in types if isinstance(t, TensorType)]
-    scalars = [_SCALAR_DTYPE[t.kind] for t in types if isinstance(t, ScalarType)]
-    del cat
-    best: DType | None = None
-    for d in tensors:
-        if best is None or category(d) > category(best):
-            best = d
-        elif category(d) == category(best) and d != best:
-            if category(d) == 2:
-                wide = {DType.f16: 1, DType.bf16: 1, DType.f32: 2, DType.f64: 3}
-                if wide[d] == wide[best]:
-                    best = DType.f32
-                elif wide[d] > wide[best]:
-                    best = d
-            elif category(d) == 1:
-                if {d, best} == {DType.u8, DType.i8}:
-                    best = DType.i16
-                elif _BITS[d] > _BITS[best]:
-                    best = d
-    for s in scalars:
-        if best is None:
-            best = s
-        elif category(s) > category(best):
-            best = DType.f32 if category(s) == 2 else DType.i64
-    assert best is not None
-    return best
 
 
 class EmitterBase:
@@ -420,20 +392,13 @@ class EmitterBase:
         e = self.op1("math.exp", self.op1("arith.negf", x, d), d)
         return self.op2("arith.divf", one, self.op2("arith.addf", one, e, d), d)
 
-    def softplus(self, x: str, d: DType, beta: float = 1.0, threshold: float = 20.0) -> str:
-        bx = self.mul(x, self.const(beta, d), d)
-        sp = self.op1("math.log1p", self.op1("math.exp", bx, d), d)
-        sp = self.div(sp, self.const(beta, d), d)
-        big = self.cmp("gt", bx, self.const(threshold, d), d)
-        return self.select(big, x, sp, d)
-
     def scalar(self, op: str, args: list[tuple[str, DType]], out: DType, attrs: dict[str, Any]) -> str:
         """One element of an elementwise op (the body of a generic, or a scalar op)."""
         comparisons = {"eq", "ne", "lt", "le", "gt", "ge"}
         if op == "cast":
             return self.cvt(args[0][0], args[0][1], out)
         if op in comparisons:
-            cd = promote([TensorType(d, ()) for _, d in args])
+            cd = promote_types(*(TensorType(d, ()) for _, d in args))
             a, b = (self.cvt(v, s, cd) for v, s in args)
             return self.cmp(op, a, b, cd)
         if op.startswith("logical_"):
@@ -548,39 +513,6 @@ class EmitterBase:
             return self.div(self.const(1.0, d), x, d)
         if op == "sigmoid":
             return self.sigmoid(x, d)
-        if op == "silu":
-            return self.mul(x, self.sigmoid(x, d), d)
-        if op == "gelu":
-            half, one = self.const(0.5, d), self.const(1.0, d)
-            if attrs.get("approximate") == "tanh":
-                x3 = self.mul(self.mul(x, x, d), x, d)
-                inner = self.add(x, self.mul(self.const(0.044715, d), x3, d), d)
-                t = self.op1("math.tanh", self.mul(self.const(math.sqrt(2 / math.pi), d), inner, d), d)
-            else:
-                t = self.op1("math.erf", self.mul(x, self.const(1 / math.sqrt(2), d), d), d)
-            return self.mul(self.mul(half, x, d), self.add(one, t, d), d)
-        if op == "softplus":
-            return self.softplus(x, d, float(attrs.get("beta") or 1.0), float(attrs.get("threshold") or 20.0))
-        if op == "mish":
-            return self.mul(x, self.op1("math.tanh", self.softplus(x, d), d), d)
-        if op == "logsigmoid":
-            mn = self.op2("arith.minimumf", x, self.const(0.0, d), d)
-            ax = self.op1("math.absf", x, d)
-            lp = self.op1("math.log1p", self.op1("math.exp", self.op1("arith.negf", ax, d), d), d)
-            return self.sub(mn, lp, d)
-        if op in ("hardsigmoid", "hardswish"):
-            t = self.add(self.div(x, self.const(6.0, d), d), self.const(0.5, d), d)
-            t = self.op2("arith.maximumf", t, self.const(0.0, d), d)
-            t = self.op2("arith.minimumf", t, self.const(1.0, d), d)
-            return t if op == "hardsigmoid" else self.mul(x, t, d)
-        if op in ("leaky_relu", "elu"):
-            pos = self.cmp("gt", x, self.const(0.0, d), d)
-            if op == "leaky_relu":
-                neg = self.mul(x, self.const(float(attrs.get("negative_slope") or 0.01), d), d)
-            else:
-                em1 = self.op1("math.expm1", x, d)
-                neg = self.mul(em1, self.const(float(attrs.get("alpha") or 1.0), d), d)
-            return self.select(pos, x, neg, d)
         raise self.error(f"elementwise op {op} is not emitted")
 
     # -- tensors ------------------------------------------------------------------------

@@ -17,10 +17,11 @@ from typing import Any
 
 import sympy
 
+from cuvil_ir.graph_ir.decompose import NotDecomposed, expand, uses_decomposition
 from cuvil_ir.graph_ir.nodes import Block, Graph, Node, Value
-from cuvil_ir.graph_ir.types import DType, ScalarKind, ScalarType, TensorType, Type
+from cuvil_ir.graph_ir.registry import REGISTRY
+from cuvil_ir.graph_ir.types import SCALAR_DTYPES, DType, ScalarKind, ScalarType, TensorType, Type
 from cuvil_ir.mlir.base import (
-    _SCALAR_DTYPE,
     EmitterBase,
     H,
     MlirError,
@@ -75,28 +76,63 @@ class _Emitter(EmitterBase):
         for o, s in zip(node.outputs, outs):
             self.values[o.name] = (s, o.type)
 
+    def emitter_for(self, op: str) -> Callable[[Node], Any] | None:
+        """The method emitting ``op``: its own ``op_<name>``, the elementwise or reduction
+        family, or (for a composite op without one) :meth:`op_decomposed`."""
+        fn: Callable[[Node], Any] | None = getattr(self, "op_" + op, None)
+        if fn is None and op in _ELEMENTWISE:
+            fn = self.op_elementwise
+        if fn is None and op in _REDUCTIONS:
+            fn = self.op_reduction
+        if fn is None and uses_decomposition(op, "mlir", native=False):
+            fn = self.op_decomposed
+        return fn
+
     def run_nodes(self, nodes: Sequence[Node]) -> None:
         for node in nodes:
             self.node = node
-            fn = getattr(self, "op_" + node.op, None)
-            if fn is None and node.op in _ELEMENTWISE:
-                fn = self.op_elementwise
-            if fn is None and node.op in _REDUCTIONS:
-                fn = self.op_reduction
+            fn = self.emitter_for(node.op)
             if fn is None:
-                self.extern(node, "no upstream MLIR equivalent is emitted for this op")
+                reason = REGISTRY.get(node.op).extern_reasons.get("mlir") if node.op in REGISTRY else None
+                self.extern(node, reason or "no upstream MLIR equivalent is emitted for this op")
                 continue
+            lines, depth, indent, scope = (
+                len(self.lines),
+                len(self.scopes),
+                self.indent,
+                dict(self.scopes[-1]),
+            )
             try:
-                mark = (len(self.lines), self.counter)
                 res = fn(node)
             except _Unsupported as e:
-                del self.lines[mark[0] :]
+                del self.lines[lines:]
+                # the constants the failed attempt emitted (and cached) are gone too
+                del self.scopes[depth:]
+                self.scopes[-1], self.indent, self.node = scope, indent, node
                 self.extern(node, str(e))
                 continue
-            if not isinstance(res, list):
-                res = [res]
-            for o, (v, t) in zip(node.outputs, res):
-                self.values[o.name] = (self.cast_to(v, t, o.type), o.type)
+            self.bind(node, res)
+
+    def bind(self, node: Node, res: H | list[H]) -> None:
+        for o, (v, t) in zip(node.outputs, res if isinstance(res, list) else [res]):
+            self.values[o.name] = (self.cast_to(v, t, o.type), o.type)
+
+    def op_decomposed(self, node: Node) -> list[H]:
+        """A composite op emitted as its decomposition's primitives (one ``linalg``
+        op each; the oracle needs no fusion). A primitive without an emitter makes
+        the whole node one external call."""
+        try:
+            ex = expand(node, self.graph.assumptions)
+        except NotDecomposed as e:
+            raise _Unsupported(str(e)) from None
+        for m in ex.nodes:
+            fn = self.emitter_for(m.op)
+            if fn is None:
+                raise _Unsupported(f"its primitive {m.op} is not emitted")
+            self.node = m
+            self.bind(m, fn(m))
+        self.node = node
+        return [self.values[v.name] for v in ex.outputs]
 
     def ins(self, node: Node) -> list[H]:
         return [self.values[v.name] for v in node.inputs]
@@ -106,7 +142,7 @@ class _Emitter(EmitterBase):
         attrs = dict(node.attrs)
         operands = self.ins(node)
         if isinstance(out, ScalarType):
-            d = _SCALAR_DTYPE[out.kind]
+            d = SCALAR_DTYPES[out.kind]
             return self.scalar(node.op, [(v, dtype_of(t)) for v, t in operands], d, attrs), out
         return self.ew(out, operands, node.op, **attrs)
 
@@ -115,7 +151,7 @@ class _Emitter(EmitterBase):
         value = _attr(node, "value")
         if isinstance(out, TensorType):
             raise _Unsupported("tensor constants are not emitted")
-        d = _SCALAR_DTYPE[out.kind]
+        d = SCALAR_DTYPES[out.kind]
         if isinstance(value, sympy.Basic) and not value.is_Number and value not in (sympy.true, sympy.false):
             if out.kind == ScalarKind.bool:
                 return self.cond(value), out
@@ -158,40 +194,6 @@ class _Emitter(EmitterBase):
         assert isinstance(out, TensorType)
         x = self.ins(node)[0]
         return self.mean(x, self._dims_attr(node), bool(_attr(node, "keepdim")), out.dtype)
-
-    def _var(self, node: Node) -> H:
-        out = node.output.type
-        assert isinstance(out, TensorType)
-        x = self.ins(node)[0]
-        t = x[1]
-        assert isinstance(t, TensorType)
-        dims = self._dims_attr(node)
-        m = self.mean(x, dims, True, t.dtype)
-        dev = self.ew(t, [x, m], "sub")
-        sq = self.ew(t, [dev], "square")
-        s = self.reduce(sq, dims, bool(_attr(node, "keepdim")), "sum")
-        corr = _attr(node, "correction")
-        n = self.numel(t, dims) - (corr if isinstance(corr, (int, float)) else 1)
-        v = self.ew(out, [s, self.fconst(n, t.dtype)], "div")
-        return self.ew(out, [v], "sqrt") if node.op == "std" else v
-
-    op_var = _var
-    op_std = _var
-
-    def op_logsumexp(self, node: Node) -> H:
-        out = node.output.type
-        assert isinstance(out, TensorType)
-        x = self.ins(node)[0]
-        t = x[1]
-        assert isinstance(t, TensorType)
-        dims = self._dims_attr(node)
-        keep = bool(_attr(node, "keepdim"))
-        m = self.reduce(x, dims, True, "max")
-        e = self.ew(t, [self.ew(t, [x, m], "sub")], "exp")
-        s = self.reduce(e, dims, keep, "sum")
-        ls = self.ew(out, [s], "log")
-        mm = self.reduce(m, dims, keep, "max") if not keep else m
-        return self.ew(out, [ls, mm], "add")
 
     def _arg(self, node: Node, kind: str, with_values: bool) -> list[H]:
         x = self.ins(node)[0]
@@ -239,110 +241,6 @@ class _Emitter(EmitterBase):
 
     def op_min(self, node: Node) -> list[H]:
         return self._arg(node, "min", True)
-
-    def op_softmax(self, node: Node) -> H:
-        out = node.output.type
-        assert isinstance(out, TensorType)
-        return self.softmax(self.ins(node)[0], int(_attr(node, "dim")), node.op == "log_softmax", out.dtype)
-
-    op_log_softmax = op_softmax
-
-    def _normalize(self, x: H, dims: list[int], eps: float, out: TensorType, rms: bool) -> H:
-        t = x[1]
-        assert isinstance(t, TensorType)
-        cd = DType.f32 if t.dtype in (DType.f16, DType.bf16) else t.dtype
-        ct = t.replace(dtype=cd)
-        if t.dtype != cd:
-            x = self.ew(ct, [x], "cast")
-        if rms:
-            dev = x
-        else:
-            m = self.mean(x, dims, True, cd)
-            dev = self.ew(ct, [x, m], "sub")
-        v = self.mean(self.ew(ct, [dev], "square"), dims, True, cd)
-        vt = v[1]
-        assert isinstance(vt, TensorType)
-        r = self.ew(vt, [self.ew(vt, [v, self.fconst(eps, cd)], "add")], "rsqrt")
-        return self.ew(ct, [dev, r], "mul")
-
-    def op_layer_norm(self, node: Node) -> H:
-        out = node.output.type
-        assert isinstance(out, TensorType)
-        x, *params = self.ins(node)
-        ns = _attr(node, "normalized_shape")
-        k = len(ns)
-        t = x[1]
-        assert isinstance(t, TensorType)
-        dims = list(range(t.rank - k, t.rank))
-        eps = _attr(node, "eps")
-        rms = node.op == "rms_norm"
-        if eps is None:
-            eps = float(__import__("torch").finfo(out.dtype.torch).eps)
-        y = self._normalize(x, dims, float(eps), out, rms)
-        it = iter(params)
-        yt = y[1]
-        assert isinstance(yt, TensorType)
-        if _attr(node, "has_weight"):
-            y = self.ew(yt, [y, next(it)], "mul")
-        if not rms and _attr(node, "has_bias"):
-            y = self.ew(yt, [y, next(it)], "add")
-        return self.ew(out, [y], "cast") if yt.dtype != out.dtype else y
-
-    op_rms_norm = op_layer_norm
-
-    def op_batch_norm(self, node: Node) -> H:
-        out = node.output.type
-        assert isinstance(out, TensorType)
-        x, mean, var, *params = self.ins(node)
-        t = x[1]
-        assert isinstance(t, TensorType)
-
-        def chan(h: H) -> H:  # (C,) -> (C, 1, ..., 1)
-            ht = h[1]
-            assert isinstance(ht, TensorType)
-            return self.reshape(h, TensorType(ht.dtype, (ht.shape[0],) + (1,) * (t.rank - 2), ht.device))
-
-        mt = chan(mean)
-        vt = chan(var)
-        ct = vt[1]
-        assert isinstance(ct, TensorType)
-        r = self.ew(ct, [self.ew(ct, [vt, self.fconst(float(_attr(node, "eps")), ct.dtype)], "add")], "rsqrt")
-        y = self.ew(out, [self.ew(out, [x, mt], "sub"), r], "mul")
-        it = iter(params)
-        if _attr(node, "has_weight"):
-            y = self.ew(out, [y, chan(next(it))], "mul")
-        if _attr(node, "has_bias"):
-            y = self.ew(out, [y, chan(next(it))], "add")
-        return y
-
-    def op_group_norm(self, node: Node) -> H:
-        out = node.output.type
-        assert isinstance(out, TensorType)
-        x, *params = self.ins(node)
-        t = x[1]
-        assert isinstance(t, TensorType)
-        g = int(_attr(node, "num_groups"))
-        n, c = t.shape[0], t.shape[1]
-        rest: Any = sympy.Integer(1)
-        for d in t.shape[2:]:
-            rest = rest * d
-        cg = sympy.floor(sympy.sympify(c) / g)
-        gt = TensorType(t.dtype, (n, g, _dim(cg * rest)), t.device)
-        xg = self.reshape(x, gt)
-        y = self._normalize(xg, [2], float(_attr(node, "eps")), gt, False)
-        y = self.reshape(y, out)
-        it = iter(params)
-
-        def chan(h: H) -> H:
-            ht = h[1]
-            assert isinstance(ht, TensorType)
-            return self.reshape(h, TensorType(ht.dtype, (ht.shape[0],) + (1,) * (t.rank - 2), ht.device))
-
-        if _attr(node, "has_weight"):
-            y = self.ew(out, [y, chan(next(it))], "mul")
-        if _attr(node, "has_bias"):
-            y = self.ew(out, [y, chan(next(it))], "add")
-        return y
 
     def op_matmul(self, node: Node) -> H:
         a, b = self.ins(node)
@@ -737,7 +635,7 @@ class _Emitter(EmitterBase):
     def predicate(self, v: Value) -> str:
         s, t = self.values[v.name]
         if isinstance(t, ScalarType):
-            return self.cvt(s, _SCALAR_DTYPE[t.kind], DType.bool)
+            return self.cvt(s, SCALAR_DTYPES[t.kind], DType.bool)
         zeros = ", ".join(self.cindex(0) for _ in t.shape)
         r = self.fresh()
         self.emit(f"{r} = tensor.extract {s}[{zeros}] : {mlir_type(t)}")
@@ -871,13 +769,14 @@ class _Emitter(EmitterBase):
         return "\n".join(["module {", *decls, head, *self.lines, "  }", "}", ""])
 
 
+#: the primitive elementwise ops :meth:`EmitterBase.scalar` implements (composite ones such as
+#: gelu or silu are emitted from their decompositions)
 _ELEMENTWISE = {
     "abs", "add", "atan", "atan2", "bitwise_and", "bitwise_not", "bitwise_or", "bitwise_xor", "cast",
-    "ceil", "clamp", "cos", "div", "elu", "eq", "erf", "exp", "expm1", "floor", "floor_divide", "fmod",
-    "ge", "gelu", "gt", "hardsigmoid", "hardswish", "le", "leaky_relu", "log", "log1p", "log2",
-    "logical_and", "logical_not", "logical_or", "logical_xor", "logsigmoid", "lt", "maximum", "minimum",
-    "mish", "mul", "ne", "neg", "pow", "reciprocal", "relu", "remainder", "round", "rsqrt", "sigmoid",
-    "sign", "silu", "sin", "softplus", "sqrt", "square", "sub", "tan", "tanh", "trunc", "where",
+    "ceil", "clamp", "cos", "div", "eq", "erf", "exp", "expm1", "floor", "floor_divide", "fmod",
+    "ge", "gt", "le", "log", "log1p", "log2", "logical_and", "logical_not", "logical_or", "logical_xor",
+    "lt", "maximum", "minimum", "mul", "ne", "neg", "pow", "reciprocal", "relu", "remainder", "round",
+    "rsqrt", "sigmoid", "sign", "sin", "sqrt", "square", "sub", "tan", "tanh", "trunc", "where",
 }  # fmt: skip
 
 

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from cuvil_ir.graph_ir.nodes import Graph
-from cuvil_ir.graph_ir.types import ScalarKind, ScalarType, TensorType, Type
+from cuvil_ir.graph_ir.types import SCALAR_DTYPES, DType, ScalarKind, ScalarType, TensorType, Type
 from cuvil_ir.mlir.base import MlirError
 from cuvil_ir.mlir.bindings import load
 from cuvil_ir.mlir.emit import to_mlir
@@ -59,9 +59,8 @@ PIPELINE = (
 # ``maximumf``/``minimumf`` into compares and selects, which order -0 and +0 differently).
 
 _SCALAR_CT: dict[ScalarKind, Any] = {
-    ScalarKind.int: ctypes.c_int64,
-    ScalarKind.float: ctypes.c_double,
-    ScalarKind.bool: ctypes.c_bool,
+    kind: {DType.i64: ctypes.c_int64, DType.f64: ctypes.c_double, DType.bool: ctypes.c_bool}[d]
+    for kind, d in SCALAR_DTYPES.items()
 }
 
 

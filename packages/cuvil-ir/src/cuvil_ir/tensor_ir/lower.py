@@ -9,7 +9,7 @@ without recomputing them, extern calls, control flow and outputs.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,7 +17,7 @@ import sympy
 
 from cuvil_ir.graph_ir.nodes import KV, Block, Graph, Node, Ref, Value
 from cuvil_ir.graph_ir.registry import REGISTRY
-from cuvil_ir.graph_ir.types import DType, ScalarKind, ScalarType, TensorType
+from cuvil_ir.graph_ir.types import DType, ScalarType, TensorType
 from cuvil_ir.symbolic import Dim
 from cuvil_ir.tensor_ir import expr as E
 from cuvil_ir.tensor_ir.program import (
@@ -32,11 +32,22 @@ from cuvil_ir.tensor_ir.program import (
     Step,
     TensorProgram,
     View,
-    contiguous_strides,
     layout_strides,
 )
+from cuvil_ir.tensor_ir.values import (
+    SCALAR_DTYPES,
+    Lazy,
+    NotLowered,
+    Val,
+    idx,
+    known_sizes,
+    strided_offset,
+    strided_view,
+)
+from cuvil_ir.tensor_ir.values import as_dim as _dim
 
-SCALAR_DTYPES = {ScalarKind.bool: DType.bool, ScalarKind.int: DType.i64, ScalarKind.float: DType.f64}
+#: ``(reduce, its free indices, the kernel's outer indices) -> realize it?``
+RealizeReduction = Callable[[E.Reduce, frozenset[sympy.Symbol], frozenset[sympy.Symbol]], bool]
 
 
 @dataclass(frozen=True)
@@ -62,75 +73,12 @@ class FusionPolicy:
     #: extern ops that run fastest on channels-last NCHW tensors: their first operand is
     #: passed channels-last and their 4-d results are kept so (see docs/tensor-and-loop-ir.md)
     channels_last_ops: frozenset[str] = frozenset()
-
-
-class NotLowered(Exception):
-    """An op (or this use of it) has no kernel lowering: it runs as an extern call."""
-
-
-@dataclass(frozen=True)
-class Lazy:
-    """A tensor as a function of its index: ``body`` over ``_i0 .. _i{rank-1}``."""
-
-    shape: tuple[Dim, ...]
-    dtype: DType
-    body: E.Expr
-
-    @property
-    def rank(self) -> int:
-        return len(self.shape)
-
-    def at(self, idx: Sequence[Any]) -> E.Expr:
-        """The element at ``idx`` (sympy index expressions, one per dimension)."""
-        if len(idx) != self.rank:
-            raise ValueError(f"rank {self.rank} tensor indexed with {len(idx)} indices")
-        return E.substitute(
-            self.body,
-            {E.index_symbol(k): sympy.sympify(i) for k, i in enumerate(idx) if i != E.index_symbol(k)},
-        )
-
-
-Val = Lazy | E.Expr  # a tensor, or a scalar expression
-
-
-def idx(rank: int) -> list[sympy.Symbol]:
-    return [E.index_symbol(k) for k in range(rank)]
-
-
-def strided_offset(strides: Sequence[Dim], index: Sequence[Any], base: Any = 0) -> sympy.Expr:
-    off: Any = sympy.sympify(base)
-    for i, s in zip(index, strides):
-        off = off + sympy.sympify(i) * s
-    return sympy.expand(off)
-
-
-def linear_offset(shape: Sequence[Dim], index: Sequence[Any], base: Any = 0) -> sympy.Expr:
-    """The offset of ``index`` in a row-major array of ``shape``."""
-    return strided_offset(contiguous_strides(tuple(shape)), index, base)
-
-
-def strided_view(lz: Lazy) -> tuple[str, tuple[Dim, ...], Dim] | None:
-    """``(buffer, strides, offset)`` when ``lz`` is an affine view of one buffer."""
-    if not isinstance(lz.body, E.Load):
-        return None
-    off = sympy.expand(lz.body.offset)
-    syms = idx(lz.rank)
-    base = sympy.sympify(off.xreplace({s: 0 for s in syms}))
-    strides = []
-    for s in syms:
-        c = off.coeff(s)
-        if c.free_symbols & set(syms) or E.is_loop_symbol(c):
-            return None
-        strides.append(c)
-    rebuilt = base + sum((c * s for c, s in zip(strides, syms)), sympy.Integer(0))
-    if sympy.expand(rebuilt - off) != 0 or any(E.is_loop_symbol(s) for s in base.free_symbols):
-        return None
-    return lz.body.buf, tuple(_dim(c) for c in strides), _dim(base)
-
-
-def _dim(e: Any) -> Dim:
-    e = sympy.sympify(e)
-    return int(e) if e.is_Integer else e
+    #: which reductions inside a kernel body become buffers of their own, as the
+    #: backend's scheduler needs: ``realize_reduction(reduce, its free indices, the
+    #: kernel's non-unit outer indices up to the deepest one any reduction uses)``.
+    #: ``None``: every reduction stays in its kernel (the backend's code computes a
+    #: nested reduction where it is used)
+    realize_reduction: RealizeReduction | None = None
 
 
 class Lowering:
@@ -287,13 +235,11 @@ class Lowering:
         return body
 
     def _split_reductions(self, body: E.Expr, domain: tuple[Dim, ...]) -> E.Expr:
-        """Realize every Reduce the scheduler could not hoist without recomputing it.
-
-        A kernel over ``domain`` runs its outer indices ``_i0 .. _i{k-1}`` in parallel
-        and computes each hoisted reduction once per outer point; that is right only
-        when the reduction varies with every (non-unit) outer index and with no
-        index of an enclosing reduction. Others become buffers of their own.
-        """
+        """Realize every Reduce the backend's policy says its scheduler cannot keep in
+        the kernel (``FusionPolicy.realize_reduction``) as a buffer of its own."""
+        realize = self.policy.realize_reduction
+        if realize is None:
+            return body
         while True:
             reds = list(dict.fromkeys(r for r in E.walk(body) if isinstance(r, E.Reduce)))
             if not reds:
@@ -303,7 +249,7 @@ class Lowering:
             positions = [int(s.name[2:]) for r in reds for s in free[r] if s.name.startswith("_i")]
             k = max(positions, default=-1) + 1
             needed = {E.index_symbol(j) for j in range(k) if domain[j] != 1}
-            bad = [r for r in reds if any(s.name.startswith("_r") for s in free[r]) or not needed <= free[r]]
+            bad = [r for r in reds if realize(r, frozenset(free[r]), frozenset(needed))]
             if not bad:
                 return body
             # an offender with no other offender inside it first, so the outer one reads its buffer
@@ -379,6 +325,7 @@ class Lowering:
             tuple(outputs),
             outer_symbols,
             seeds=tuple(self.seeds),
+            device=self.device,
         )
 
     def lower_node(self, n: Node) -> None:
@@ -552,42 +499,6 @@ def _region_free_values(n: Node) -> list[Value]:
     for r in n.regions:
         visit(r)
     return [v for k, v in sorted(used.items()) if k not in defined]
-
-
-def known_sizes(assumptions: Sequence[sympy.Basic]) -> dict[sympy.Basic, Any]:
-    """Sizes the graph's assumptions pin down: ``Eq(s, 1)`` gives ``s -> 1``,
-    ``Eq(a, b)`` of two symbols gives the later name -> the earlier one, and
-    ``Eq(e, 1)`` of an expression (a ``Piecewise`` size merged from the branches of an
-    ``if``) gives ``e -> 1``: such a dim broadcasts like a literal 1."""
-    out: dict[sympy.Basic, Any] = {}
-    for a in assumptions:
-        if not isinstance(a, sympy.Eq):
-            continue
-        lhs, rhs = a.lhs, a.rhs
-        if isinstance(rhs, sympy.Symbol) and not isinstance(lhs, sympy.Symbol):
-            lhs, rhs = rhs, lhs
-        if lhs.is_Integer and not rhs.is_Number:
-            lhs, rhs = rhs, lhs
-        if not isinstance(lhs, sympy.Symbol):
-            if rhs.is_Integer and not lhs.is_Number:
-                out[lhs] = rhs  # xreplace matches it as a whole, before its parts
-            continue
-        if rhs.is_Integer:
-            out[lhs] = rhs
-        elif isinstance(rhs, sympy.Symbol):
-            lo, hi = sorted((lhs, rhs), key=lambda s: s.name)
-            out[hi] = lo
-    # resolve chains (c -> b -> a) to a fixed point
-    for _ in range(len(out)):
-        changed = False
-        for k, v in list(out.items()):
-            nv = sympy.sympify(v).xreplace(out)
-            if nv != v:
-                out[k] = nv
-                changed = True
-        if not changed:
-            break
-    return {k: v for k, v in out.items() if k not in sympy.sympify(v).free_symbols}
 
 
 def specialize(graph: Graph) -> Graph:

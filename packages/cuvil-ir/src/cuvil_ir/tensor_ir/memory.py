@@ -20,6 +20,7 @@ import sympy
 from cuvil_ir.symbolic import dim_str, prove
 from cuvil_ir.tensor_ir import expr as E
 from cuvil_ir.tensor_ir.program import Control, Extern, Kernel, Step, TensorProgram, View
+from cuvil_ir.tensor_ir.values import idx, known_sizes, strided_offset
 
 ALIGN = 64
 
@@ -79,8 +80,6 @@ def _in_place(step: Kernel, src: str, program: TensorProgram) -> bool:
     a, b = program.buffers[src], program.buffers[step.buf]
     if a.dtype.torch.itemsize != b.dtype.torch.itemsize or sympy.expand(a.numel - b.numel) != 0:
         return False
-    from cuvil_ir.tensor_ir.lower import idx, strided_offset
-
     here = strided_offset(b.strides, idx(len(step.domain)))
     for x in E.walk(step.body):
         if isinstance(x, E.Load) and x.buf == src and sympy.expand(x.offset - here) != 0:
@@ -115,8 +114,6 @@ def plan_program(program: TensorProgram) -> TensorProgram:
     slots: list[Slot] = []
     slot_of: dict[str, int] = {}
     free_at: dict[int, int] = {}  # slot -> step index after which it is free
-    from cuvil_ir.tensor_ir.lower import known_sizes
-
     assumptions = known_sizes(program.graph.assumptions)
     for k, step in enumerate(program.steps):
         for buf in _writes(step):

@@ -167,6 +167,8 @@ class TensorProgram:
     #: (the seeds of ``rand``: train-mode dropout)
     seeds: tuple[str, ...] = ()
     plan: Any = field(default=None, compare=False)  # cuvil_ir.tensor_ir.memory.MemoryPlan
+    #: the torch device type the arena, outputs and kernels live on
+    device: str = "cpu"
 
     @property
     def text(self) -> str:
@@ -234,7 +236,8 @@ def _indent(text: str) -> str:
 def print_program(p: TensorProgram) -> str:
     ins = ", ".join(str(p.buffers[i.name]) if i.is_tensor else f"${i.name}: scalar" for i in p.inputs)
     outs = ", ".join(f"%{o}" if isinstance(o, str) else expr_str(o) for o in p.outputs)
-    lines = [f"program @{p.name}({ins}) -> ({outs}) {{"]
+    on = "" if p.device == "cpu" else f" on {p.device}"
+    lines = [f"program @{p.name}({ins}) -> ({outs}){on} {{"]
     for seed in p.seeds:
         lines.append(f"  random ${seed}: i64")
     for b in p.buffers.values():

@@ -1,33 +1,82 @@
-"""Lowering rules: each Graph IR op as a composition of scalar expressions.
+"""Lowering rules: each primitive Graph IR op as a composition of scalar expressions.
 
 A rule is ``rule(lowering, node, *operands) -> value | [values]`` where operands
-and values are :class:`~cuvil_ir.tensor_ir.lower.Lazy` tensors or scalar
-expressions. Raising :class:`~cuvil_ir.tensor_ir.lower.NotLowered` makes the node
-an extern call. Ops without a rule (matmul, conv, embedding ...) are externs.
+and values are :class:`~cuvil_ir.tensor_ir.values.Lazy` tensors or scalar
+expressions. Raising :class:`~cuvil_ir.tensor_ir.values.NotLowered` makes the node
+an extern call. A composite op (gelu, softmax, layer_norm ...) has no rule here: it
+is lowered from its decomposition (:mod:`cuvil_ir.graph_ir.decompose`), its
+primitives composed into one expression exactly as a rule would (see
+:class:`_Rules`). Ops with neither (matmul, conv, embedding ...) are externs; their
+declarations say why (``extern_reasons``).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sympy
 
+from cuvil_ir.graph_ir.decompose import NotDecomposed, expand, uses_decomposition
 from cuvil_ir.graph_ir.nodes import Node
 from cuvil_ir.graph_ir.ops.index import slice_bounds
 from cuvil_ir.graph_ir.registry import registrar
-from cuvil_ir.graph_ir.types import DType, ScalarType, TensorType
+from cuvil_ir.graph_ir.types import SCALAR_DTYPES, DType, ScalarType, TensorType, promote_types
 from cuvil_ir.symbolic import Dim, ShapeContext, UndecidableError
 from cuvil_ir.tensor_ir import expr as E
-from cuvil_ir.tensor_ir.lower import Lazy, Lowering, NotLowered, Val, idx, linear_offset, strided_view
 from cuvil_ir.tensor_ir.program import contiguous_strides
+from cuvil_ir.tensor_ir.values import Lazy, NotLowered, Val, idx, linear_offset, strided_view
+
+if TYPE_CHECKING:  # annotations only: lower imports this module
+    from cuvil_ir.tensor_ir.lower import Lowering
 
 Rule = Callable[..., Any]
-RULES: dict[str, Rule] = {}
 
+
+class _Rules(dict[str, Rule]):
+    """Op name -> rule; ``get`` answers for a composite op without a rule of its own
+    with :func:`lower_decomposed`, so lowering needs no table of composite ops."""
+
+    def get(self, name: str, default: Any = None) -> Any:
+        found = super().get(name)
+        if found is None and uses_decomposition(name, "tensor_ir", native=False):
+            return lower_decomposed
+        return found if found is not None else default
+
+
+RULES: dict[str, Rule] = _Rules()
 
 rule = registrar(RULES)
+
+
+def lower_decomposed(lw: Lowering, n: Node, *operands: Val) -> list[Val]:
+    """A composite op lowered from its decomposition: each primitive's rule composes
+    onto its operands' expressions, and nothing in between is realized, so the result
+    is one expression -- fused as if one rule had written it (softmax and layer norm
+    stay one kernel per row). Any primitive that cannot be lowered here (a dtype or op
+    the policy keeps out of kernels, no rule) makes the whole node one extern call."""
+    try:
+        ex = expand(n, lw.assumptions)
+    except NotDecomposed as e:
+        raise NotLowered(str(e)) from None
+    env: dict[str, Val] = {v.name: x for v, x in zip(n.inputs, operands)}
+    policy = lw.policy
+    steps, buffers = len(lw.steps), dict(lw.buffers)  # a primitive's rule may realize
+    try:
+        for m in ex.nodes:
+            kinds = [v.type.dtype for v in (*m.inputs, *m.outputs) if isinstance(v.type, TensorType)]
+            r = RULES.get(m.op)
+            if r is None or m.op in policy.extern_ops or any(d not in policy.dtypes for d in kinds):
+                raise NotLowered(f"{n.op}: its primitive {m.op} is not lowered")
+            res = r(lw, m, *(env[v.name] for v in m.inputs))
+            for v, val in zip(m.outputs, res if isinstance(res, (list, tuple)) else [res]):
+                env[v.name] = val
+    except NotLowered:
+        del lw.steps[steps:]  # the node becomes one extern: no kernel of a partial attempt stays
+        lw.buffers = buffers
+        raise
+    return [env[v.name] for v in ex.outputs]
 
 
 # -- helpers ------------------------------------------------------------------------
@@ -95,9 +144,7 @@ def pointwise(n: Node, fn: Callable[..., E.Expr], *vals: Val, compute: DType | N
 
 def compute_dtype(n: Node) -> DType:
     """The dtype torch computes a comparison in (promotion of its operands)."""
-    from cuvil_ir.graph_ir.ops._rules import result_dtype
-
-    return result_dtype(*(v.type for v in n.inputs))
+    return promote_types(*(v.type for v in n.inputs))
 
 
 def norm_dims(dims: Any, rank: int) -> tuple[int, ...]:
@@ -308,71 +355,12 @@ def _clamp(lw: Lowering, n: Node, x: Val) -> Lazy:
     return pointwise(n, f, x, compute=t.dtype)
 
 
-# -- activations --------------------------------------------------------------------
-def _c(v: float, like: E.Expr) -> E.Expr:
-    return const(v, like.dtype)
-
-
-def _gelu(a: E.Expr, approximate: str) -> E.Expr:
-    half = call("mul", _c(0.5, a), a)
-    if approximate == "tanh":
-        inner = call(
-            "mul",
-            _c(math.sqrt(2 / math.pi), a),
-            call("add", a, call("mul", _c(0.044715, a), call("mul", call("mul", a, a), a))),
-        )
-        return call("mul", half, call("add", _c(1.0, a), call("tanh", inner)))
-    return call("mul", half, call("add", _c(1.0, a), call("erf", call("mul", a, _c(math.sqrt(0.5), a)))))
-
-
-def _softplus(a: E.Expr, beta: float, threshold: float) -> E.Expr:
-    ax = call("mul", a, _c(beta, a)) if beta != 1 else a
-    soft = call("log1p", call("exp", ax))
-    if beta != 1:
-        soft = call("div", soft, _c(beta, a))
-    return E.Call("where", (call("gt", ax, _c(threshold, a), dtype=DType.bool), a, soft), a.dtype)
-
-
-def _hardsigmoid(a: E.Expr) -> E.Expr:
-    return call(
-        "min", call("max", call("add", call("div", a, _c(6.0, a)), _c(0.5, a)), _c(0.0, a)), _c(1.0, a)
-    )
-
-
-_ACTIVATIONS: dict[str, Callable[[E.Expr, Node], E.Expr]] = {
-    "relu": lambda a, n: call("max", a, _c(0, a)),  # max propagates NaN, as torch's relu does
-    "gelu": lambda a, n: _gelu(a, str(n.attr("approximate", "none"))),
-    "silu": lambda a, n: call("mul", a, call("sigmoid", a)),
-    "leaky_relu": lambda a, n: E.Call(
-        "where",
-        (call("gt", a, _c(0, a), dtype=DType.bool), a, call("mul", a, _c(_num(n, "negative_slope"), a))),
-        a.dtype,
-    ),
-    "elu": lambda a, n: E.Call(
-        "where",
-        (
-            call("gt", a, _c(0, a), dtype=DType.bool),
-            a,
-            call("mul", _c(_num(n, "alpha"), a), call("expm1", a)),
-        ),
-        a.dtype,
-    ),
-    "softplus": lambda a, n: _softplus(a, _num(n, "beta"), _num(n, "threshold")),
-    "hardsigmoid": lambda a, n: _hardsigmoid(a),
-    "hardswish": lambda a, n: call("mul", a, _hardsigmoid(a)),
-    "mish": lambda a, n: call("mul", a, call("tanh", _softplus(a, 1.0, 20.0))),
-    "logsigmoid": lambda a, n: call(
-        "sub", call("min", a, _c(0.0, a)), call("log1p", call("exp", call("neg", call("abs", a))))
-    ),
-}
-
-
-@rule(*_ACTIVATIONS)
-def _activation(lw: Lowering, n: Node, x: Val) -> Lazy:
+# -- activations: relu is a primitive; the others lower from their decompositions ----------
+@rule("relu")
+def _relu(lw: Lowering, n: Node, x: Val) -> Lazy:
     t = out_type(n)
-    if n.op != "relu" and not t.dtype.is_floating:
-        raise NotLowered("integer activation")
-    return pointwise(n, lambda a: _ACTIVATIONS[n.op](a, n), x, compute=t.dtype)
+    # max propagates NaN, as torch's relu does
+    return pointwise(n, lambda a: call("max", a, const(0, t.dtype)), x, compute=t.dtype)
 
 
 @rule("tril", "triu")
@@ -394,8 +382,6 @@ def _const(lw: Lowering, n: Node) -> E.Expr:
     t = n.outputs[0].type
     if isinstance(t, TensorType):
         raise NotLowered("tensor constant")
-    from cuvil_ir.tensor_ir.lower import SCALAR_DTYPES
-
     assert isinstance(t, ScalarType)
     dtype = SCALAR_DTYPES[t.kind]
     if isinstance(v, sympy.Basic):
@@ -711,169 +697,6 @@ def _mean(lw: Lowering, n: Node, x: Val) -> Lazy:
         return Lazy(t.shape, t.dtype, cast(x.body, t.dtype))
     s = reduce(lw, "sum", x, dims, keep=bool(n.attr("keepdim")), dtype=t.dtype)
     return Lazy(t.shape, t.dtype, call("div", s, count(x, dims, t.dtype)))
-
-
-def _variance(
-    lw: Lowering, x: Lazy, dims: Sequence[int], correction: Any, keep: bool, dtype: DType
-) -> E.Expr:
-    """Two-pass variance (the mean first): stable without Welford's serial dependency."""
-    mean = call(
-        "div",
-        reduce(lw, "sum", x, dims, keep=True, dtype=dtype, out_index=_keep_index(x.rank, dims, keep)),
-        count(x, dims, dtype),
-    )
-
-    def sq(e: E.Expr) -> E.Expr:
-        dv = call("sub", e, mean)
-        return call("mul", dv, dv)
-
-    ss = reduce(lw, "sum", x, dims, body=sq, keep=keep, dtype=dtype)
-    if correction == 0:
-        return call("div", ss, count(x, dims, dtype))
-    denom = call("sub", count(x, dims, dtype), const(correction, dtype))
-    return call("div", ss, call("max", denom, const(0, dtype)))
-
-
-def _keep_index(rank: int, dims: Sequence[int], keep: bool) -> list[Any]:
-    """The index (one per dim of x, reduced ones ignored) of an output with/without kept dims."""
-    i = iter(idx(rank if keep else rank - len(dims)))
-    return [next(i) if (keep or d not in dims) else sympy.Integer(0) for d in range(rank)]
-
-
-@rule("var", "std")
-def _var(lw: Lowering, n: Node, x: Val) -> Lazy:
-    x = tensor_operand(x)
-    t = out_type(n)
-    if not t.dtype.is_floating or x.rank == 0:
-        raise NotLowered("var of a non-float or 0-d tensor")
-    dims = norm_dims(n.attr("dims"), x.rank)
-    v = _variance(lw, x, dims, n.attr("correction"), bool(n.attr("keepdim")), t.dtype)
-    return Lazy(t.shape, t.dtype, call("sqrt", v) if n.op == "std" else v)
-
-
-@rule("logsumexp")
-def _logsumexp(lw: Lowering, n: Node, x: Val) -> Lazy:
-    x = tensor_operand(x)
-    t = out_type(n)
-    if not t.dtype.is_floating or x.rank == 0:
-        raise NotLowered("logsumexp of a non-float or 0-d tensor")
-    dims = norm_dims(n.attr("dims"), x.rank)
-    keep = bool(n.attr("keepdim"))
-    m = reduce(lw, "max", x, dims, keep=True, dtype=t.dtype, out_index=_keep_index(x.rank, dims, keep))
-    # max of an all -inf row is -inf; subtracting it would give nan
-    safe = E.Call(
-        "where",
-        (call("eq", call("abs", m), const(math.inf, t.dtype), dtype=DType.bool), const(0, t.dtype), m),
-        t.dtype,
-    )
-    s = reduce(lw, "sum", x, dims, body=lambda e: call("exp", call("sub", e, safe)), keep=keep, dtype=t.dtype)
-    return Lazy(t.shape, t.dtype, call("add", call("log", s), safe))
-
-
-def _softmax_parts(lw: Lowering, n: Node, x: Val) -> tuple[Lazy, int, E.Expr, E.Expr, E.Expr, DType]:
-    x = tensor_operand(x)
-    t = out_type(n)
-    if not t.dtype.is_floating:
-        raise NotLowered("softmax of a non-float tensor")
-    if x.rank == 0:
-        raise NotLowered("softmax of a 0-d tensor")
-    d = int(n.attr("dim")) % x.rank  # type: ignore[arg-type]
-    xi = cast(x.body, t.dtype)
-    m = reduce(lw, "max", x, (d,), keep=True, dtype=t.dtype)
-    shifted = call("sub", xi, m)
-    s = reduce(lw, "sum", x, (d,), body=lambda e: call("exp", call("sub", e, m)), keep=True, dtype=t.dtype)
-    return x, d, m, shifted, s, t.dtype
-
-
-@rule("softmax")
-def _softmax(lw: Lowering, n: Node, x: Val) -> Lazy:
-    """Max-subtracted softmax: max, sum of exp, then exp / sum -- one kernel after hoisting."""
-    x, d, m, shifted, s, dt = _softmax_parts(lw, n, x)
-    return Lazy(x.shape, dt, call("div", call("exp", shifted), s))
-
-
-@rule("log_softmax")
-def _log_softmax(lw: Lowering, n: Node, x: Val) -> Lazy:
-    x, d, m, shifted, s, dt = _softmax_parts(lw, n, x)
-    return Lazy(x.shape, dt, call("sub", shifted, call("log", s)))
-
-
-def _affine(x: Lazy, dims_from: int, body: E.Expr, params: Sequence[Val], dtype: DType) -> E.Expr:
-    """``body * w + b`` with per-element params over the dims ``dims_from ..`` of ``x``."""
-    for k, p in enumerate(params):
-        pe = cast(element(p, x.shape), dtype)
-        body = call("mul" if k == 0 else "add", body, pe)
-    return body
-
-
-def _normalized(n: Node, x: Val) -> tuple[Lazy, TensorType, int, tuple[int, ...], DType]:
-    """Operand, result type, number and indices of the normalized (trailing) dims, dtype."""
-    x = tensor_operand(x)
-    t = out_type(n)
-    if not t.dtype.is_floating:
-        raise NotLowered(f"{n.op} of a non-float tensor")
-    shape: Any = n.attr("normalized_shape")
-    k = len(shape)
-    return x, t, k, tuple(range(x.rank - k, x.rank)), t.dtype
-
-
-@rule("layer_norm")
-def _layer_norm(lw: Lowering, n: Node, x: Val, *params: Val) -> Lazy:
-    x, t, k, dims, dt = _normalized(n, x)
-    mean = call("div", reduce(lw, "sum", x, dims, keep=True, dtype=dt), count(x, dims, dt))
-    var = _variance(lw, x, dims, 0, True, dt)
-    y = call(
-        "mul", call("sub", cast(x.body, dt), mean), call("rsqrt", call("add", var, const(n.attr("eps"), dt)))
-    )
-    ps = list(params)
-    if not n.attr("has_weight") and n.attr("has_bias"):
-        y = call("add", y, cast(element(ps[0], x.shape), dt))
-    else:
-        y = _affine(x, x.rank - k, y, ps, dt)
-    return Lazy(t.shape, dt, y)
-
-
-@rule("rms_norm")
-def _rms_norm(lw: Lowering, n: Node, x: Val, *params: Val) -> Lazy:
-    import torch
-
-    x, t, k, dims, dt = _normalized(n, x)
-    eps = n.attr("eps")
-    if eps is None:
-        eps = torch.finfo(dt.torch).eps
-    ms = call(
-        "div",
-        reduce(lw, "sum", x, dims, body=lambda e: call("mul", e, e), keep=True, dtype=dt),
-        count(x, dims, dt),
-    )
-    y = call("mul", cast(x.body, dt), call("rsqrt", call("add", ms, const(eps, dt))))
-    return Lazy(t.shape, dt, _affine(x, x.rank - k, y, list(params), dt))
-
-
-@rule("batch_norm")
-def _batch_norm(lw: Lowering, n: Node, x: Val, mean: Val, var: Val, *params: Val) -> Lazy:
-    """Inference batch norm: a per-channel affine map (channels on dim 1)."""
-    x = tensor_operand(x)
-    t = out_type(n)
-    if not t.dtype.is_floating or x.rank < 2:
-        raise NotLowered("batch_norm of a non-float or 1-d tensor")
-    dt = t.dtype
-    c = idx(x.rank)[1]
-
-    def per_channel(p: Val) -> E.Expr:
-        return cast(tensor_operand(p).at([c]), dt)
-
-    y = call(
-        "mul",
-        call("sub", cast(x.body, dt), per_channel(mean)),
-        call("rsqrt", call("add", per_channel(var), const(n.attr("eps"), dt))),
-    )
-    ps = list(params)
-    if n.attr("has_weight"):
-        y = call("mul", y, per_channel(ps.pop(0)))
-    if n.attr("has_bias"):
-        y = call("add", y, per_channel(ps.pop(0)))
-    return Lazy(t.shape, dt, y)
 
 
 @rule("dropout")

@@ -9,13 +9,16 @@ from typing import Any
 import sympy
 
 from cuvil_ir.graph_ir.registry import CaptureRule, Emitter, NotCaptured, Op
-from cuvil_ir.graph_ir.types import DType, ScalarKind, ScalarType, TensorType, Type
+from cuvil_ir.graph_ir.types import DType, TensorType, Type, promote_types
 from cuvil_ir.symbolic import Dim, Shape, ShapeContext, as_dim
 
 
 class ShapeError(ValueError):
     """Operands whose shapes or dtypes the op cannot accept."""
 
+
+#: ``extern_reasons`` of ops that a library kernel runs best (see ``Op.extern_reasons``)
+LIBRARY_KERNEL = "a library kernel (BLAS, oneDNN or torch's own, called as an extern) beats a loop nest"
 
 #: the traits of ops whose output aliases (part of) their first input
 VIEW = frozenset({"view", "pure"})
@@ -30,18 +33,21 @@ def declare(
     capture: CaptureRule | None = None,
     traits: Iterable[str] | None = None,
     base: type[Op] = Op,
+    decompose: Callable[..., Any] | None = None,
     **attrs: Any,
 ) -> type[Op]:
     """Declare op ``name`` from functions, as the family factories (``unary``, ``reduction`` ...) do.
 
     The class is named after the op (``log_softmax``: ``LogSoftmax``) and belongs to the
-    module that defines ``reference``; ``infer``, ``capture`` and ``traits`` left out are
-    inherited from ``base``; ``attrs`` are further class attributes (``num_outputs``).
+    module that defines ``reference``; ``infer``, ``capture``, ``traits`` and ``decompose``
+    left out are inherited from ``base``; ``attrs`` are further class attributes
+    (``num_outputs``, ``extern_reasons``).
     """
     ns: dict[str, Any] = {"__module__": reference.__module__, "name": name, **attrs}
     if traits is not None:
         ns["traits"] = frozenset(traits)
-    for key, fn in (("torch", torch), ("capture", capture), ("infer", infer), ("reference", reference)):
+    fns = (("torch", torch), ("capture", capture), ("infer", infer), ("reference", reference))
+    for key, fn in (*fns, ("decompose", decompose)):
         if fn is not None:
             ns[key] = staticmethod(fn)
     return type(name.title().replace("_", ""), (base,), ns)
@@ -115,33 +121,13 @@ def _broadcast_dim(ctx: ShapeContext, a: Dim, b: Dim, shapes: tuple[Shape, ...])
     raise ShapeError(f"shapes {[tuple(map(str, s)) for s in shapes]} do not broadcast")
 
 
-def _probe(t: Type) -> Any:
-    import torch
-
-    if isinstance(t, ScalarType):
-        return {ScalarKind.bool: True, ScalarKind.int: 1, ScalarKind.float: 1.0}[t.kind]
-    return torch.empty((1,) * min(t.rank, 1), dtype=t.dtype.torch, device="meta")
-
-
 def result_dtype(*types: Type) -> DType:
-    """torch's type promotion (tensors, 0-d tensors and weak Python scalars)."""
-    import torch
-
-    probes = [_probe(t) for t in types]
-    if not any(isinstance(p, torch.Tensor) for p in probes):
-        raise ShapeError("at least one operand must be a tensor")
-    acc = probes[0]
-    dtype = None
-    for p in probes[1:]:
-        dtype = torch.result_type(acc, p)
-        acc = torch.empty((1,) if _max_rank(types) else (), dtype=dtype, device="meta")
-    if dtype is None:
-        return DType.from_torch(acc.dtype)
-    return DType.from_torch(dtype)
-
-
-def _max_rank(types: Sequence[Type]) -> int:
-    return max((t.rank for t in types if isinstance(t, TensorType)), default=0)
+    """torch's type promotion (tensors, 0-d tensors and weak Python scalars); see
+    :func:`~cuvil_ir.graph_ir.types.promote_types`."""
+    try:
+        return promote_types(*types)
+    except ValueError as e:
+        raise ShapeError(str(e)) from None
 
 
 def device_of(*types: Type) -> str:

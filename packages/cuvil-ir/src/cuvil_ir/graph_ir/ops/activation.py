@@ -1,12 +1,18 @@
-"""Elementwise ops with parameters (clamp bounds, activation constants) and dropout."""
+"""Elementwise ops with parameters (clamp bounds, activation constants) and dropout.
+
+The activations are composite: each declares its math once, as a decomposition into
+primitive ops (:mod:`cuvil_ir.graph_ir.decompose`), which every backend lowers.
+"""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+from cuvil_ir.graph_ir.decompose import Builder, Sym, where
 from cuvil_ir.graph_ir.ops._rules import float_tensor, result_dtype, tensor_of
 from cuvil_ir.graph_ir.registry import Emitter, NotCaptured, Op
 from cuvil_ir.graph_ir.types import ScalarKind, ScalarType, Type
@@ -121,6 +127,13 @@ class Gelu(_FloatActivation):
     def reference(x: Any, *, approximate: str) -> Any:
         return F.gelu(x, approximate=approximate)
 
+    @staticmethod
+    def decompose(b: Builder, x: Sym, *, approximate: str) -> Sym:
+        if approximate == "tanh":
+            inner = math.sqrt(2 / math.pi) * (x + 0.044715 * (x * x * x))
+            return 0.5 * x * (1.0 + inner.tanh())
+        return 0.5 * x * (1.0 + (x * math.sqrt(0.5)).erf())
+
 
 class LeakyRelu(_FloatActivation):
     name = "leaky_relu"
@@ -142,6 +155,10 @@ class LeakyRelu(_FloatActivation):
     def reference(x: Any, *, negative_slope: float) -> Any:
         return F.leaky_relu(x, negative_slope)
 
+    @staticmethod
+    def decompose(b: Builder, x: Sym, *, negative_slope: float) -> Sym:
+        return where(x > 0, x, x * negative_slope)
+
 
 class Elu(_FloatActivation):
     name = "elu"
@@ -162,6 +179,10 @@ class Elu(_FloatActivation):
     @staticmethod
     def reference(x: Any, *, alpha: float) -> Any:
         return F.elu(x, alpha)
+
+    @staticmethod
+    def decompose(b: Builder, x: Sym, *, alpha: float) -> Sym:
+        return where(x > 0, x, alpha * x.expm1())
 
 
 class Softplus(_FloatActivation):
@@ -188,6 +209,13 @@ class Softplus(_FloatActivation):
     def reference(x: Any, *, beta: float, threshold: float) -> Any:
         return F.softplus(x, beta, threshold)
 
+    @staticmethod
+    def decompose(b: Builder, x: Sym, *, beta: float, threshold: float) -> Sym:
+        # torch: x where beta * x > threshold (exp would overflow), else log1p(exp(beta * x)) / beta
+        bx = x * beta if beta != 1 else x
+        soft = bx.exp().log1p()
+        return where(bx > threshold, x, soft / beta if beta != 1 else soft)
+
 
 class Dropout(Op):
     """Train-mode dropout: zeroes each element with probability ``p``, scales the rest.
@@ -198,6 +226,10 @@ class Dropout(Op):
 
     name = "dropout"
     traits = frozenset({"random"})
+    extern_reasons = {
+        "mlir": "dropout draws random numbers; the oracle has no torch generator",
+        "onnx": "train-mode dropout draws random numbers (inference graphs have none)",
+    }
 
     @staticmethod
     def torch() -> tuple[Any, ...]:

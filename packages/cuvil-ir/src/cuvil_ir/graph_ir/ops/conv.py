@@ -16,6 +16,7 @@ import sympy
 import torch.nn.functional as F
 
 from cuvil_ir.graph_ir.ops._rules import (
+    LIBRARY_KERNEL,
     ShapeError,
     check_divisible,
     check_equal,
@@ -104,6 +105,7 @@ class Conv(Op):
 
     name = "conv"
     traits = frozenset({"extern_kernel", "pure"})
+    extern_reasons = {"tensor_ir": LIBRARY_KERNEL}
 
     @staticmethod
     def torch() -> tuple[Any, ...]:
@@ -182,6 +184,10 @@ class ConvTranspose(Op):
 
     name = "conv_transpose"
     traits = frozenset({"extern_kernel", "pure"})
+    extern_reasons = {
+        "tensor_ir": LIBRARY_KERNEL,
+        "mlir": "upstream linalg has no transposed convolution; not written as a generic yet",
+    }
 
     @staticmethod
     def torch() -> tuple[Any, ...]:
@@ -319,6 +325,7 @@ def _max_pool_capture(n: int) -> Any:
 class MaxPool(Op):
     name = "max_pool"
     traits = frozenset({"pure"})
+    extern_reasons = {"tensor_ir": LIBRARY_KERNEL}
 
     @staticmethod
     def torch() -> tuple[Any, ...]:
@@ -373,6 +380,7 @@ def _avg_pool_capture(n: int) -> Any:
 class AvgPool(Op):
     name = "avg_pool"
     traits = frozenset({"pure"})
+    extern_reasons = {"tensor_ir": LIBRARY_KERNEL}
 
     @staticmethod
     def torch() -> tuple[Any, ...]:
@@ -451,6 +459,10 @@ def _adaptive(kind: str) -> type[Op]:
         torch=lambda: tuple((f, capture_for(n)) for n, f in fns.items()),
         infer=infer,
         reference=reference,
+        extern_reasons={
+            "tensor_ir": LIBRARY_KERNEL,
+            **({"mlir": "only adaptive average pooling to 1x1 (a mean) is emitted"} if kind == "max" else {}),
+        },
     )
 
 

@@ -38,6 +38,10 @@ class Extern(Op):
 
     name = "extern"
     traits = frozenset({"opaque"})
+    extern_reasons = {
+        consumer: "an opaque torch call: it runs as itself (ONNX export cannot name it)"
+        for consumer in ("tensor_ir", "mlir", "onnx")
+    }
     num_outputs = None
 
     @staticmethod

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from cuvil_ir.graph_ir.decompose import Builder, Sym
 from cuvil_ir.graph_ir.ops._rules import (
     ShapeError,
     broadcast_shapes,
@@ -45,8 +46,10 @@ def unary(
     *,
     floating: bool = False,
     to_bool: bool = False,
+    decompose: Callable[..., Any] | None = None,
 ) -> type[Op]:
-    """Declare ``name(x)``; ``floating`` ops turn integer inputs into f32."""
+    """Declare ``name(x)``; ``floating`` ops turn integer inputs into f32; a composite op
+    gives its ``decompose`` (see :mod:`cuvil_ir.graph_ir.decompose`)."""
 
     def infer(ctx: ShapeContext, x: Type) -> Type:
         t = tensor_of(x)
@@ -62,7 +65,15 @@ def unary(
     def reference(x: Any) -> Any:
         return ref(x)
 
-    return declare(name, traits=_ELEMENTWISE, torch=fns, capture=capture, infer=infer, reference=reference)
+    return declare(
+        name,
+        traits=_ELEMENTWISE,
+        torch=fns,
+        capture=capture,
+        infer=infer,
+        reference=reference,
+        decompose=decompose,
+    )
 
 
 def binary(
@@ -209,7 +220,7 @@ unary("erf", lambda: (torch.erf, T.erf, torch.special.erf), torch.erf, floating=
 unary("tanh", lambda: (torch.tanh, T.tanh, F.tanh), torch.tanh, floating=True)
 unary("sigmoid", lambda: (torch.sigmoid, T.sigmoid, F.sigmoid), torch.sigmoid, floating=True)
 unary("relu", lambda: (torch.relu, T.relu, F.relu), torch.relu)
-unary("silu", lambda: (F.silu,), F.silu, floating=True)
+unary("silu", lambda: (F.silu,), F.silu, floating=True, decompose=lambda b, x: x * x.sigmoid())
 unary("logical_not", lambda: (torch.logical_not, T.logical_not), torch.logical_not, to_bool=True)
 binary(
     "floor_divide",
@@ -265,10 +276,26 @@ unary("ceil", lambda: (torch.ceil, T.ceil), torch.ceil)
 unary("trunc", lambda: (torch.trunc, torch.fix, T.trunc, T.fix), torch.trunc)
 unary("sign", lambda: (torch.sign, T.sign), torch.sign)
 unary("bitwise_not", lambda: (torch.bitwise_not, T.bitwise_not, T.__invert__), torch.bitwise_not)
-unary("hardswish", lambda: (F.hardswish,), F.hardswish)
-unary("hardsigmoid", lambda: (F.hardsigmoid,), F.hardsigmoid)
-unary("mish", lambda: (F.mish,), F.mish)
-unary("logsigmoid", lambda: (F.logsigmoid,), F.logsigmoid)
+
+
+# -- composite activations: each one's math, once ---------------------------------------------
+def _hardsigmoid(b: Builder, x: Sym) -> Sym:
+    return (x / 6.0 + 0.5).clamp(0.0, 1.0)
+
+
+def _mish(b: Builder, x: Sym) -> Sym:
+    return x * b.op("softplus", x, beta=1.0, threshold=20.0).tanh()
+
+
+def _logsigmoid(b: Builder, x: Sym) -> Sym:
+    # min(x, 0) - log1p(exp(-|x|)): no overflow of exp for either sign of x
+    return x.clamp(max=0.0) - (-x.abs()).exp().log1p()
+
+
+unary("hardsigmoid", lambda: (F.hardsigmoid,), F.hardsigmoid, decompose=_hardsigmoid)
+unary("hardswish", lambda: (F.hardswish,), F.hardswish, decompose=lambda b, x: x * _hardsigmoid(b, x))
+unary("mish", lambda: (F.mish,), F.mish, decompose=_mish)
+unary("logsigmoid", lambda: (F.logsigmoid,), F.logsigmoid, decompose=_logsigmoid)
 
 
 class Square(Op):

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from cuvil_ir.graph_ir.ops._rules import (
+    LIBRARY_KERNEL,
     ShapeError,
     broadcast_shapes,
     check_equal,
@@ -43,6 +44,7 @@ def matmul_shape(ctx: ShapeContext, a: Shape, b: Shape) -> Shape:
 class Matmul(Op):
     name = "matmul"
     traits = frozenset({"extern_kernel", "pure"})
+    extern_reasons = {"tensor_ir": LIBRARY_KERNEL}
 
     @staticmethod
     def torch() -> tuple[Any, ...]:
@@ -126,6 +128,7 @@ class Linear(Op):
 
     name = "linear"
     traits = frozenset({"extern_kernel", "pure"})
+    extern_reasons = {"tensor_ir": LIBRARY_KERNEL}
 
     @staticmethod
     def torch() -> tuple[Any, ...]:

@@ -10,6 +10,7 @@ import sympy
 import torch.nn.functional as F
 
 from cuvil_ir.graph_ir.ops._rules import (
+    LIBRARY_KERNEL,
     ShapeError,
     broadcast_shapes,
     check_divisible,
@@ -36,6 +37,7 @@ class Embedding(Op):
 
     name = "embedding"
     traits = frozenset({"pure"})
+    extern_reasons = {"tensor_ir": "a gather at data-dependent rows; kernels index buffers by sizes only"}
 
     @staticmethod
     def torch() -> tuple[Any, ...]:
@@ -142,6 +144,7 @@ class Interpolate(Op):
 
     name = "interpolate"
     traits = frozenset({"pure"})
+    extern_reasons = {"mlir": "resampling is not written in linalg yet"}
 
     @staticmethod
     def torch() -> tuple[Any, ...]:
@@ -232,6 +235,11 @@ class ScaledDotProductAttention(Op):
 
     name = "sdpa"
     traits = frozenset({"extern_kernel", "pure"})
+    extern_reasons = {"tensor_ir": LIBRARY_KERNEL}
+    # No decomposition yet: the shape rule below does not relate the batch dims of q, k
+    # and v (captured graphs hold q_0 and k_0 unrelated), so a matmul-based decomposition
+    # cannot decide how they broadcast. MLIR and ONNX keep their own math form until the
+    # rule records those facts (a change of the captured graphs).
 
     @staticmethod
     def torch() -> tuple[Any, ...]:

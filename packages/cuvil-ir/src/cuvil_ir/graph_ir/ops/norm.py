@@ -1,5 +1,11 @@
 """Normalisations: softmax, log_softmax, layer/RMS/batch(inference)/group norm.
 
+Each declares its math once, as a decomposition into reductions and elementwise ops
+(:mod:`cuvil_ir.graph_ir.decompose`), in the numerically stable forms: softmax
+subtracts the row maximum, variances are taken around the mean (two passes). Lowered
+from these, a softmax or a layer norm is one kernel per row: the reductions are
+hoisted into it (docs/tensor-and-loop-ir.md).
+
 Optional affine parameters follow the data input, only when present; the
 ``has_weight``/``has_bias`` attributes say which ones are there (see
 :func:`~cuvil_ir.graph_ir.ops._rules.optional_inputs`).
@@ -7,11 +13,14 @@ Optional affine parameters follow the data input, only when present; the
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
+import sympy
 import torch
 import torch.nn.functional as F
 
+from cuvil_ir.graph_ir.decompose import Builder, Sym
 from cuvil_ir.graph_ir.ops._rules import (
     ShapeError,
     check_divisible,
@@ -21,7 +30,9 @@ from cuvil_ir.graph_ir.ops._rules import (
     dim_arg,
     dtype_arg,
     float_tensor,
+    floordiv,
     int_arg,
+    numel,
     optional_args,
     optional_inputs,
     size_arg,
@@ -62,6 +73,14 @@ def _softmax(name: str, fn: Any, functional: Any, methods: tuple[Any, ...]) -> t
     def reference(x: Any, *, dim: int, dtype: DType | None) -> Any:
         return fn(x, dim, dtype=dtype.torch if dtype is not None else None)
 
+    def decompose(b: Builder, x: Sym, *, dim: int, dtype: DType | None) -> Sym:
+        if dtype is not None:
+            x = b.upcast(x.cast(dtype))
+        shifted = x - x.amax((dim,), keepdim=True)
+        e = shifted.exp()
+        s = e.sum((dim,), keepdim=True)
+        return shifted - s.log() if name == "log_softmax" else e / s
+
     return declare(
         name,
         traits={"pure"},
@@ -69,6 +88,7 @@ def _softmax(name: str, fn: Any, functional: Any, methods: tuple[Any, ...]) -> t
         capture=capture,
         infer=infer,
         reference=reference,
+        decompose=decompose,
     )
 
 
@@ -137,6 +157,21 @@ class LayerNorm(Op):
             x, normalized_shape, eps=eps, **optional_args(params, weight=has_weight, bias=has_bias)
         )
 
+    @staticmethod
+    def decompose(
+        b: Builder,
+        x: Sym,
+        *params: Sym,
+        normalized_shape: tuple[Dim, ...],
+        eps: float,
+        has_weight: bool,
+        has_bias: bool,
+    ) -> Sym:
+        dims = tuple(range(x.rank - len(normalized_shape), x.rank))
+        centred = x - x.mean(dims, keepdim=True)
+        y = centred * ((centred * centred).mean(dims, keepdim=True) + eps).rsqrt()
+        return _affine(y, params, has_weight, has_bias)
+
 
 class RmsNorm(Op):
     name = "rms_norm"
@@ -176,6 +211,31 @@ class RmsNorm(Op):
         x: Any, *params: Any, normalized_shape: tuple[int, ...], eps: float | None, has_weight: bool
     ) -> Any:
         return F.rms_norm(x, normalized_shape, eps=eps, **optional_args(params, weight=has_weight))
+
+    @staticmethod
+    def decompose(
+        b: Builder,
+        x: Sym,
+        *params: Sym,
+        normalized_shape: tuple[Dim, ...],
+        eps: float | None,
+        has_weight: bool,
+    ) -> Sym:
+        if eps is None:  # torch's default: the machine epsilon of the input's dtype
+            eps = float(torch.finfo(tensor_of(b.out_type()).dtype.torch).eps)
+        dims = tuple(range(x.rank - len(normalized_shape), x.rank))
+        y = x * ((x * x).mean(dims, keepdim=True) + eps).rsqrt()
+        return _affine(y, params, has_weight, False)
+
+
+def _affine(y: Sym, params: Sequence[Sym], has_weight: bool, has_bias: bool) -> Sym:
+    """``y * weight + bias``, each factor only when present."""
+    it = iter(params)
+    if has_weight:
+        y = y * next(it)
+    if has_bias:
+        y = y + next(it)
+    return y
 
 
 # -- batch norm (inference), group norm --------------------------------------------------
@@ -234,10 +294,29 @@ class BatchNorm(Op):
         affine = optional_args(params, weight=has_weight, bias=has_bias)
         return F.batch_norm(x, mean, var, training=False, momentum=0.0, eps=eps, **affine)
 
+    @staticmethod
+    def decompose(
+        b: Builder, x: Sym, mean: Sym, var: Sym, *params: Sym, eps: float, has_weight: bool, has_bias: bool
+    ) -> Sym:
+        def channel(p: Sym) -> Sym:  # (C,) -> (C, 1, ..., 1): broadcasts over (N, C, ...)
+            for _ in range(x.rank - 2):
+                p = p.unsqueeze(p.rank)
+            return p
+
+        y = (x - channel(mean)) * (channel(var) + eps).rsqrt()
+        return _affine(y, [channel(p) for p in params], has_weight, has_bias)
+
 
 class GroupNorm(Op):
     name = "group_norm"
     traits = frozenset({"pure"})
+    extern_reasons = {
+        # Lowered from the decomposition, the statistics of each (sample, group) view x
+        # as (N, G, C/G * H * W); a kernel computing x (a convolution's bias add, say)
+        # must then be realized first, and the result reshaped back: more kernels than
+        # the one library call this op is today, and not measured faster.
+        "tensor_ir": "torch's group_norm kernel: the decomposition needs x viewed per group",
+    }
 
     @staticmethod
     def torch() -> tuple[Any, ...]:
@@ -276,3 +355,15 @@ class GroupNorm(Op):
     @staticmethod
     def reference(x: Any, *params: Any, num_groups: int, eps: float, has_weight: bool, has_bias: bool) -> Any:
         return F.group_norm(x, num_groups, eps=eps, **optional_args(params, weight=has_weight, bias=has_bias))
+
+    @staticmethod
+    def decompose(
+        b: Builder, x: Sym, *params: Sym, num_groups: int, eps: float, has_weight: bool, has_bias: bool
+    ) -> Sym:
+        n, c, *rest = x.shape
+        per_group = floordiv(c, num_groups) * numel(tuple(rest))
+        xg = x.reshape((n, num_groups, per_group if isinstance(per_group, int) else sympy.expand(per_group)))
+        centred = xg - xg.mean((2,), keepdim=True)
+        y = centred * ((centred * centred).mean((2,), keepdim=True) + eps).rsqrt()
+        channel = [p.reshape((c,) + (1,) * len(rest)) for p in params]
+        return _affine(y.reshape(x.shape), channel, has_weight, has_bias)

@@ -6,11 +6,14 @@ explicit, so "all axes" never hides behind ``None`` or ``()`` in the IR.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
+import sympy
 import torch
 
+from cuvil_ir.graph_ir.decompose import Builder, NotDecomposed, Sym, where
 from cuvil_ir.graph_ir.ops._rules import (
     ShapeError,
     declare,
@@ -19,6 +22,7 @@ from cuvil_ir.graph_ir.ops._rules import (
     dtype_arg,
     float_dtype,
     float_tensor,
+    numel,
     tensor_of,
 )
 from cuvil_ir.graph_ir.registry import Emitter, NotCaptured, Op
@@ -27,6 +31,8 @@ from cuvil_ir.symbolic import Shape, ShapeContext
 
 T = torch.Tensor
 _REDUCTION = frozenset({"reduction", "pure"})
+#: why the reductions that also return an index are externs on the Tensor IR level
+_WITH_INDEX = "Reduce has no arg-reduction kind (the index of the extremum) yet"
 
 
 def _check_dims(t: TensorType, dims: tuple[int, ...]) -> None:
@@ -84,8 +90,10 @@ def reduction(
     *,
     with_dtype: bool = False,
     dim_default: Any = None,
+    decompose: Callable[..., Any] | None = None,
 ) -> type[Op]:
-    """Declare ``name(x) {dims, keepdim[, dtype]}``; ``with_dtype`` ops take torch's ``dtype=``."""
+    """Declare ``name(x) {dims, keepdim[, dtype]}``; ``with_dtype`` ops take torch's ``dtype=``;
+    a composite reduction gives its ``decompose``."""
 
     def capture(
         b: Emitter,
@@ -122,7 +130,15 @@ def reduction(
         def reference(x: Any, *, dims: tuple[int, ...], keepdim: bool) -> Any:  # type: ignore[misc]
             return ref(x, dims, keepdim)
 
-    return declare(name, traits=_REDUCTION, torch=fns, capture=capture, infer=infer, reference=reference)
+    return declare(
+        name,
+        traits=_REDUCTION,
+        torch=fns,
+        capture=capture,
+        infer=infer,
+        reference=reference,
+        decompose=decompose,
+    )
 
 
 def _prod(x: Any, dims: tuple[int, ...], keepdim: bool, dtype: Any) -> Any:
@@ -153,11 +169,22 @@ reduction("amax", lambda: (torch.amax, T.amax), lambda x, d, k: torch.amax(x, d,
 reduction("amin", lambda: (torch.amin, T.amin), lambda x, d, k: torch.amin(x, d, k), _same, dim_default=())
 reduction("all", lambda: (torch.all, T.all), lambda x, d, k: torch.all(x, d, k), _truth)
 reduction("any", lambda: (torch.any, T.any), lambda x, d, k: torch.any(x, d, k), _truth)
+
+
+def _logsumexp(b: Builder, x: Sym, *, dims: tuple[int, ...], keepdim: bool) -> Sym:
+    x = x.cast(tensor_of(b.out_type()).dtype) if not x.dtype.is_floating else x  # ints: in f32
+    m = x.amax(dims, keepdim=True)
+    safe = where(m.abs().eq(math.inf), 0.0, m)  # a row of -inf: x - m would be nan
+    s = (x - safe).exp().sum(dims, keepdim=keepdim)
+    return s.log() + (safe if keepdim or not dims else b.op("squeeze", safe, dims=dims))
+
+
 reduction(
     "logsumexp",
     lambda: (torch.logsumexp, T.logsumexp, torch.special.logsumexp),
     lambda x, d, k: torch.logsumexp(x, d, k),
     _log,
+    decompose=_logsumexp,
 )
 
 
@@ -227,6 +254,19 @@ def _moment(name: str, fns: Callable[[], tuple[Any, ...]], fn: Callable[..., Any
     def reference(x: Any, *, dims: tuple[int, ...], correction: int | float, keepdim: bool) -> Any:
         return fn(x, dim=dims, correction=correction, keepdim=keepdim)
 
+    def decompose(
+        b: Builder, x: Sym, *, dims: tuple[int, ...], correction: int | float, keepdim: bool
+    ) -> Sym:
+        """Two-pass: squared deviations from the mean, summed, over ``max(0, n - correction)``."""
+        if not x.dtype.is_floating:
+            raise NotDecomposed(f"{name} of a {x.dtype.value} tensor")
+        n = numel(tuple(x.shape[d] for d in dims))
+        denom: Any = n - correction
+        denom = max(denom, 0) if isinstance(denom, (int, float)) else sympy.Max(denom, 0)
+        centred = x - x.mean(dims, keepdim=True)
+        v = (centred * centred).sum(dims, keepdim=keepdim) / b.const(denom)
+        return v.sqrt() if name == "std" else v
+
     mean_fns = {"var": (torch.var_mean,), "std": (torch.std_mean,)}[name]
     return declare(
         name,
@@ -235,6 +275,7 @@ def _moment(name: str, fns: Callable[[], tuple[Any, ...]], fn: Callable[..., Any
         capture=capture,
         infer=infer,
         reference=reference,
+        decompose=decompose,
     )
 
 
@@ -266,7 +307,14 @@ def _extremum(name: str, fns: Callable[[], tuple[Any, ...]], fn: Any, whole: str
         return tuple(fn(x, dim, keepdim))
 
     return declare(
-        name, traits=_REDUCTION, torch=fns, capture=capture, infer=infer, reference=reference, num_outputs=2
+        name,
+        traits=_REDUCTION,
+        torch=fns,
+        capture=capture,
+        infer=infer,
+        reference=reference,
+        num_outputs=2,
+        extern_reasons={"tensor_ir": _WITH_INDEX},
     )
 
 
@@ -293,7 +341,15 @@ def _arg_reduction(name: str, fns: Callable[[], tuple[Any, ...]], fn: Any) -> ty
     def reference(x: Any, *, dim: int | None, keepdim: bool) -> Any:
         return fn(x, dim, keepdim)
 
-    return declare(name, traits=_REDUCTION, torch=fns, capture=capture, infer=infer, reference=reference)
+    return declare(
+        name,
+        traits=_REDUCTION,
+        torch=fns,
+        capture=capture,
+        infer=infer,
+        reference=reference,
+        extern_reasons={"tensor_ir": _WITH_INDEX},
+    )
 
 
 _arg_reduction("argmax", lambda: (torch.argmax, T.argmax), torch.argmax)
@@ -316,8 +372,20 @@ def _scan(name: str, fns: Callable[[], tuple[Any, ...]], fn: Any) -> type[Op]:
     def reference(x: Any, *, dim: int, dtype: DType | None) -> Any:
         return fn(x, dim, dtype=dtype.torch if dtype is not None else None)
 
+    reasons = {
+        "tensor_ir": "a scan carries each element into the next: no Reduce expresses it",
+        "mlir": "a scan is not written in linalg yet",
+    }
+    if name == "cumprod":
+        reasons["onnx"] = "ONNX has CumSum but no cumulative product"
     return declare(
-        name, traits={"scan", "pure"}, torch=fns, capture=capture, infer=infer, reference=reference
+        name,
+        traits={"scan", "pure"},
+        torch=fns,
+        capture=capture,
+        infer=infer,
+        reference=reference,
+        extern_reasons=reasons,
     )
 
 

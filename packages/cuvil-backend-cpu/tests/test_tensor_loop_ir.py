@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import sympy
 
+from cuvil_backend_cpu.loop_ir import schedule_program
+from cuvil_backend_cpu.loop_ir.nodes import Loop
+from cuvil_backend_cpu.policy import FUSION
 from cuvil_ir import parse_graph, verify
-from cuvil_ir.loop_ir import schedule_program
-from cuvil_ir.loop_ir.nodes import Loop
 from cuvil_ir.tensor_ir import Extern, Kernel, lower
-from cuvil_ir.tensor_ir.lower import known_sizes
+from cuvil_ir.tensor_ir.lower import FusionPolicy
+from cuvil_ir.tensor_ir.values import known_sizes
 
 SOFTMAX = """
 graph @f(%x: Tensor[f32, (x_0, x_1), cpu]) {
@@ -62,10 +64,10 @@ graph @p(%x: Tensor[f32, (x_0, x_1, x_2), cpu], %y: Tensor[f32, (x_0, x_1, x_2),
 """
 
 
-def _lower(text: str):
+def _lower(text: str, policy=FUSION):
     g = parse_graph(text)
     verify(g)
-    return lower(g)
+    return lower(g, policy)
 
 
 def _loops(stmts) -> list[Loop]:
@@ -124,7 +126,7 @@ def test_pointwise_chain_collapses_to_one_flat_parallel_vector_loop() -> None:
 
 
 def test_arena_reuses_dead_temporaries() -> None:
-    p = _lower(CHAIN)
+    p = _lower(CHAIN, FusionPolicy())  # matmuls as plain externs (no out= variants)
     temps = [b for b in p.buffers.values() if b.kind == "temp"]
     assert len(temps) == 3 and sum(1 for s in p.steps if isinstance(s, Extern)) == 3
     assert len(p.plan.slots) == 1  # each temporary is dead before the next is written

@@ -24,8 +24,8 @@ from typing import Any
 
 import sympy
 
+from cuvil_backend_cpu.loop_ir.nodes import Accumulate, Let, Loop, LoopFunc, Param, Stmt, Store
 from cuvil_ir.graph_ir.types import DType
-from cuvil_ir.loop_ir.nodes import Accumulate, Let, Loop, LoopFunc, Param, Stmt, Store
 from cuvil_ir.tensor_ir import expr as E
 from cuvil_ir.tensor_ir.program import Kernel, TensorProgram
 
@@ -58,6 +58,15 @@ def hoist_depth(body: E.Expr) -> int:
     ]
     has_reduce = any(isinstance(r, E.Reduce) for r in E.walk(body))
     return max(pos, default=-1) + 1 if has_reduce else 0
+
+
+def must_realize(reduce: E.Reduce, free: frozenset[sympy.Symbol], outer: frozenset[sympy.Symbol]) -> bool:
+    """Whether lowering must make ``reduce`` a buffer of its own for this scheduler
+    (``FusionPolicy.realize_reduction``): the hoist pass computes each reduction once
+    per point of the kernel's outer (parallel) indices, which is right only when the
+    reduction varies with every non-unit outer index (``outer``) and with no index of
+    an enclosing reduction; any other would be recomputed or wrong."""
+    return any(s.name.startswith("_r") for s in free) or not outer <= free
 
 
 def _postorder_reduces(e: E.Expr) -> list[E.Reduce]:

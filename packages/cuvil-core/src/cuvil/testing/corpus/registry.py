@@ -1,33 +1,9 @@
-"""A corpus of plain PyTorch inference programs, for testing compilers end to end.
+"""The corpus's machinery: the :class:`Program` record, the :data:`PROGRAMS` list, the
+registration decorators (:func:`program`, :func:`module`) and the seeded input helpers.
 
-Each :class:`Program` is a function, or a factory returning an ``nn.Module`` in
-eval mode (weights from a fixed seed, ``requires_grad`` off, as inference code
-runs), plus ``make_inputs(i)``: the example positional arguments of shape
-variant ``i`` (``0 <= i < num_variants``). Variants differ in size on at least
-one axis, so a compiler that keeps sizes symbolic can serve all of them with one
-artifact. Inputs come from a seeded ``torch.Generator``: the same variant always
-gives the same tensors, and the global RNG is never touched.
-
-The corpus imports torch only -- never ``cuvil`` -- so every backend package
-and the conformance suite can reuse it. Use::
-
-    from cuvil_runtime.testing import PROGRAMS, instantiate
-
-    for p in PROGRAMS:
-        f = instantiate(p)                  # the function, or a fresh module
-        for i in range(p.num_variants):
-            args, kwargs = p.call_args(i)
-            expected = f(*args, **kwargs)
-
-Rules for programs added here: no data-dependent Python control flow (no ``if``
-on a tensor, no ``.item()``); Python ``if``/``for`` on sizes, plain ints and
-config attributes is fine; small shapes (every program runs in milliseconds).
-
-Layout: this package holds the :class:`Program` record, the registration
-decorators (:func:`program`, :func:`module`) and the seeded input helpers;
-:mod:`.functions` registers the function programs and
-:mod:`.modules` the module programs, in that order (the order of
-:data:`PROGRAMS`). Every program name defined there is importable from here too.
+:mod:`.functions` and :mod:`.modules` register their programs with these on import;
+:mod:`cuvil.testing.corpus` imports both (functions first: the order of
+:data:`PROGRAMS`) and re-exports the public names. See there for the rules.
 """
 
 from __future__ import annotations
@@ -214,14 +190,3 @@ def _seeded(seed: int) -> Iterator[None]:
 
 def _ready(m: nn.Module) -> nn.Module:
     return m.eval().requires_grad_(False)
-
-
-# --------------------------------------------------------------------------------------
-# The programs (registered on import, functions first: the order of PROGRAMS)
-# --------------------------------------------------------------------------------------
-
-# Imported last: the program modules use the decorators and helpers above, and
-# register their programs on import (functions first: the order of PROGRAMS).
-from cuvil_runtime.testing.corpus import functions, modules  # noqa: E402, F401
-
-__all__ = ["PROGRAMS", "Program", "get_program", "instantiate"]

@@ -1,8 +1,8 @@
 """The module programs of the corpus: ``nn.Module`` factories (MLPs, conv blocks,
 attention, a transformer encoder layer, ResNet and CNN blocks ...) with fixed weights.
 
-Registered in file order by :func:`~cuvil_runtime.testing.corpus.module`, after the
-function programs; see :mod:`cuvil_runtime.testing.corpus` for the rules.
+Registered in file order by :func:`~cuvil.testing.corpus.registry.module`, after the
+function programs; see :mod:`cuvil.testing.corpus` for the rules.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from cuvil_runtime.testing.corpus import _randint, _randn, _ready, _seeded, module
-from cuvil_runtime.testing.corpus.functions import _gelu_tanh
+from cuvil.testing.corpus.functions import _gelu_tanh
+from cuvil.testing.corpus.registry import _randint, _randn, _ready, _seeded, module
 
 # These programs stand for user code: Cuvil converts them from source (control flow
 # hooks, source locations) even though they live inside an installed package.

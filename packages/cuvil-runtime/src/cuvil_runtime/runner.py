@@ -1,16 +1,21 @@
-"""The per-call path: a generated Python function per program that binds sizes, takes
-arena slices, calls kernels (ctypes, GIL released) and extern torch calls.
+"""The per-call path of every Tensor IR target: a generated Python function per
+program that binds sizes, takes arena slices, launches the backend's kernels, makes
+extern torch calls and runs ``if``/``for``/``while`` regions.
+
+The backend supplies only how to launch each kernel (a :class:`~cuvil_runtime.target.Launch`:
+a callable and the order of its arguments) and which function runs an extern call;
+the arena from the memory plan, size binding, RNG seeds, results that must not
+alias the arena and control flow are the same for every target.
 
 Everything that depends only on the sizes (arena views and their addresses,
 derived kernel arguments, extern attributes) is computed once per size binding
 and kept in a small per-thread table, so two threads never share an arena. The
-generated source is kept on the program (``CpuProgram.source``) and shows in
-``CUVIL_DUMP``.
+generated source is kept on the runner (``ProgramRunner.source``) and is the
+``wrapper`` stage.
 """
 
 from __future__ import annotations
 
-import ctypes
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,32 +24,17 @@ from typing import Any
 import sympy
 import torch
 
-from cuvil_backend_cpu.codegen import C_TYPES, CKernel
-from cuvil_backend_cpu.externs import implementation
 from cuvil_ir.graph_ir.registry import REGISTRY
 from cuvil_ir.graph_ir.types import DType, TensorType
 from cuvil_ir.symbolic import EXACT_NAMESPACE, evaluate, exact_code
 from cuvil_ir.tensor_ir import expr as E
 from cuvil_ir.tensor_ir.memory import ALIGN
 from cuvil_ir.tensor_ir.program import Control, Extern, Kernel, ScalarRef, TensorProgram, View
+from cuvil_runtime.executor import evaluate_attr
+from cuvil_runtime.target import KernelBackend, Launch
 
-_CTYPES = {
-    "float": ctypes.c_float,
-    "double": ctypes.c_double,
-    "int64_t": ctypes.c_int64,
-    "int32_t": ctypes.c_int32,
-    "int16_t": ctypes.c_int16,
-    "int8_t": ctypes.c_int8,
-    "uint8_t": ctypes.c_uint8,
-}
 #: size bindings whose plans are kept per thread and program
 _PLANS_KEPT = 32
-
-
-def _evaluate_attr(value: Any, bindings: dict[sympy.Symbol, int]) -> Any:
-    from cuvil_runtime.executor import _evaluate_attr as ev
-
-    return ev(value, bindings)
 
 
 @dataclass
@@ -58,19 +48,20 @@ class _Plan:
     attrs: dict[str, dict[str, Any]]
 
 
-class CpuProgram:
+class ProgramRunner:
     """A compiled :class:`TensorProgram`: call it with the graph inputs (and, for a loop
     body, the loop index binding) to get the flat outputs."""
 
-    def __init__(
-        self,
-        program: TensorProgram,
-        kernels: dict[str, tuple[Any, CKernel]],
-        regions: dict[str, list[CpuProgram]],
-    ) -> None:
+    def __init__(self, program: TensorProgram, launches: dict[str, Launch], backend: KernelBackend) -> None:
+        """``launches`` holds every kernel of ``program`` and of its regions, by name."""
         self.program = program
-        self.kernels = kernels
-        self.regions = regions
+        self.backend = backend
+        self.kernels = {s.name: launches[s.name] for s in program.steps if isinstance(s, Kernel)}
+        self.regions = {
+            s.name: [ProgramRunner(r, launches, backend) for r in s.regions]
+            for s in program.steps
+            if isinstance(s, Control)
+        }
         self._local = threading.local()
         self.symbols = _symbols(program)
         self.source, self._run = self._generate()
@@ -100,7 +91,7 @@ class CpuProgram:
             offsets.append(total)
             size = max(int(evaluate(x, b)) for x in s.sizes)
             total += (size + ALIGN - 1) // ALIGN * ALIGN
-        arena = torch.empty(max(total, 1), dtype=torch.uint8)
+        arena = torch.empty(max(total, 1), dtype=torch.uint8, device=prog.device)
         temps: dict[str, torch.Tensor] = {}
         ptrs: dict[str, int] = {}
         for name, slot in plan.slot_of.items():
@@ -115,14 +106,14 @@ class CpuProgram:
             temps[name] = t
             ptrs[name] = t.data_ptr()
         derived = {
-            k: tuple(_value(evaluate(e, b), t) for e, t in ck.derived)
-            for k, (_, ck) in self.kernels.items()
-            if ck.derived
+            k: tuple(_value(evaluate(e, b), t) for e, t in launch.derived)
+            for k, launch in self.kernels.items()
+            if launch.derived
         }
         attrs = {}
         for s in prog.steps:
             if isinstance(s, Extern):
-                attrs[s.name] = {k: _evaluate_attr(v, b) for k, v in s.node.attrs}
+                attrs[s.name] = {k: evaluate_attr(v, b) for k, v in s.node.attrs}
         return _Plan(arena, temps, ptrs, derived, attrs)
 
     # -- code generation ----------------------------------------------------------------
@@ -136,6 +127,8 @@ class CpuProgram:
             "_self": self,
             "_as_strided": torch.as_strided,
         }
+        # (cpu is torch's default: no device argument on the per-call path)
+        dev = "" if prog.device == "cpu" else f", device={prog.device!r}"
         lines: list[str] = []
         args = ", ".join(f"v_{i.name}" for i in prog.inputs)
         lines.append(f"def run(_b, {args}):" if args else "def run(_b):")
@@ -195,37 +188,36 @@ class CpuProgram:
 
         for step in prog.steps:
             if isinstance(step, Kernel):
-                fn, ck = self.kernels[step.name]
-                ns[f"_k_{step.name}"] = fn
+                launch = self.kernels[step.name]
+                ns[f"_k_{step.name}"] = launch.fn
                 buf = prog.buffers[step.buf]
                 if buf.kind == "output":
                     body.append(
-                        f"v_{step.buf} = torch.empty({shape_code(step.buf)}, dtype=torch.{_tname(buf.dtype)})"
+                        f"v_{step.buf} = torch.empty({shape_code(step.buf)}, dtype=torch.{_tname(buf.dtype)}{dev})"
                     )
                     tensor[step.buf] = f"v_{step.buf}"
                     ptr[step.buf] = f"v_{step.buf}.data_ptr()"
-                assert ck.func is not None
-                # the C signature's order (bind_ctypes): buffers, sizes, derived sizes, scalars
-                call_args = [ptr[p.name] for p in ck.func.buffers]
-                call_args += [f"s_{s.name}" for s in ck.func.sizes]
-                if ck.derived:
+                # the launch's order: buffers, sizes, derived sizes, scalars
+                call_args = [ptr[b] for b in launch.buffers]
+                call_args += [f"s_{s.name}" for s in launch.sizes]
+                if launch.derived:
                     call_args.append(f"*_p.derived[{step.name!r}]")
-                call_args += [self._scalar_code(E.Arg(n, d)) for n, d in ck.func.args]
+                call_args += [self._scalar_code(E.Arg(n, d)) for n, d in launch.scalars]
                 call = f"_k_{step.name}({', '.join(call_args)})"
-                if ck.may_fail:
+                if launch.may_fail:
                     ns["_zero_division"] = _zero_division
                     body.append(f"if {call}: _zero_division()")
                 else:
                     body.append(call)
             elif isinstance(step, Extern) and step.into:
-                from cuvil_backend_cpu.externs import OUT_VARIANTS
-
-                ns[f"_x_{step.name}"] = OUT_VARIANTS[step.node.op]
+                ns[f"_x_{step.name}"] = self.backend.out_variant(step.node.op)
                 outs_code = []
                 for o in step.outputs:
                     buf = prog.buffers[o]
                     if buf.kind == "output":
-                        body.append(f"v_{o} = torch.empty({shape_code(o)}, dtype=torch.{_tname(buf.dtype)})")
+                        body.append(
+                            f"v_{o} = torch.empty({shape_code(o)}, dtype=torch.{_tname(buf.dtype)}{dev})"
+                        )
                         tensor[o] = f"v_{o}"
                         ptr[o] = f"v_{o}.data_ptr()"
                     outs_code.append(tensor[o])
@@ -235,7 +227,7 @@ class CpuProgram:
                 op = REGISTRY.get(step.node.op)
                 first = step.inputs[0] if step.inputs else None
                 channels_last = isinstance(first, View) and prog.buffers[first.buf].order is not None
-                ns[f"_x_{step.name}"] = implementation(step.node.op, op.reference, channels_last)
+                ns[f"_x_{step.name}"] = self.backend.extern(step.node.op, op.reference, channels_last)
                 ops = ", ".join(operand(o) for o in step.inputs)
                 body.append(
                     f"_r = _x_{step.name}({ops}{',' if step.inputs else ''} **_p.attrs[{step.name!r}])"
@@ -258,7 +250,7 @@ class CpuProgram:
         body.append(f"return ({''.join(x + ', ' for x in outs)})")
         lines += ["    " + line for line in body]
         source = "\n".join(lines) + "\n"
-        exec(compile(source, f"<cuvil cpu wrapper {prog.name}>", "exec"), ns)
+        exec(compile(source, f"<cuvil {self.backend.name} wrapper {prog.name}>", "exec"), ns)
         return source, ns["run"]
 
     def _bind_results(
@@ -357,8 +349,8 @@ def _zero_division() -> None:
     raise ZeroDivisionError("ZeroDivisionError: integer division or modulo by zero")
 
 
-def _value(v: Any, ctype: str) -> Any:
-    return float(v) if ctype == "double" else int(v)
+def _value(v: Any, kind: str) -> Any:
+    return float(v) if kind == "float" else int(v)
 
 
 def _tname(d: DType) -> str:
@@ -406,14 +398,12 @@ def _symbols(program: TensorProgram) -> tuple[sympy.Symbol, ...]:
     return tuple(sorted(syms, key=lambda s: s.name))
 
 
-def bind_ctypes(lib: ctypes.CDLL, ck: CKernel) -> Any:
-    """The kernel's function with argument types set (pointers, int64 sizes, scalars)."""
-    assert ck.func is not None
-    fn = lib[ck.name]
-    types: list[Any] = [ctypes.c_void_p] * len(ck.func.buffers)
-    types += [ctypes.c_int64] * len(ck.func.sizes)
-    types += [_CTYPES[t] for _, t in ck.derived]
-    types += [_CTYPES[C_TYPES[d]] for _, d in ck.func.args]
-    fn.argtypes = types
-    fn.restype = ctypes.c_int if ck.may_fail else None
-    return fn
+def wrappers(runner: ProgramRunner) -> str:
+    """The generated source of ``runner`` and of its regions' runners (the ``wrapper`` stage)."""
+    parts = [runner.source]
+    for subs in runner.regions.values():
+        parts.extend(wrappers(s) for s in subs)
+    return "\n".join(parts)
+
+
+__all__ = ["ProgramRunner", "wrappers"]

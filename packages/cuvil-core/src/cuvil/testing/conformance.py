@@ -3,11 +3,11 @@
 A backend package's ``tests/test_conformance.py`` is these lines (plus
 ``import pytest``)::
 
-    from cuvil_runtime.testing.conformance import check_program, conformance_params
+    from cuvil.testing.conformance import check_program, conformance_params
     @pytest.mark.parametrize("program", conformance_params({"some_program": "why it fails yet"}))
     def test_conformance(program): check_program(program, "cpu")
 
-For each program of :data:`cuvil_runtime.testing.PROGRAMS`, :func:`check_program`
+For each program of :data:`cuvil.testing.corpus.PROGRAMS`, :func:`check_program`
 compiles a fresh callable with ``cuvil.compile(fn, target=..., fallback="error")``,
 runs every shape variant on fresh inputs and compares with eager PyTorch
 (:func:`assert_same`: same output structure, same dtypes, values within the
@@ -16,23 +16,21 @@ second run of an executable gives the same result). It fails when a call falls
 back to eager, a variant compiles more than once, or an artifact ran on another
 target.
 
-``cuvil`` (and pytest, in :func:`conformance_params`) are imported inside the
-functions: ``cuvil-runtime`` does not depend on ``cuvil``, and importing this
-module must not need it.
+pytest is imported inside :func:`conformance_params`, the one function that needs it:
+``cuvil`` does not depend on pytest, and importing this module must not need it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch.utils import _pytree as pytree
 
-from cuvil_runtime.testing.corpus import PROGRAMS, Program, instantiate
-
-if TYPE_CHECKING:
-    from cuvil import CompiledFunction, Stats
+from cuvil.api import CompiledFunction, Stats
+from cuvil.api import compile as cuvil_compile
+from cuvil.testing.corpus import PROGRAMS, Program, instantiate
 
 __all__ = ["assert_same", "check_program", "compile_and_check", "conformance_params"]
 
@@ -74,14 +72,12 @@ def compile_and_check(
     program: Program, target: str, *, compile_kwargs: Mapping[str, Any] | None = None
 ) -> CompiledFunction:
     """:func:`check_program`, returning the compiled callable (its ``graphs``, ``artifacts``, ``stats``)."""
-    import cuvil
-
     options = dict(compile_kwargs or {})
     clash = sorted({"target", "fallback"} & options.keys())
     if clash:
         raise ValueError(f"compile_kwargs must not set {clash}: conformance runs target=, fallback='error'")
     fn = instantiate(program)
-    compiled = cuvil.compile(fn, target=target, fallback="error", **options)
+    compiled = cuvil_compile(fn, target=target, fallback="error", **options)
     tol = program.tolerance
 
     def run(variant: int) -> None:

@@ -1,8 +1,8 @@
 """The function programs of the corpus: elementwise math, reductions, linear algebra,
 convolution, views, attention, and plain Python code around tensors.
 
-Registered in file order by :func:`~cuvil_runtime.testing.corpus.program`; see
-:mod:`cuvil_runtime.testing.corpus` for the rules programs follow.
+Registered in file order by :func:`~cuvil.testing.corpus.registry.program`; see
+:mod:`cuvil.testing.corpus` for the rules programs follow.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from cuvil_runtime.testing.corpus import _rand, _randint, _randn, program
+from cuvil.testing.corpus.registry import _rand, _randint, _randn, program
 
 # These programs stand for user code: Cuvil converts them from source (control flow
 # hooks, source locations) even though they live inside an installed package.

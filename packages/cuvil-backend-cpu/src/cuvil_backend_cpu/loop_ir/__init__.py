@@ -1,7 +1,7 @@
 """Loop IR: explicit loop nests (par/seq/vec), index arithmetic, locals. See docs/tensor-and-loop-ir.md."""
 
-from cuvil_ir.loop_ir.nodes import Accumulate, Let, Loop, LoopFunc, Param, Store
-from cuvil_ir.loop_ir.schedule import SchedulePolicy, schedule_kernel, schedule_program
+from cuvil_backend_cpu.loop_ir.nodes import Accumulate, Let, Loop, LoopFunc, Param, Store
+from cuvil_backend_cpu.loop_ir.schedule import SchedulePolicy, schedule_kernel, schedule_program
 
 __all__ = [
     "Accumulate",

@@ -1,0 +1,30 @@
+"""What the ``cpu`` target asks of lowering and scheduling, as data.
+
+The fusion policy (which ops stay extern calls, which write into planned buffers,
+which want channels-last tensors, which reductions the scheduler cannot keep in a
+kernel) and the schedule policy (OpenMP threshold, collapsing, SIMD, tiling) for
+a given ``opt_level``. Lowering and the scheduler read only these fields.
+"""
+
+from __future__ import annotations
+
+from cuvil_backend_cpu.externs import FAST_EXTERNS, OUT_VARIANTS
+from cuvil_backend_cpu.loop_ir.schedule import SchedulePolicy, must_realize
+from cuvil_ir.tensor_ir.lower import FusionPolicy
+from cuvil_runtime.target import CompileOptions
+
+FUSION = FusionPolicy(
+    out_variants=frozenset(OUT_VARIANTS) - frozenset(FAST_EXTERNS),
+    # oneDNN runs these about twice as fast on channels-last tensors (measured here)
+    channels_last_ops=frozenset({"conv", "max_pool", "avg_pool", "adaptive_avg_pool", "adaptive_max_pool"}),
+    realize_reduction=must_realize,
+)
+
+
+def schedule_policy(options: CompileOptions) -> SchedulePolicy:
+    extra = dict(options.extra)
+    if options.opt_level <= 0:
+        return SchedulePolicy(
+            parallel_threshold=1 << 62, collapse=False, vectorize=False, stash=False, tile_size=1
+        )
+    return SchedulePolicy(parallel_threshold=int(extra.get("parallel_threshold", 32768)))

@@ -1,0 +1,122 @@
+"""The ``cpu`` target: its stages, and the hooks the shared Tensor IR pipeline calls.
+
+Everything the ``cpu`` target does that another target would not: its policy
+(:mod:`cuvil_backend_cpu.policy`), Loop IR scheduling, C generation, the C
+toolchain and kernel cache, and launching a kernel through ctypes (the GIL is
+released for the call). Lowering, the program cache, regions, stage texts, dumps
+and the per-call runner are :mod:`cuvil_runtime.pipeline`'s.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import cuvil_backend_cpu
+import cuvil_ir
+import cuvil_runtime
+from cuvil_backend_cpu import externs
+from cuvil_backend_cpu.codegen import C_TYPES, CKernel, generate_c
+from cuvil_backend_cpu.declared import CAPABILITIES, STAGES
+from cuvil_backend_cpu.kernel_cache import KernelCache
+from cuvil_backend_cpu.loop_ir.nodes import Accumulate, Let, Loop, LoopFunc, Param, Store
+from cuvil_backend_cpu.loop_ir.schedule import schedule_kernel
+from cuvil_backend_cpu.policy import FUSION, schedule_policy
+from cuvil_ir.graph_ir.nodes import Graph
+from cuvil_ir.tensor_ir.lower import FusionPolicy
+from cuvil_ir.tensor_ir.program import Kernel, TensorProgram
+from cuvil_runtime.pipeline import ProgramExecutable, compile_program, package_hash
+from cuvil_runtime.target import CompileOptions, Launch
+
+_CTYPES = {
+    "float": ctypes.c_float,
+    "double": ctypes.c_double,
+    "int64_t": ctypes.c_int64,
+    "int32_t": ctypes.c_int32,
+    "int16_t": ctypes.c_int16,
+    "int8_t": ctypes.c_int8,
+    "uint8_t": ctypes.c_uint8,
+}
+
+
+class CpuTarget:
+    name = "cpu"
+    capabilities = CAPABILITIES
+    stages = STAGES
+    #: what a cached program's kernels are made of (plain data for the program cache)
+    codec_classes = (CKernel, LoopFunc, Loop, Let, Accumulate, Store, Param)
+
+    def __init__(self, cache: KernelCache | None = None) -> None:
+        self.cache = cache if cache is not None else KernelCache()
+
+    # -- the Target contract ------------------------------------------------------------
+    def hash(self) -> str:
+        """The compiler's own code (cuvil_ir, cuvil_runtime, this package) and the C
+        toolchain with its flags and ISA."""
+        return _hash(package_hash(cuvil_ir, cuvil_runtime, cuvil_backend_cpu), self.cache.toolchain.identity)
+
+    def compile(self, graph: Graph, options: CompileOptions) -> ProgramExecutable:
+        return compile_program(self, graph, options, self.cache.root.parent / "cpu-programs")
+
+    # -- the KernelBackend hooks ----------------------------------------------------------
+    def fusion_policy(self, options: CompileOptions) -> FusionPolicy:
+        return FUSION
+
+    def generate(self, kernel: Kernel, program: TensorProgram, options: CompileOptions) -> CKernel:
+        policy = schedule_policy(options)
+        func = schedule_kernel(kernel, program, policy)
+        slot_of = program.plan.slot_of
+        reads = {p.name for p in func.buffers if p.name != kernel.buf}
+        in_place = kernel.buf in slot_of and any(slot_of.get(r) == slot_of[kernel.buf] for r in reads)
+        return generate_c(
+            func,
+            simd_math=self.cache.toolchain.simd_math,
+            parallel_threshold=policy.parallel_threshold,
+            restrict=not in_place,
+        )
+
+    def kernel_texts(self, code: CKernel) -> dict[str, str]:
+        assert code.func is not None
+        return {"loop_ir": code.func.text, "c": code.source}
+
+    def build(self, codes: Sequence[tuple[str, CKernel]], label: str) -> list[Launch]:
+        paths = self.cache.build_all([(n, ck.source) for n, ck in codes], label=label)
+        return [launch(self.cache.load(path, ck.source, n), ck) for (n, ck), path in zip(codes, paths)]
+
+    def extern(self, op: str, reference: Callable[..., Any], channels_last: bool) -> Callable[..., Any]:
+        return externs.implementation(op, reference, channels_last)
+
+    def out_variant(self, op: str) -> Callable[..., Any]:
+        return externs.OUT_VARIANTS[op]
+
+
+@functools.cache
+def _hash(code: str, toolchain: str) -> str:
+    return hashlib.sha256(f"{code}\n{toolchain}".encode()).hexdigest()
+
+
+def launch(lib: ctypes.CDLL, ck: CKernel) -> Launch:
+    """The kernel's function with argument types set (pointers, int64 sizes, scalars),
+    and the order the runner passes them in."""
+    assert ck.func is not None
+    fn = lib[ck.name]
+    types: list[Any] = [ctypes.c_void_p] * len(ck.func.buffers)
+    types += [ctypes.c_int64] * len(ck.func.sizes)
+    types += [_CTYPES[t] for _, t in ck.derived]
+    types += [_CTYPES[C_TYPES[d]] for _, d in ck.func.args]
+    fn.argtypes = types
+    fn.restype = ctypes.c_int if ck.may_fail else None
+    return Launch(
+        fn=fn,
+        buffers=tuple(p.name for p in ck.func.buffers),
+        sizes=tuple(ck.func.sizes),
+        derived=tuple((e, "float" if t == "double" else "int") for e, t in ck.derived),
+        scalars=tuple(ck.func.args),
+        may_fail=ck.may_fail,
+    )
+
+
+__all__ = ["CpuTarget", "launch"]

@@ -1,0 +1,129 @@
+"""Every registered op reaches every consumer of Graph IR in this package.
+
+For each op and each consumer -- Tensor IR lowering, MLIR emission -- one of: the
+consumer has a native form of it (a rule, an emitter), the op declares a decomposition
+(:mod:`cuvil_ir.graph_ir.decompose`) the consumer lowers instead, or the declaration
+states why the consumer runs it as an extern (``Op.extern_reasons``). An op without any
+of these would silently become an extern call. ONNX export is checked the same way in
+``packages/cuvil-core/tests/test_onnx_coverage.py``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from cuvil_ir import REGISTRY
+from cuvil_ir.graph_ir.decompose import Builder, Sym, expand
+from cuvil_ir.graph_ir.registry import Op
+
+
+def missing(consumer: str, native: Callable[[str], bool]) -> list[str]:
+    """Ops ``consumer`` neither lowers natively, nor by decomposition, nor states a reason for."""
+    out = []
+    for name in REGISTRY.names():
+        op = REGISTRY.get(name)
+        if not (native(name) or op.decompose is not None or consumer in op.extern_reasons):
+            out.append(name)
+    return out
+
+
+def tensor_ir_native(name: str) -> bool:
+    from cuvil_ir.tensor_ir.rules import RULES
+
+    # control flow: Lowering lowers the regions of if/for/while itself (lower_control)
+    return dict.__contains__(RULES, name) or "control_flow" in REGISTRY.get(name).traits
+
+
+def mlir_native(name: str) -> bool:
+    from cuvil_ir.mlir.emit import _ELEMENTWISE, _REDUCTIONS, _Emitter
+
+    return hasattr(_Emitter, f"op_{name}") or name in _ELEMENTWISE or name in _REDUCTIONS
+
+
+def test_every_op_lowers_to_tensor_ir_or_says_why_not() -> None:
+    assert not missing("tensor_ir", tensor_ir_native), (
+        "ops without a Tensor IR rule, a decomposition or extern_reasons['tensor_ir']"
+    )
+
+
+def test_every_op_emits_mlir_or_says_why_not() -> None:
+    assert not missing("mlir", mlir_native), (
+        "ops without an MLIR emitter, a decomposition or extern_reasons['mlir']"
+    )
+
+
+def test_reasons_name_known_consumers() -> None:
+    for name in REGISTRY.names():
+        assert set(REGISTRY.get(name).extern_reasons) <= {"tensor_ir", "mlir", "onnx"}, name
+
+
+def test_a_missing_entry_is_found(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check can fail: an op that loses its decomposition (gelu has no Tensor IR
+    rule or MLIR emitter of its own) or its stated reason (matmul) is reported."""
+    gelu, matmul = REGISTRY.get("gelu"), REGISTRY.get("matmul")
+    monkeypatch.setattr(gelu, "decompose", None)
+    monkeypatch.setattr(matmul, "extern_reasons", {})
+    assert missing("tensor_ir", tensor_ir_native) == ["gelu", "matmul"]
+    assert missing("mlir", mlir_native) == ["gelu"]
+
+
+SELU_ALPHA, SELU_SCALE = 1.6732632423543772, 1.0507009873554805
+
+
+@pytest.fixture
+def selu() -> Iterator[type[Op]]:
+    """``selu`` declared the way a new elementwise op is: its declaration with its
+    decomposition, nothing else (removed again afterwards: the registry keeps no copy)."""
+    import torch.nn.functional as F
+
+    from cuvil_ir.graph_ir.decompose import where
+    from cuvil_ir.graph_ir.ops.elementwise import unary
+
+    def decompose(b: Builder, x: Sym) -> Sym:
+        return SELU_SCALE * where(x > 0, x, SELU_ALPHA * x.expm1())
+
+    assert "selu" not in REGISTRY
+    op = unary("selu", lambda: (F.selu,), F.selu, floating=True, decompose=decompose)
+    try:
+        yield op
+    finally:
+        REGISTRY._ops.pop("selu")  # test-only: the registry has no unregistering
+        REGISTRY._origin.pop("selu")
+        REGISTRY._by_torch = None
+
+
+def test_a_new_elementwise_op_needs_only_its_declaration(selu: type[Op]) -> None:
+    """Declared once (see the fixture), selu is captured, lowered to one fused CPU
+    kernel and emitted to MLIR; no consumer was edited."""
+    import torch
+    import torch.nn.functional as F
+
+    from cuvil_ir import parse_graph
+    from cuvil_ir.tensor_ir.lower import lower
+    from cuvil_ir.tensor_ir.program import Kernel
+    from cuvil_ir.testing import In, OpCase, check_case, spec
+
+    assert not tensor_ir_native("selu") and not mlir_native("selu")
+    assert "selu" not in missing("tensor_ir", tensor_ir_native) + missing("mlir", mlir_native)
+    check_case(OpCase("selu", F.selu, (In(0),), (spec(4, 5),), ops=frozenset({"selu"})))
+
+    g = parse_graph(
+        "graph @f(%x: Tensor[f32, (x_0, 8), cpu]) {\n"
+        "  %0 = selu(%x) : Tensor[f32, (x_0, 8), cpu]\n"
+        "  %1 = exp(%0) : Tensor[f32, (x_0, 8), cpu]\n"
+        "  return %1\n}"
+    )
+    p = lower(g)
+    assert [type(s) for s in p.steps] == [Kernel], p.text  # selu and exp fused, no extern
+    assert "expm1" in p.text and "where" in p.text
+
+    x = torch.randn(3, 8, generator=torch.Generator().manual_seed(0))
+    expand(g.nodes[0])  # the mechanism every consumer uses
+    if importlib.util.find_spec("torch_mlir") is not None:
+        from cuvil_ir.mlir import run_mlir
+
+        (y,) = run_mlir(g, x)
+        torch.testing.assert_close(y, F.selu(x).exp())

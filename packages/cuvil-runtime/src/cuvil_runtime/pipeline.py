@@ -1,0 +1,212 @@
+"""The shared compile pipeline of every target that compiles through Tensor IR.
+
+``compile_program(backend, graph, options)`` runs the stages a
+:class:`~cuvil_runtime.target.KernelBackend` declares:
+
+1. ``graph_ir``: the captured graph (given);
+2. ``tensor_ir``: :func:`cuvil_ir.tensor_ir.lower` with the backend's fusion policy;
+3. the backend's ``per_kernel`` stages: ``backend.generate`` for every kernel of the
+   program and of its regions (the ``cpu`` target: Loop IR, then C);
+4. binaries: ``backend.build`` compiles and loads all kernels at once;
+5. ``wrapper``: the :class:`~cuvil_runtime.runner.ProgramRunner` that runs them.
+
+Stages 2 and 3 are a pure function of the graph text, the options and the
+backend's ``hash()``, so their result is kept in a program cache
+(:class:`~cuvil_runtime.cache.DiskCache`: atomic, signed; a damaged or foreign
+entry is a miss) as plain data (:mod:`cuvil_ir.serial`, never pickles): a warm
+start skips lowering and code generation. With ``CUVIL_DUMP=dir`` every stage's
+text is written out (:mod:`cuvil_runtime.dump`).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from dataclasses import replace as dc_replace
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from cuvil_ir.graph_ir.nodes import Graph
+from cuvil_ir.serial import Codec, SerialError
+from cuvil_ir.tensor_ir.lower import lower
+from cuvil_ir.tensor_ir.program import Control, Extern, Kernel, TensorProgram
+from cuvil_runtime.cache import DiskCache
+from cuvil_runtime.runner import ProgramRunner, wrappers
+from cuvil_runtime.target import CompileOptions, KernelBackend
+
+
+@dataclass
+class CompileReport:
+    """What one compile produced (``ProgramExecutable.report``)."""
+
+    graph_hash: str
+    tensor_ir_hash: str
+    #: per-kernel stage name -> kernel name -> sha256 of that kernel's text
+    kernel_hashes: dict[str, dict[str, str]]
+    kernels: int
+    externs: int
+    peak_arena_bytes: str
+    #: the program cache had this graph's Tensor IR and kernel code
+    program_cache_hit: bool
+
+
+class ProgramExecutable:
+    """Runs a compiled program; ``stages`` holds the text of every stage in the
+    backend's order (for ``cu.audit`` and dumps)."""
+
+    def __init__(
+        self,
+        program: TensorProgram,
+        runner: ProgramRunner,
+        stages: dict[str, str],
+        kernel_texts: dict[str, dict[str, str]],
+        report: CompileReport,
+    ) -> None:
+        self.program = program
+        self._runner = runner
+        self.stages = stages
+        self.kernel_texts = kernel_texts
+        self.report = report
+
+    def __call__(self, *inputs: Any) -> tuple[Any, ...]:
+        # inference: results carry no autograd history (kernels could not record one
+        # anyway), and out= extern calls refuse parameters that require grad
+        import torch
+
+        with torch.no_grad():
+            return self._runner(*inputs)
+
+
+def package_hash(*packages: ModuleType) -> str:
+    """A digest of the Python sources of ``packages``: a cached program is reused only
+    by the code that produced it, whatever the version numbers say."""
+    return _package_hash(tuple(str(Path(str(p.__file__)).parent) for p in packages))
+
+
+@functools.cache
+def _package_hash(roots: tuple[str, ...]) -> str:
+    h = hashlib.sha256()
+    for r in roots:
+        root = Path(r)
+        for f in sorted(root.rglob("*.py")):
+            h.update(str(f.relative_to(root)).encode())
+            h.update(f.read_bytes())
+    return h.hexdigest()
+
+
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _kernels(program: TensorProgram) -> Iterator[Kernel]:
+    for step in program.steps:
+        if isinstance(step, Kernel):
+            yield step
+        elif isinstance(step, Control):
+            for r in step.regions:
+                yield from _kernels(r)
+
+
+def _externs(program: TensorProgram) -> Iterator[Extern]:
+    for step in program.steps:
+        if isinstance(step, Extern):
+            yield step
+        elif isinstance(step, Control):
+            for r in step.regions:
+                yield from _externs(r)
+
+
+def _owners(program: TensorProgram, out: dict[str, TensorProgram]) -> dict[str, TensorProgram]:
+    """Kernel name -> the program or region it belongs to."""
+    for step in program.steps:
+        if isinstance(step, Kernel):
+            out[step.name] = program
+        elif isinstance(step, Control):
+            for r in step.regions:
+                _owners(r, out)
+    return out
+
+
+@functools.cache
+def program_codec(classes: tuple[type, ...]) -> Codec:
+    """The program cache's codec: the IR's own classes plus a backend's ``codec_classes``."""
+    return Codec(extra=classes)
+
+
+def generate_all(backend: KernelBackend, program: TensorProgram, options: CompileOptions) -> dict[str, Any]:
+    """``backend.generate`` for every kernel of ``program`` and of its regions, by name."""
+    owners = _owners(program, {})
+    return {k.name: backend.generate(k, owners[k.name], options) for k in _kernels(program)}
+
+
+def _lower_and_generate(
+    backend: KernelBackend, graph: Graph, options: CompileOptions, store: DiskCache | None
+) -> tuple[TensorProgram, dict[str, Any], bool]:
+    """Tensor IR and each kernel's code: from the program cache when it has them."""
+    codec = program_codec(tuple(backend.codec_classes))
+    key = _sha("\n".join([backend.hash(), graph.text, repr(options)]))
+    blob = store.get(key) if store is not None else None
+    if blob is not None:
+        try:
+            slim, codes = codec.loads(blob)
+            return dc_replace(slim, graph=graph), dict(codes), True
+        except (SerialError, TypeError, ValueError):  # an entry this code cannot read: rebuild it
+            pass
+    program = lower(graph, backend.fusion_policy(options))
+    codes = generate_all(backend, program, options)
+    if store is not None:
+        try:
+            # the top-level graph is the caller's: not stored again
+            store.put(key, codec.dumps((dc_replace(program, graph=None), codes)))  # type: ignore[arg-type]
+        except (OSError, SerialError):
+            pass  # an unwritable entry only costs the next process a re-lowering
+    return program, codes, False
+
+
+def compile_program(
+    backend: KernelBackend, graph: Graph, options: CompileOptions, cache_dir: Path | None = None
+) -> ProgramExecutable:
+    """Compile ``graph`` for ``backend`` (see the module doc); ``cache_dir`` holds the
+    program cache (``None``: no program cache)."""
+    store = DiskCache(cache_dir) if cache_dir is not None else None
+    program, codes, hit = _lower_and_generate(backend, graph, options, store)
+    names = list(codes)
+    launches = backend.build([(n, codes[n]) for n in names], f"compiling {graph.name}")
+    runner = ProgramRunner(program, dict(zip(names, launches)), backend)
+    per_kernel = {n: backend.kernel_texts(codes[n]) for n in names}
+    stages: dict[str, str] = {}
+    hashes: dict[str, dict[str, str]] = {}
+    for stage in backend.stages:
+        if stage.name == "graph_ir":
+            stages[stage.name] = graph.text
+        elif stage.name == "tensor_ir":
+            stages[stage.name] = program.text
+        elif stage.name == "wrapper":
+            stages[stage.name] = wrappers(runner)
+        elif stage.per_kernel:
+            texts = {n: t[stage.name] for n, t in per_kernel.items() if stage.name in t}
+            stages[stage.name] = "\n\n".join(texts.values())
+            hashes[stage.name] = {n: _sha(t) for n, t in texts.items()}
+    report = CompileReport(
+        graph_hash=graph.hash,
+        tensor_ir_hash=program.hash,
+        kernel_hashes=hashes,
+        kernels=len(names),
+        externs=sum(1 for _ in _externs(program)),
+        peak_arena_bytes=str(program.plan.peak),
+        program_cache_hit=hit,
+    )
+    return ProgramExecutable(program, runner, stages, per_kernel, report)
+
+
+__all__ = [
+    "CompileReport",
+    "ProgramExecutable",
+    "compile_program",
+    "generate_all",
+    "package_hash",
+    "program_codec",
+]

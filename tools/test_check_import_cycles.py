@@ -1,0 +1,93 @@
+"""The import-cycle check catches cycles (so ``nox -s lint`` cannot pass silently).
+
+Run by ``nox -s lint``: ``pytest tools/test_check_import_cycles.py``.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+# nox -s lint installs grimp (and runs the check itself before this test); elsewhere, skip
+pytest.importorskip("grimp")
+
+SCRIPT = Path(__file__).with_name("check_import_cycles.py")
+
+
+def write(root: Path, files: dict[str, str]) -> Path:
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text))
+    return root
+
+
+def check(*src: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), *map(str, src)], capture_output=True, text=True, check=False
+    )
+
+
+def test_a_cycle_through_a_function_level_import_fails(tmp_path: Path) -> None:
+    src = write(
+        tmp_path / "src",
+        {
+            "cyc_pkg/__init__.py": "",
+            "cyc_pkg/low.py": """\
+                def helper():
+                    from cyc_pkg.high import thing  # lazy: still a cycle
+
+                    return thing
+            """,
+            "cyc_pkg/high.py": "from cyc_pkg.low import helper\n\nthing = 1\n",
+            "cyc_pkg/leaf.py": "from cyc_pkg.low import helper\n",
+        },
+    )
+    result = check(src)
+    assert result.returncode == 1, result
+    assert "cyc_pkg.high -> cyc_pkg.low -> cyc_pkg.high" in result.stdout
+    assert "cyc_pkg/low.py:2: from cyc_pkg.high import thing" in result.stdout
+    assert "cyc_pkg/high.py:1: from cyc_pkg.low import helper" in result.stdout
+    assert "leaf" not in result.stdout  # it imports into the cycle, it is not on it
+
+
+def test_a_longer_cycle_across_packages_fails(tmp_path: Path) -> None:
+    one = write(tmp_path / "one", {"cyc_one/__init__.py": "", "cyc_one/a.py": "import cyc_two.b\n"})
+    two = write(
+        tmp_path / "two",
+        {
+            "cyc_two/__init__.py": "",
+            "cyc_two/b.py": "from cyc_two import c\n",
+            "cyc_two/c.py": "from cyc_one.a import x\n",
+        },
+    )
+    result = check(one, two)
+    assert result.returncode == 1, result
+    assert "cyc_one.a -> cyc_two.b -> cyc_two.c -> cyc_one.a" in result.stdout
+
+
+def test_type_checking_imports_and_one_way_imports_pass(tmp_path: Path) -> None:
+    src = write(
+        tmp_path / "src",
+        {
+            "acyc_pkg/__init__.py": "from acyc_pkg.high import thing\n",
+            "acyc_pkg/low.py": """\
+                from typing import TYPE_CHECKING
+
+                if TYPE_CHECKING:  # annotations only: ignored
+                    from acyc_pkg.high import thing
+
+
+                def helper(t: thing) -> None:
+                    import acyc_pkg.low as me  # a module naming itself is no cycle
+            """,
+            "acyc_pkg/high.py": "from acyc_pkg.low import helper\n\nthing = 1\n",
+        },
+    )
+    result = check(src)
+    assert result.returncode == 0, result
+    assert "no import cycles among 3 modules" in result.stdout
