@@ -3,7 +3,7 @@ op declares a decomposition the exporter writes instead, or its declaration says
 is refused (``extern_reasons["onnx"]``). The Tensor IR and MLIR halves of this check are
 in ``packages/cuvil-ir/tests/test_op_coverage.py``.
 
-Also here, end to end: an elementwise op declared once with its decomposition (selu) is
+Also here, end to end: an elementwise op declared once with its decomposition (tanhshrink) is
 captured, compiled to one fused CPU kernel, and exported to ONNX, with no other edit.
 """
 
@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from cuvil_ir import REGISTRY
-from cuvil_ir.graph_ir.decompose import Builder, Sym, where
+from cuvil_ir.graph_ir.decompose import Builder, Sym
 from cuvil_ir.graph_ir.registry import Op
 
 
@@ -56,34 +56,34 @@ def test_a_refusal_names_the_declared_reason() -> None:
 
 
 @pytest.fixture
-def selu() -> Iterator[type[Op]]:
+def tanhshrink() -> Iterator[type[Op]]:
     from cuvil_ir.graph_ir.ops.elementwise import unary
 
     def decompose(b: Builder, x: Sym) -> Sym:
-        return 1.0507009873554805 * where(x > 0, x, 1.6732632423543772 * x.expm1())
+        return x - x.tanh()
 
-    assert "selu" not in REGISTRY
-    op = unary("selu", lambda: (F.selu,), F.selu, floating=True, decompose=decompose)
+    assert "tanhshrink" not in REGISTRY
+    op = unary("tanhshrink", lambda: (F.tanhshrink,), F.tanhshrink, floating=True, decompose=decompose)
     try:
         yield op
     finally:
-        REGISTRY._ops.pop("selu")  # test-only: the registry has no unregistering
-        REGISTRY._origin.pop("selu")
+        REGISTRY._ops.pop("tanhshrink")  # test-only: the registry has no unregistering
+        REGISTRY._origin.pop("tanhshrink")
         REGISTRY._by_torch = None
 
 
-def test_a_new_elementwise_op_runs_on_cpu_and_exports(selu: type[Op]) -> None:
+def test_a_new_elementwise_op_runs_on_cpu_and_exports(tanhshrink: type[Op]) -> None:
     import cuvil as cu
 
     def f(x):  # type: ignore[no-untyped-def]
-        return F.selu(x) * 2.0 + 1.0
+        return F.tanhshrink(x) * 2.0 + 1.0
 
     x = torch.randn(5, 7, generator=torch.Generator().manual_seed(0))
     c = cu.compile(f, target="cpu", fallback="error")
     torch.testing.assert_close(c(x), f(x))
-    assert "selu(" in c.graphs[0].text
+    assert "tanhshrink(" in c.graphs[0].text
     report = c.artifacts[-1].executable.report
-    assert (report.kernels, report.externs) == (1, 0)  # selu fused with the mul and add
+    assert (report.kernels, report.externs) == (1, 0)  # tanhshrink fused with the mul and add
 
     onnx = pytest.importorskip("onnx")
     ort = pytest.importorskip("onnxruntime")
