@@ -92,6 +92,7 @@ _UNARY = [
     ("hardsigmoid", F.hardsigmoid, torch.float64),
     ("mish", F.mish, torch.float64),
     ("logsigmoid", F.logsigmoid, torch.float64),
+    ("selu", F.selu, torch.float64),
     ("square", torch.square, torch.bool),
     ("round", torch.round, torch.int64),
 ]

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from cuvil_ir.graph_ir.decompose import Builder, Sym
+from cuvil_ir.graph_ir.decompose import Builder, Sym, where
 from cuvil_ir.graph_ir.ops._rules import (
     ShapeError,
     broadcast_shapes,
@@ -296,6 +296,16 @@ unary("hardsigmoid", lambda: (F.hardsigmoid,), F.hardsigmoid, decompose=_hardsig
 unary("hardswish", lambda: (F.hardswish,), F.hardswish, decompose=lambda b, x: x * _hardsigmoid(b, x))
 unary("mish", lambda: (F.mish,), F.mish, decompose=_mish)
 unary("logsigmoid", lambda: (F.logsigmoid,), F.logsigmoid, decompose=_logsigmoid)
+# selu: the constants are torch's (Klambauer et al., "Self-Normalizing Neural Networks")
+unary(
+    "selu",
+    lambda: (F.selu, torch.selu),
+    torch.selu,
+    floating=True,
+    decompose=lambda b, x: (
+        1.0507009873554804934193349852946 * where(x > 0, x, 1.6732632423543772848170429916717 * x.expm1())
+    ),
+)
 
 
 class Square(Op):
