@@ -29,7 +29,7 @@ from cuvil.frontend.proxy import TensorProxy
 from cuvil.frontend.reads import Reads
 from cuvil_ir.graph_ir.fake import FakeInferenceError, SymMirror, fake_call
 from cuvil_ir.graph_ir.nodes import KV, AttrValue, Block, Graph, Loc, Node, Ref, Value
-from cuvil_ir.graph_ir.ops._rules import ShapeError
+from cuvil_ir.graph_ir.ops import ShapeError
 from cuvil_ir.graph_ir.registry import REGISTRY, NotCaptured, infer_types
 from cuvil_ir.graph_ir.torch_names import qualname
 from cuvil_ir.graph_ir.types import DType, ScalarKind, ScalarType, TensorType, Type

@@ -14,3 +14,6 @@ from cuvil_ir.graph_ir.ops import (
     reduction,  # noqa: F401
     shape,  # noqa: F401
 )
+from cuvil_ir.graph_ir.ops._rules import ShapeError  # a shape rule's error, for the frontend
+
+__all__ = ["ShapeError"]
