@@ -101,15 +101,6 @@ def _sha(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def _kernels(program: TensorProgram) -> Iterator[Kernel]:
-    for step in program.steps:
-        if isinstance(step, Kernel):
-            yield step
-        elif isinstance(step, Control):
-            for r in step.regions:
-                yield from _kernels(r)
-
-
 def _externs(program: TensorProgram) -> Iterator[Extern]:
     for step in program.steps:
         if isinstance(step, Extern):
@@ -139,7 +130,7 @@ def program_codec(classes: tuple[type, ...]) -> Codec:
 def generate_all(backend: KernelBackend, program: TensorProgram, options: CompileOptions) -> dict[str, Any]:
     """``backend.generate`` for every kernel of ``program`` and of its regions, by name."""
     owners = _owners(program, {})
-    return {k.name: backend.generate(k, owners[k.name], options) for k in _kernels(program)}
+    return {k.name: backend.generate(k, owners[k.name], options) for k in program.kernels()}
 
 
 def _lower_and_generate(
