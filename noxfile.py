@@ -54,8 +54,19 @@ PACKAGES = {
         "packages/cuvil-core",
         "packages/cuvil-backend-cpu",
     ],
+    "cuda": [
+        "packages/cuvil-ir",
+        "packages/cuvil-runtime",
+        "packages/cuvil-core",
+        "packages/cuvil-backend-cuda",
+    ],
 }
 ALL = PACKAGES["cpu"]
+#: the cuda target's tests run in their own session (``tests_cuda``): triton is big and
+#: the kernels run in Triton's interpreter, on CPU tensors (docs/cuda-backend.md)
+CUDA = [*ALL, "packages/cuvil-backend-cuda"]
+#: triton for the cuda target, beside the CPU torch wheel (it does not depend on torch)
+TRITON = "triton"
 FAST = ["-m", "not slow and not device"]
 #: the optional integrations the tests exercise (extras cuvil-ir[mlir], cuvil[onnx]); none
 #: of them depends on torch, so the pinned CPU torch stays
@@ -90,6 +101,17 @@ def tests(session: nox.Session) -> None:
     session.run("pytest", *tests_dirs(session, ALL), "-q", *FAST, *session.posargs)
     if not session.posargs:  # a selection (``nox -s tests -- -k x``) runs only what it names
         run_isas(session)
+        session.notify("tests_cuda")  # the whole suite: the cuda target's session follows
+
+
+@nox.session
+def tests_cuda(session: nox.Session) -> None:
+    """The cuda target's tests without a GPU: its kernels run in Triton's interpreter on
+    CPU tensors (``TRITON_INTERPRET=1``) and are compiled ahead of time to PTX for sm_90;
+    the conformance corpus included. Part of ``tests`` (it follows it), alone here."""
+    install(session, CUDA, PYTEST, TRITON)
+    env = {"TRITON_INTERPRET": "1", "TRITON_DEFAULT_FP_FUSION": "1"}
+    session.run("pytest", "packages/cuvil-backend-cuda/tests", "-q", *FAST, *session.posargs, env=env)
 
 
 @nox.session

@@ -9,7 +9,8 @@ a given ``opt_level``. Lowering and the scheduler read only these fields.
 from __future__ import annotations
 
 from cuvil_backend_cpu.externs import FAST_EXTERNS, OUT_VARIANTS
-from cuvil_backend_cpu.loop_ir.schedule import SchedulePolicy, must_realize
+from cuvil_backend_cpu.loop_ir.schedule import SchedulePolicy
+from cuvil_ir.tensor_ir.hoist import must_realize
 from cuvil_ir.tensor_ir.lower import FusionPolicy
 from cuvil_runtime.target import CompileOptions
 

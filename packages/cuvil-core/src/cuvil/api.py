@@ -54,6 +54,9 @@ class Stats:
     fallbacks: int = 0
     recompile_reasons: list[str] = field(default_factory=list)
     fallback_reasons: list[str] = field(default_factory=list)
+    #: how the target runs the compiled programs, where it chose (``cuda``: a program
+    #: that runs without CUDA Graphs, and why)
+    notes: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -80,6 +83,7 @@ class CompiledFunction:
         dynamic: bool,
         fallback: str,
         dims: dict[str, dict[int, str]] | None = None,
+        options: dict[str, Any] | None = None,
     ) -> None:
         if fallback not in FALLBACKS:
             raise ValueError(f"fallback must be one of {FALLBACKS}, got {fallback!r}")
@@ -88,7 +92,10 @@ class CompiledFunction:
         if target is not None:
             from cuvil_runtime.registry import get_target
 
-            get_target(target)  # unknown or unavailable targets fail here, loudly
+            # unknown or unavailable targets fail here, loudly
+            _check_options(options or {}, get_target(target).capabilities, target)
+        #: the target's own options, sorted (they are part of CompileOptions, so of cache keys)
+        self.options: tuple[tuple[str, Any], ...] = tuple(sorted((options or {}).items()))
         self.module: torch.nn.Module | None = fn if isinstance(fn, torch.nn.Module) else None
         self.fn = fn
         self.target = target
@@ -323,14 +330,20 @@ class CompiledFunction:
             target = get_target(target_name)
             # before capture: an unsupported tensor must not reach tracing or kernels
             check_tensors(leaves, names, target.capabilities.devices, target_name)
+            _check_options(dict(self.options), target.capabilities, target_name)
             if self.module is not None and torch.is_grad_enabled():
                 self._warn_parameters_need_no_grad()
             captured = capture(
                 self.__name__, self.fn, self.module, leaves, names, spec, self.dynamic, self.dims
             )
             check_capabilities(captured.graph, target.capabilities, target_name)
-            options = CompileOptions(opt_level=self.opt_level)
+            options = CompileOptions(opt_level=self.opt_level, extra=self.options)
             executable = _EXECUTABLES.get_or_compile(captured.graph, target, options)
+            for note in getattr(executable, "notes", ()):
+                if note not in self.stats.notes:
+                    self.stats.notes.append(note)
+        except OptionError:
+            raise
         except Exception as e:
             reason = e.reason if isinstance(e, CompileError) else f"internal error: {type(e).__name__}: {e}"
             if self.fallback == "error":
@@ -499,6 +512,21 @@ def _check_dims(dims: Any) -> dict[str, dict[int, str]]:
     return out
 
 
+class OptionError(TypeError):
+    """A ``cu.compile`` keyword the target does not take (never hidden by the eager fallback)."""
+
+
+def _check_options(options: dict[str, Any], capabilities: Any, target: str) -> None:
+    """A keyword of ``cu.compile`` that ``target`` does not take is a TypeError (a typo
+    must not be silently ignored)."""
+    unknown = sorted(set(options) - set(capabilities.options))
+    if unknown:
+        takes = ", ".join(sorted(capabilities.options)) or "none"
+        raise OptionError(
+            f"cuvil.compile got option(s) {unknown} that target {target!r} does not take (it takes: {takes})"
+        )
+
+
 def compile(
     fn_or_module: Any = None,
     *,
@@ -507,6 +535,7 @@ def compile(
     dynamic: bool = True,
     fallback: str = "eager",
     dims: dict[str, dict[int, str]] | None = None,
+    **options: Any,
 ) -> Any:
     """Compile a function or ``nn.Module`` for inference; usable bare or with arguments.
 
@@ -517,14 +546,23 @@ def compile(
     original code (with a warning, counted in ``stats``) when compiling fails,
     ``"error"`` raises :class:`CompileError` instead. ``dims`` names sizes
     (``{"x": {0: "B"}, "y": {0: "B"}}``): one name is one symbol, so those sizes
-    are known equal (a call where they differ is refused by the guards).
+    are known equal (a call where they differ is refused by the guards). Other
+    keywords are the target's own options (``cuda_graphs=False`` on ``cuda``; each
+    target lists its options in ``Capabilities.options``): one the target does not
+    take is a ``TypeError``.
     """
 
     def wrap(f: Any) -> CompiledFunction:
         if not callable(f):
             raise TypeError(f"cuvil.compile expects a function or nn.Module, got {type(f).__name__}")
         return CompiledFunction(
-            f, target=target, opt_level=opt_level, dynamic=dynamic, fallback=fallback, dims=dims
+            f,
+            target=target,
+            opt_level=opt_level,
+            dynamic=dynamic,
+            fallback=fallback,
+            dims=dims,
+            options=options,
         )
 
     if fn_or_module is None:

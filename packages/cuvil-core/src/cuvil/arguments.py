@@ -71,12 +71,21 @@ def tensor_problem(x: torch.Tensor, devices: frozenset[str], target: str) -> str
 
 
 def check_tensors(leaves: Sequence[Any], names: Sequence[str], devices: frozenset[str], target: str) -> None:
-    """Raise :class:`CompileError` for the first tensor argument ``target`` cannot take."""
+    """Raise :class:`CompileError` for the first tensor argument ``target`` cannot take,
+    or for tensor arguments on two devices (``cuda:0`` and ``cuda:1``, or CPU and GPU)."""
+    first: tuple[str, torch.device] | None = None
     for name, leaf in zip(names, leaves):
         if isinstance(leaf, torch.Tensor):
             problem = tensor_problem(leaf, devices, target)
             if problem is not None:
                 raise CompileError(f"argument {name!r} {problem}")
+            if first is None:
+                first = (name, leaf.device)
+            elif leaf.device != first[1]:
+                raise CompileError(
+                    f"argument {name!r} is on {leaf.device} but argument {first[0]!r} is on {first[1]}: "
+                    f"a compiled program runs on one device; move them with .to({str(first[1])!r})"
+                )
 
 
 __all__ = ["check_tensors", "tensor_problem"]

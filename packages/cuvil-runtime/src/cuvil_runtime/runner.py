@@ -198,7 +198,7 @@ class ProgramRunner:
                     tensor[step.buf] = f"v_{step.buf}"
                     ptr[step.buf] = f"v_{step.buf}.data_ptr()"
                 # the launch's order: buffers, sizes, derived sizes, scalars
-                call_args = [ptr[b] for b in launch.buffers]
+                call_args = [(tensor if launch.tensors else ptr)[b] for b in launch.buffers]
                 call_args += [f"s_{s.name}" for s in launch.sizes]
                 if launch.derived:
                     call_args.append(f"*_p.derived[{step.name!r}]")

@@ -41,6 +41,9 @@ class Capabilities:
     control_flow: bool = False
     #: ops with the ``opaque`` trait (extern torch calls) can be run
     extern_calls: bool = True
+    #: the target's own keyword options of ``cu.compile`` (``cuda_graphs=False``); they
+    #: reach ``compile`` in ``CompileOptions.extra``, and any other keyword is an error
+    options: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,7 +114,8 @@ class Target(Protocol):
 @dataclass(frozen=True, slots=True)
 class Launch:
     """How the program runner calls one compiled kernel: ``fn(*arguments)`` with, in
-    this order, the data pointers of ``buffers``, the int values of ``sizes``, the
+    this order, the data pointers of ``buffers`` (the tensors themselves when
+    ``tensors``), the int values of ``sizes``, the
     values of ``derived`` (size expressions evaluated once per size binding) and the
     scalar graph values ``scalars``. A kernel with ``may_fail`` returns nonzero when
     an integer division met a zero divisor (the runner raises ``ZeroDivisionError``)."""
@@ -124,6 +128,8 @@ class Launch:
     #: (graph value name, dtype)
     scalars: tuple[tuple[str, DType], ...] = ()
     may_fail: bool = False
+    #: pass the buffers as tensors (arena views, inputs, outputs), not data pointers
+    tensors: bool = False
 
 
 class KernelBackend(Protocol):

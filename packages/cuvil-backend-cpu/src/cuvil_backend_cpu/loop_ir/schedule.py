@@ -27,6 +27,7 @@ import sympy
 from cuvil_backend_cpu.loop_ir.nodes import Accumulate, Let, Loop, LoopFunc, Param, Stmt, Store
 from cuvil_ir.graph_ir.types import DType
 from cuvil_ir.tensor_ir import expr as E
+from cuvil_ir.tensor_ir.hoist import hoist_depth, postorder_reduces
 from cuvil_ir.tensor_ir.program import Kernel, TensorProgram
 
 
@@ -46,40 +47,6 @@ class SchedulePolicy:
 
 def _sym(x: Any) -> sympy.Expr:
     return sympy.sympify(x)
-
-
-def hoist_depth(body: E.Expr) -> int:
-    pos = [
-        int(s.name[2:])
-        for r in E.walk(body)
-        if isinstance(r, E.Reduce)
-        for s in E.free_indices(r)
-        if s.name.startswith("_i")
-    ]
-    has_reduce = any(isinstance(r, E.Reduce) for r in E.walk(body))
-    return max(pos, default=-1) + 1 if has_reduce else 0
-
-
-def must_realize(reduce: E.Reduce, free: frozenset[sympy.Symbol], outer: frozenset[sympy.Symbol]) -> bool:
-    """Whether lowering must make ``reduce`` a buffer of its own for this scheduler
-    (``FusionPolicy.realize_reduction``): the hoist pass computes each reduction once
-    per point of the kernel's outer (parallel) indices, which is right only when the
-    reduction varies with every non-unit outer index (``outer``) and with no index of
-    an enclosing reduction; any other would be recomputed or wrong."""
-    return any(s.name.startswith("_r") for s in free) or not outer <= free
-
-
-def _postorder_reduces(e: E.Expr) -> list[E.Reduce]:
-    out: list[E.Reduce] = []
-
-    def go(x: E.Expr) -> None:
-        for c in E.children(x):
-            go(c)
-        if isinstance(x, E.Reduce) and x not in out:
-            out.append(x)
-
-    go(e)
-    return out
 
 
 class _Names:
@@ -224,7 +191,7 @@ def schedule_kernel(kernel: Kernel, program: TensorProgram, policy: SchedulePoli
     k = hoist_depth(kernel.body)
 
     # 1. hoist: one accumulator per distinct Reduce, children first
-    reds = _postorder_reduces(kernel.body)
+    reds = postorder_reduces(kernel.body)
     acc: dict[E.Reduce, E.Var] = {}
 
     def replace_reduces(x: E.Expr) -> E.Expr:

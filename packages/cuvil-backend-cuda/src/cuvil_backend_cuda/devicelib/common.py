@@ -1,0 +1,139 @@
+"""Device helpers both namespaces share: built only from ``tl`` builtins, so they are
+right in the interpreter and in compiled code alike.
+
+The functions here are plain Python; each namespace module decorates them with
+:func:`jit` for its own mode (``floordiv = jit(True)(common.floordiv)``), so one process
+can hold an interpreted and a compiled library at once (Triton fixes a function's mode
+when ``triton.jit`` decorates it). They call no other device function: a helper's
+globals are this module's, where no decorated function lives.
+
+Integer helpers take two operands of one dtype, int32 or int64 (the generated text
+widens narrower types to int32 and narrows the result again, as C's promotion does).
+Binary helpers broadcast their operands first: in the interpreter a comparison of
+0-d values is typed like its operands (Triton 3.9), which breaks combining it with a
+block's comparison. A zero divisor gives 0 and never traps (the kernel records the error separately);
+``b == -1`` is answered without dividing, so ``INT_MIN // -1`` wraps as in C. They
+hold whether the builtin ``//`` truncates (compiled) or floors: each result is
+corrected from the remainder ``a - (a // b) * b``, whose sign tells which one ran.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import triton
+import triton.language as tl
+
+
+def jit(interpret: bool) -> Callable[[Callable[..., Any]], Any]:
+    """``triton.jit`` for ``interpret`` mode (``TRITON_INTERPRET`` is read when
+    decorating), whatever the environment says."""
+
+    def decorate(fn: Callable[..., Any]) -> Any:
+        with triton.knobs.runtime.scope():
+            triton.knobs.runtime.interpret = interpret
+            return triton.jit(fn)
+
+    return decorate
+
+
+def floordiv(a, b):
+    """``a // b`` as Python: the quotient rounded toward minus infinity; 0 for ``b == 0``."""
+    a, b = tl.broadcast(a, b)
+    d = tl.where((b == 0) | (b == -1), tl.full([], 1, b.dtype), b)
+    q = a // d
+    r = a - q * d
+    q = tl.where((r != 0) & ((r < 0) != (d < 0)), q - 1, q)
+    q = tl.where(b == -1, 0 - a, q)
+    return tl.where(b == 0, tl.full([], 0, q.dtype), q)
+
+
+def mod(a, b):
+    """``a % b`` as Python: the sign of the divisor; 0 for ``b == 0``."""
+    a, b = tl.broadcast(a, b)
+    d = tl.where((b == 0) | (b == -1), tl.full([], 1, b.dtype), b)
+    r = a - (a // d) * d
+    r = tl.where((r != 0) & ((r < 0) != (d < 0)), r + d, r)
+    return tl.where((b == 0) | (b == -1), tl.full([], 0, r.dtype), r)
+
+
+def fmod_int(a, b):
+    """C's ``a % b``: the sign of the dividend; 0 for ``b == 0``."""
+    a, b = tl.broadcast(a, b)
+    d = tl.where((b == 0) | (b == -1), tl.full([], 1, b.dtype), b)
+    r = a - (a // d) * d
+    r = tl.where((r != 0) & ((r < 0) != (a < 0)), r - d, r)
+    return tl.where((b == 0) | (b == -1), tl.full([], 0, r.dtype), r)
+
+
+def truncdiv(a, b):
+    """C's ``a / b``: the quotient rounded toward zero; 0 for ``b == 0``."""
+    a, b = tl.broadcast(a, b)
+    d = tl.where((b == 0) | (b == -1), tl.full([], 1, b.dtype), b)
+    q = a // d
+    r = a - q * d
+    q = tl.where((r != 0) & ((r < 0) != (a < 0)), q + 1, q)
+    q = tl.where(b == -1, 0 - a, q)
+    return tl.where(b == 0, tl.full([], 0, q.dtype), q)
+
+
+def iabs(a):
+    """``a < 0 ? -a : a`` (the most negative value stays itself)."""
+    return tl.where(a < 0, -a, a)
+
+
+def sign(a):
+    """``(a > 0) - (a < 0)`` in ``a``'s dtype: 0 for NaN and for -0.0."""
+    return (a > 0).to(a.dtype) - (a < 0).to(a.dtype)
+
+
+def fmax(a, b):
+    """Float maximum propagating NaN from either side (``a`` on ties, as the C form)."""
+    a, b = tl.broadcast(a, b)
+    return tl.where((a > b) | (a != a), a, b)
+
+
+def fmin(a, b):
+    """Float minimum propagating NaN from either side."""
+    a, b = tl.broadcast(a, b)
+    return tl.where((a < b) | (a != a), a, b)
+
+
+def remainder_of(r, b):
+    """Python's float ``a % b`` from ``r = fmod(a, b)``: moved to the divisor's sign."""
+    r, b = tl.broadcast(r, b)
+    return tl.where((r != 0) & ((r < 0) != (b < 0)), r + b, r)
+
+
+def rand(seed, counter):
+    """Uniform float32 in [0, 1): Philox4x32-10 of counter ``(lo(counter), hi(counter), 0, 0)``
+    under key ``(lo(seed), hi(seed))``, ``(c0 >> 8) * 2**-24`` -- bit for bit the CPU
+    target's ``cu_rand``."""
+    seed = seed.to(tl.int64)
+    counter = counter.to(tl.int64)
+    c0 = counter.to(tl.uint32)
+    c1 = (counter >> 32).to(tl.uint32)
+    c2 = c0 ^ c0
+    c3 = c0 ^ c0
+    k0 = seed.to(tl.uint32)
+    k1 = (seed >> 32).to(tl.uint32)
+    round_a = tl.full([], 0xD2511F53, tl.uint32)
+    round_b = tl.full([], 0xCD9E8D57, tl.uint32)
+    key_a = tl.full([], 0x9E3779B9, tl.uint32)
+    key_b = tl.full([], 0xBB67AE85, tl.uint32)
+    for _ in tl.static_range(10):
+        n0 = tl.umulhi(round_b, c2) ^ c1 ^ k0
+        n2 = tl.umulhi(round_a, c0) ^ c3 ^ k1
+        c1 = round_b * c2
+        c3 = round_a * c0
+        c0 = n0
+        c2 = n2
+        k0 = k0 + key_a
+        k1 = k1 + key_b
+    return (c0 >> 8).to(tl.float32) * 5.9604644775390625e-08
+
+
+def prod_combine(a, b):
+    """The combine function of a product reduction (``tl.reduce(x, axis, cu.prod_combine)``)."""
+    return a * b
