@@ -99,7 +99,8 @@ def test_no_stale_golden_files():
 def test_audit_has_triton_and_ptx(tmp_path):
     x = torch.randn(4, 32)
     hashes = cu.audit(softmax_dropout, x, target="cuda", out_dir=tmp_path)
-    assert list(hashes) == ["graph_ir", "tensor_ir", "triton", "ptx", "wrapper", "mlir"]
+    # (then "mlir" where torch-mlir is installed)
+    assert list(hashes)[:5] == ["graph_ir", "tensor_ir", "triton", "ptx", "wrapper"]
     assert "@triton.jit" in (tmp_path / "triton.txt").read_text()
     assert ".target sm_90" in (tmp_path / "ptx.txt").read_text()
     # deterministic: a second audit in a fresh compile gives the same hashes

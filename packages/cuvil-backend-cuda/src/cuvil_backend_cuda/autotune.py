@@ -9,6 +9,7 @@ buffers after a snapshot and the snapshot is restored before the real launch.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -87,7 +88,7 @@ class Autotuner:
             best: tuple[float, int] | None = None
             for i, c in enumerate(candidates):
                 try:
-                    t = self.timer(lambda c=c: run(c))
+                    t = self.timer(functools.partial(run, c))
                 except Exception:  # a configuration the compiler refuses (too many registers ...)
                     continue
                 self.measured += 1

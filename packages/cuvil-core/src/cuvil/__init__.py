@@ -43,6 +43,12 @@ def _start_preload() -> None:
 
     global _PRELOAD
     if os.environ.get("CUVIL_PRELOAD", "1") != "0":
+        import sysconfig
+
+        # Python 3.11 fills sysconfig's table lazily and not thread-safely: a caller on the
+        # main thread (triton's import, in the cuda target's check) could read a half-filled
+        # table (``EXE`` None) while the preload's imports fill it. Fill it here, first.
+        sysconfig.get_config_vars()
         _PRELOAD = threading.Thread(target=_preload, name="cuvil-preload", daemon=True)
         _PRELOAD.start()
 

@@ -7,7 +7,8 @@ float64 and rounded once at the end, so float32 results are within about 1 ulp o
 the correctly rounded value. Float64 results: exp, log, log2, sin, cos, erf, tan
 within a few ulps (numpy's own); expm1, log1p, tanh (Kahan's forms) and atan,
 atan2 (Newton on ``sin``/``cos``) and ``pow`` (``exp(b * log|a|)`` with the
-logarithm and the product in double-double) within a few ulps. floor, ceil, trunc,
+logarithm and the product in double-double) within a few ulps (pow: up to ~15 ulps
+for huge ``|b * log|a||``, the log's tail being single double). floor, ceil, trunc,
 round, fmod and remainder are exact.
 """
 

@@ -335,7 +335,7 @@ class _Gen:
         branches = []
         for one_tile in (True, False):
             self.scopes = [_Scope(indent="        ")]
-            self.contexts: dict[tuple[Any, ...], _Ctx] = {}
+            self.contexts = {}
             online = {} if one_tile else _online_pairs(reds)
             for r in reds:
                 if (r, -1) in self.scopes[0].memo:
@@ -476,7 +476,10 @@ class _Gen:
         ninf = const(-math.inf, dt)
         zero = const(0.0, dt)
         mv, mnew = self.tmp("m"), self.tmp("mnew")
-        exp = lambda x: call("exp", [x], [dt], dt)  # noqa: E731
+
+        def exp(x: str) -> str:
+            return call("exp", [x], [dt], dt)
+
         for text in (
             f"{mv} = tl.where({ctx.mask}, {v}, {ninf})",
             f"{mnew} = {_combine('max', dt, am, mv)}",
