@@ -15,10 +15,13 @@ from __future__ import annotations
 
 import ctypes
 import itertools
+import json
 import linecache
 import math
+import os
 import re
 import subprocess
+import sys
 import types
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -516,16 +519,34 @@ def _ptx_kernel_source() -> tuple[str, dict[str, str]]:
     return src, signature
 
 
-def test_compiles_to_ptx_for_sm90(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))  # compile for real, not from a cache
+#: compiles the kernel in a fresh process: once kernels have run in Triton's interpreter,
+#: this process's ``tl`` cannot compile (the cuda target's PTX stage uses a worker too)
+_PTX_SCRIPT = """
+import json, linecache, sys
+import triton
+from cuvil_backend_cuda import devicelib
+src, signature = json.load(open(sys.argv[1]))
+name = "<ptx test kernel>"
+linecache.cache[name] = (len(src), None, src.splitlines(True), name)
+ns = {"cu": devicelib.namespace(False)}
+exec(compile(src, name, "exec"), ns)
+ast_source = triton.compiler.ASTSource(ns["kernel"], signature=signature, constexprs={"BLOCK": 32})
+target = triton.backends.compiler.GPUTarget("cuda", 90, 32)
+options = {"num_warps": 1, "enable_fp_fusion": False}
+print(triton.compile(ast_source, target=target, options=options).asm["ptx"])
+"""
+
+
+def test_compiles_to_ptx_for_sm90(tmp_path: Path) -> None:
     src, signature = _ptx_kernel_source()
     for name in devicelib.NAMES:  # every device function is reached by some call form
         assert re.search(rf"\bcu\.{name}\b", src), name
-    compiled = devicelib.namespace(False)
-    kernel = _exec_kernel(src, compiled)
-    ast_source = triton.compiler.ASTSource(kernel, signature=signature, constexprs={"BLOCK": 32})
-    target = triton.backends.compiler.GPUTarget("cuda", 90, 32)
-    options = {"num_warps": 1, "enable_fp_fusion": False}
-    ptx = triton.compile(ast_source, target=target, options=options).asm["ptx"]
-    assert ".target sm_90" in ptx
+    spec = tmp_path / "kernel.json"
+    spec.write_text(json.dumps([src, signature]))
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path / "cache")  # compile for real, not from a cache
+    done = subprocess.run(
+        [sys.executable, "-c", _PTX_SCRIPT, str(spec)], capture_output=True, text=True, env=env, check=False
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert ".target sm_90" in done.stdout

@@ -49,6 +49,8 @@ def _backends(args: argparse.Namespace) -> int:
                     f"  devices: {', '.join(sorted(caps.devices))}; control flow: "
                     f"{'yes' if caps.control_flow else 'no'}; extern calls: {'yes' if caps.extern_calls else 'no'}"
                 )
+                if caps.options:
+                    print(f"  options of cu.compile: {', '.join(sorted(caps.options))}")
     return 0
 
 
