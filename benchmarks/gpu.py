@@ -28,7 +28,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -45,7 +44,16 @@ import torch  # noqa: E402
 
 from benchmarks import percall, report  # noqa: E402
 from benchmarks.measure_one import build_impl, cache_env  # noqa: E402
-from benchmarks.run import ROOT, _cmd, check, describe_machine, log, short_error, time_round_robin  # noqa: E402
+from benchmarks.run import (  # noqa: E402
+    ROOT,
+    _cmd,
+    check,
+    describe_machine,
+    log,
+    run_json_child,  # noqa: E402
+    short_error,
+    time_round_robin,
+)
 from benchmarks.workloads import WORKLOADS, BertEncoderLayer, Workload, _prepare, select  # noqa: E402
 
 #: the size (``Workload.inputs(size)``: batch or rows) timed on the GPU. The CPU sizes
@@ -232,7 +240,7 @@ def measure_impl(
             info["back_to_back_ms"] = back_to_back_ms(impl, args, info["median_ms"])
             info["peak_mb"] = _mb(torch.cuda.max_memory_allocated() - base)
             info["held_mb"] = _mb(torch.cuda.memory_allocated() - base)
-        del impl
+        impl = None  # free it before the next implementation
     except Exception as exc:
         info["error"] = short_error(exc)
         info["traceback"] = traceback.format_exc()[-3000:]
@@ -294,23 +302,7 @@ def child_main(workload: str, size: int, smoke: bool) -> None:
 def run_child(workload: str, size: int, smoke: bool, cache_dir: str, timeout: float) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "benchmarks.gpu", "--child", workload, "--size", str(size)]
     cmd += ["--cache-dir", cache_dir] + (["--smoke"] if smoke else [])
-    env = dict(os.environ, **_child_env(cache_dir))
-    t0 = time.perf_counter()
-    try:
-        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return {"error": f"timed out after {timeout:.0f} s"}
-    wall = time.perf_counter() - t0
-    for line in reversed(proc.stdout.splitlines()):
-        if line.startswith("{"):
-            try:
-                result = json.loads(line)
-            except json.JSONDecodeError:
-                break
-            result["process_wall_s"] = wall
-            return result
-    tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-    return {"error": f"child exited {proc.returncode}: {tail[:300]}"}
+    return run_json_child(cmd, dict(os.environ, **_child_env(cache_dir)), timeout)
 
 
 # -- per-call overhead at batch 1 --------------------------------------------------------------
@@ -356,12 +348,12 @@ def measure_percall(device: str, budget: Budget, quick: bool, smoke: bool) -> li
                         sync()
                         return result
 
-                    info["back_to_back_us"] = percall.measure(lambda *a: impl(*a), args, n, repeats)
+                    info["back_to_back_us"] = percall.measure(impl, args, n, repeats)
                     sync()
                     info["synchronized_us"] = percall.measure(synced, args, n, repeats)
                 if name.startswith("cuvil") and impl.stats.fallbacks:
                     info["correct"] = "FALLBACK to eager"
-                del impl
+                impl = None  # free it before the next implementation
             except Exception as exc:
                 info["error"] = short_error(exc)
                 info["traceback"] = traceback.format_exc()[-3000:]

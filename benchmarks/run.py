@@ -264,6 +264,12 @@ def run_child(
     if cache_dir:
         cmd += ["--cache-dir", cache_dir]
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), **cache_env(impl, cache_dir))
+    return run_json_child(cmd, env, timeout)
+
+
+def run_json_child(cmd: list[str], env: dict[str, str], timeout: float) -> dict[str, Any]:
+    """Run a measuring child process; its last JSON line, with ``process_wall_s``, or
+    ``{"error": ...}``."""
     t0 = time.perf_counter()
     try:
         proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)

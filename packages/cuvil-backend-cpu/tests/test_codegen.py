@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 import cuvil as cu
+from cuvil.testing import golden
 from cuvil_backend_cpu.codegen import generate_c
 from cuvil_backend_cpu.loop_ir.schedule import SchedulePolicy, schedule_program
 from cuvil_backend_cpu.policy import FUSION
@@ -97,17 +98,7 @@ def generated(name: str) -> tuple[Any, str, str, ProgramExecutable]:
 
 
 def check_golden(path: Path, text: str, update: bool) -> None:
-    if update:
-        GOLDEN.mkdir(exist_ok=True)
-        if not path.exists() or path.read_text() != text:
-            path.write_text(text)
-        return
-    if not path.exists():
-        pytest.fail(f"no golden file {path.name}: run `{UPDATE_CMD}` to create it")
-    assert text == path.read_text(), (
-        f"the generated text differs from {path.name} "
-        f"(if the change is intended, run `{UPDATE_CMD}` and review the diff)"
-    )
+    golden.check_golden(path, text, update=update, update_cmd=UPDATE_CMD)
 
 
 def loops(func: Any) -> list[Any]:

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 import cuvil as cu
 from cuvil.errors import CompileError
+from cuvil.testing import golden
 from cuvil_runtime.registry import discover
 
 pytestmark = pytest.mark.usefixtures("interpreter")
@@ -59,16 +60,7 @@ GOLDEN_CASES = {
 
 
 def check_golden(path: Path, text: str, update: bool) -> None:
-    if update:
-        GOLDEN.mkdir(exist_ok=True)
-        if not path.exists() or path.read_text() != text:
-            path.write_text(text)
-        return
-    if not path.exists():
-        pytest.fail(f"no golden file {path.name}: run `{UPDATE_CMD}` to create it")
-    assert text == path.read_text(), (
-        f"the Triton source differs from {path.name} (intended? run `{UPDATE_CMD}`)"
-    )
+    golden.check_golden(path, text, update=update, update_cmd=UPDATE_CMD)
 
 
 @pytest.mark.parametrize("name", sorted(GOLDEN_CASES))

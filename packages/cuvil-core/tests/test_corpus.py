@@ -30,7 +30,7 @@ from torch.utils import _pytree as pytree
 
 import cuvil as cu
 import cuvil_ir
-from cuvil.testing import PROGRAMS, Program
+from cuvil.testing import PROGRAMS, Program, golden
 from cuvil.testing.conformance import compile_and_check, conformance_params
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -44,20 +44,7 @@ XFAIL: dict[str, str] = {}
 
 
 def check_golden(graph: cuvil_ir.Graph, name: str, update: bool) -> None:
-    path = GOLDEN / f"{name}.txt"
-    text = graph.text
-    if update:
-        GOLDEN.mkdir(exist_ok=True)
-        if not path.exists() or path.read_text() != text:
-            path.write_text(text)
-        return
-    if not path.exists():
-        pytest.fail(f"no golden file {path.name} for {name}: run `{UPDATE_CMD}` to create it")
-    golden = path.read_text()
-    assert text == golden, (
-        f"the captured graph of {name} differs from {path.name} "
-        f"(if the change is intended, run `{UPDATE_CMD}` and review the diff)"
-    )
+    golden.check_golden(GOLDEN / f"{name}.txt", graph.text, update=update, update_cmd=UPDATE_CMD)
 
 
 @pytest.mark.parametrize("program", conformance_params(XFAIL, raises=cu.CompileError))
