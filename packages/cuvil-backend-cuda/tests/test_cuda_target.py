@@ -105,13 +105,22 @@ def test_rows_longer_than_one_tile(n):
     and a max-reduction with NaN still match eager."""
 
     def f(x, w, b):
-        return torch.softmax(x, -1), F.layer_norm(x, (n,), w, b), x.amax(-1)
+        return (
+            torch.softmax(x, -1),
+            F.layer_norm(x, (n,), w, b),
+            x.amax(-1),
+            x.var(-1),
+            torch.logsumexp(x, -1),
+        )
 
-    x = torch.randn(3, n)
+    x = torch.randn(3, n) * 3 + 50  # an offset: a running mean in float32 would drift
     x[1, 7] = float("nan")
     args = (x, torch.randn(n), torch.randn(n))
     cf = cu.compile(f, target="cuda", fallback="error")
     torch.testing.assert_close(cf(*args), f(*args), equal_nan=True)
+    # one pass for softmax's max and sum (online), one for mean and variance (Welford)
+    source = cf.artifacts[-1].executable.stages["triton"]
+    assert "accm" in source and "cu.welford_combine" in source
 
 
 def test_strided_transposed_and_broadcast_inputs():

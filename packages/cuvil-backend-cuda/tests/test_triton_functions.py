@@ -444,6 +444,27 @@ def test_prod_combine() -> None:
     torch.testing.assert_close(out, x.view(4, 8).prod(1))
 
 
+@pytest.mark.usefixtures("interpret")
+def test_welford_combine() -> None:
+    """``cu.welford_combine`` merges per-lane (mean, M2, count) partials into the row's
+    mean and sum of squared deviations (the looped variance reduction)."""
+    src = (
+        "import triton\nimport triton.language as tl\n\n\n@triton.jit\n"
+        "def kernel(m_ptr, q_ptr, x_ptr):\n"
+        "    x = tl.load(x_ptr + tl.arange(0, 4)[:, None] * 8 + tl.arange(0, 8)[None, :])\n"
+        "    m, q, c = tl.reduce((x, x * 0.0, x * 0.0 + 1.0), 1, cu.welford_combine)\n"
+        "    tl.store(m_ptr + tl.arange(0, 4), m)\n"
+        "    tl.store(q_ptr + tl.arange(0, 4), q)\n"
+    )
+    kernel = _exec_kernel(src, devicelib.namespace(True))
+    x = torch.randn(32, dtype=torch.float64) * 3 + 1
+    m, q = torch.empty(4, dtype=torch.float64), torch.empty(4, dtype=torch.float64)
+    kernel[(1,)](m, q, x)
+    rows = x.view(4, 8)
+    torch.testing.assert_close(m, rows.mean(1))
+    torch.testing.assert_close(q, rows.var(1, correction=0) * 8)
+
+
 # -- rand against the C cu_rand ---------------------------------------------------------
 @pytest.fixture(scope="module")
 def c_rand(tmp_path_factory: pytest.TempPathFactory) -> Callable[[int, list[int]], torch.Tensor]:
@@ -507,6 +528,9 @@ def _ptx_kernel_source() -> tuple[str, dict[str, str]]:
     lines.append(
         f"    tl.store(o_f64 + {slot[F64]} * BLOCK + offs, tl.reduce(f64_0, 0, cu.prod_combine), mask=m)"
     )
+    slot[F64] += 1
+    lines.append("    wm, wq, wc = tl.reduce((f64_0, f64_0, f64_0), 0, cu.welford_combine)")
+    lines.append(f"    tl.store(o_f64 + {slot[F64]} * BLOCK + offs, wm + wq + wc, mask=m)")
     params = ", ".join([f"p_{d.value}" for d in order] + [f"o_{d.value}" for d in order])
     src = (
         "import triton\nimport triton.language as tl\n\n\n@triton.jit\n"

@@ -137,3 +137,13 @@ def rand(seed, counter):
 def prod_combine(a, b):
     """The combine function of a product reduction (``tl.reduce(x, axis, cu.prod_combine)``)."""
     return a * b
+
+
+def welford_combine(m1, q1, c1, m2, q2, c2):
+    """Merge two (mean, sum of squared deviations, count) partials (Chan, Golub and
+    LeVeque's parallel form of Welford's update); the combine function of the looped
+    mean/variance reduction (``tl.reduce((m, q, c), axis, cu.welford_combine)``)."""
+    c = c1 + c2
+    w = tl.where(c == 0, 0.0, c2 / tl.where(c == 0, 1.0, c))
+    d = m2 - m1
+    return m1 + d * w, q1 + q2 + d * d * c1 * w, c

@@ -21,6 +21,7 @@ fmax = _jit(common.fmax)
 fmin = _jit(common.fmin)
 rand = _jit(common.rand)
 prod_combine = _jit(common.prod_combine)
+welford_combine = _jit(common.welford_combine)
 _remainder_of = _jit(common.remainder_of)
 
 

@@ -337,11 +337,14 @@ class _Gen:
             self.scopes = [_Scope(indent="        ")]
             self.contexts = {}
             online = {} if one_tile else _online_pairs(reds)
+            welford = {} if one_tile else _welford_pairs(reds)
             for r in reds:
                 if (r, -1) in self.scopes[0].memo:
-                    continue  # computed with its partner (online softmax)
+                    continue  # computed with its partner (online softmax, Welford)
                 if r in online:
                     self.online_softmax(r, online[r])
+                elif r in welford:
+                    self.welford(r, welford[r])
                 else:
                     self.reduce(r, one_tile, inner_dims)
             if inner:
@@ -497,6 +500,48 @@ class _Gen:
         self.scopes[0].memo[(mx, -1)] = rm
         self.scopes[0].memo[(sm, -1)] = rs
 
+    def welford(self, total: E.Reduce, squares: E.Reduce) -> None:
+        """``sum(x)`` and ``sum((x - sum(x) / n) ** 2)`` over the same ranges in one pass
+        over the row (the looped variant): per lane Welford's running mean, sum of squared
+        deviations and count (in float64), merged across lanes by ``cu.welford_combine``."""
+        syms = [s for s, _ in total.ranges]
+        extents = tuple(sympy.sympify(n) for _, n in total.ranges)
+        ctx = self.context(extents, False, syms)
+        dt = total.dtype
+        tl_t = TL_DTYPES[dt]
+        outer = self.scopes[0]
+        m, q, c = self.tmp("accm"), self.tmp("accq"), self.tmp("accc")
+        # in float64: a running mean's rounding grows with the data's offset from zero,
+        # which two passes (deviations from the final mean) would not see
+        for acc in (m, q, c):
+            outer.lines.append(f"{outer.indent}{acc} = tl.full([XBLOCK, RBLOCK], 0.0, tl.float64)")
+        v = self.value(total.body, ctx)
+        sc = self.scopes[ctx.scope]
+        cnew, delta, mnew = self.tmp("c"), self.tmp("d"), self.tmp("mnew")
+        wide = self.tmp("v")
+        sc.lines.append(f"{sc.indent}{wide} = {v}.to(tl.float64)")
+        v = wide
+        one = const(1.0, DType.f64)
+        for text in (
+            f"{cnew} = tl.where({ctx.mask}, {c} + {one}, {c})",
+            f"{delta} = {v} - {m}",
+            f"{mnew} = tl.where({ctx.mask}, {m} + {delta} / tl.maximum({cnew}, {one}), {m})",
+            f"{q} = tl.where({ctx.mask}, {q} + {delta} * ({v} - {mnew}), {q})",
+            f"{m} = {mnew}",
+            f"{c} = {cnew}",
+        ):
+            sc.lines.append(f"{sc.indent}{text}")
+        self.close_loop(ctx)
+        rm, rq, rc = self.tmp("mean"), self.tmp("m2"), self.tmp("n")
+        rs, rsq = self.tmp("red"), self.tmp("red")
+        outer.lines.append(
+            f"{outer.indent}{rm}, {rq}, {rc} = tl.reduce(({m}, {q}, {c}), 1, cu.welford_combine)"
+        )
+        outer.lines.append(f"{outer.indent}{rs} = ({rm} * {rc}).to({tl_t})[:, None]")
+        outer.lines.append(f"{outer.indent}{rsq} = {rq}.to({tl_t})[:, None]")
+        self.scopes[0].memo[(total, -1)] = rs
+        self.scopes[0].memo[(squares, -1)] = rsq
+
     def store(self, dtype: DType, offset: sympy.Expr, val: str, ctx: _Ctx | None, vdtype: DType) -> None:
         lane = ctx is not None
         scope = ctx.scope if ctx is not None else 0
@@ -591,6 +636,47 @@ def _online_pairs(reds: list[E.Reduce]) -> dict[E.Reduce, E.Reduce]:
         if renamed == mx.body:
             out[mx] = sm
     return out
+
+
+def _welford_pairs(reds: list[E.Reduce]) -> dict[E.Reduce, E.Reduce]:
+    """Float ``sum(x)`` reductions whose sum of squared deviations from the mean,
+    ``sum((x - sum(x) / n) * (x - sum(x) / n))`` with ``n`` the number of terms, is also
+    in the kernel: the sum -> that one (computed together, one pass)."""
+    out: dict[E.Reduce, E.Reduce] = {}
+    for sq in reds:
+        b = sq.body
+        if sq.kind != "sum" or not (isinstance(b, E.Call) and b.fn == "mul" and b.args[0] == b.args[1]):
+            continue
+        d = b.args[0]
+        if not (isinstance(d, E.Call) and d.fn == "sub"):
+            continue
+        mean = d.args[1]
+        if not (isinstance(mean, E.Call) and mean.fn == "div" and isinstance(mean.args[0], E.Reduce)):
+            continue
+        total, n = mean.args
+        assert isinstance(total, E.Reduce)
+        if total.kind != "sum" or not total.dtype.is_floating or total.dtype != sq.dtype or total in out:
+            continue
+        if [x for _, x in total.ranges] != [x for _, x in sq.ranges]:
+            continue
+        count = sympy.expand(_prod(x for _, x in total.ranges))
+        if not _is_count(n, count):
+            continue
+        renamed = E.substitute(d.args[0], {s: t for (s, _), (t, _) in zip(sq.ranges, total.ranges)})
+        if renamed == total.body:
+            out[total] = sq
+    return out
+
+
+def _is_count(e: E.Expr, count: sympy.Expr) -> bool:
+    """``e`` is the number ``count`` as a float (a constant, or a cast size)."""
+    if isinstance(e, E.Const):
+        return bool(count.is_Integer) and float(e.value) == float(count)
+    if isinstance(e, E.Call) and e.fn == "cast" and len(e.args) == 1:
+        return _is_count(e.args[0], count)
+    if isinstance(e, E.Index):
+        return sympy.expand(sympy.sympify(e.expr) - count) == 0
+    return False
 
 
 def _combine(kind: str, dtype: DType, acc: str, v: str) -> str:
