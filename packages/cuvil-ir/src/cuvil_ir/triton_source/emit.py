@@ -675,7 +675,7 @@ def _is_count(e: E.Expr, count: sympy.Expr) -> bool:
     if isinstance(e, E.Call) and e.fn == "cast" and len(e.args) == 1:
         return _is_count(e.args[0], count)
     if isinstance(e, E.Index):
-        return sympy.expand(sympy.sympify(e.expr) - count) == 0
+        return bool(sympy.expand(sympy.sympify(e.expr) - count) == 0)
     return False
 
 
