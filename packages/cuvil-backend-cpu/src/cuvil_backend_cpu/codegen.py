@@ -22,6 +22,7 @@ import sympy
 from cuvil_backend_cpu.loop_ir.nodes import Accumulate, Let, Loop, LoopFunc, Stmt, Store
 from cuvil_ir.graph_ir.types import DType
 from cuvil_ir.tensor_ir import expr as E
+from cuvil_ir.tensor_ir.index_text import IndexPrinter
 
 
 class CodegenError(NotImplementedError):
@@ -153,7 +154,10 @@ class CKernel:
     may_fail: bool = False
 
 
-class _Gen:
+class _Gen(IndexPrinter):
+    language = "C"
+    error = CodegenError
+
     def __init__(self, func: LoopFunc, simd_math: bool, parallel_threshold: int) -> None:
         self.func = func
         self.simd_math = simd_math
@@ -165,37 +169,26 @@ class _Gen:
         #: the kernel uses a checked integer division (returns nonzero on a zero divisor)
         self.may_fail = False
 
-    # -- index arithmetic ----------------------------------------------------------
+    # -- index arithmetic (IndexPrinter's hooks) -------------------------------------
     def index(self, value: object) -> str:
-        e: Any = sympy.sympify(value)
-        if e.is_Integer:
-            v = int(e)
-            return f"INT64_C({v})" if abs(v) >= 2**31 else str(v)
-        if isinstance(e, sympy.Symbol):
-            return e.name[1:] if E.is_loop_symbol(e) else f"s_{e.name}"
-        loop = any(E.is_loop_symbol(s) for s in e.free_symbols)
-        if isinstance(e, sympy.Add):
-            return "(" + " + ".join(self.index(a) for a in sorted(e.args, key=sympy.default_sort_key)) + ")"
-        if isinstance(e, sympy.Mul) and not any(a.is_Rational and not a.is_Integer for a in e.args):
-            return "(" + " * ".join(self.index(a) for a in sorted(e.args, key=sympy.default_sort_key)) + ")"
-        if isinstance(e, sympy.Pow) and e.exp.is_Integer and int(e.exp) > 0 and e.base.is_integer:
-            return "(" + " * ".join([self.index(e.base)] * int(e.exp)) + ")"
-        if isinstance(e, (sympy.Min, sympy.Max)) and loop:
-            cmp = "<" if isinstance(e, sympy.Min) else ">"
-            text = self.index(e.args[0])
-            for arg in e.args[1:]:
-                other = self.index(arg)
-                text = f"(({text}) {cmp} ({other}) ? ({text}) : ({other}))"
-            return text
-        if isinstance(e, sympy.Mod) and loop:
-            return f"cu_imod({self.index(e.args[0])}, {self.index(e.args[1])})"
-        if isinstance(e, sympy.floor) and loop:
-            num, den = sympy.fraction(sympy.together(e.args[0]))
-            if den.free_symbols & {s for s in den.free_symbols if E.is_loop_symbol(s)}:
-                raise CodegenError(f"index expression {e}")
-            return f"cu_ifloordiv({self.index(sympy.expand(num))}, {self.index(den)})"
-        if loop:
-            raise CodegenError(f"index expression {e} has no C form")
+        return self.print_index(value)
+
+    def integer(self, value: int) -> str:
+        return f"INT64_C({value})" if abs(value) >= 2**31 else str(value)
+
+    def symbol(self, s: sympy.Symbol, ctx: Any) -> str:
+        return s.name[1:] if E.is_loop_symbol(s) else f"s_{s.name}"
+
+    def minmax(self, is_min: bool, a: str, b: str) -> str:
+        return f"(({a}) {'<' if is_min else '>'} ({b}) ? ({a}) : ({b}))"
+
+    def mod(self, a: sympy.Expr, b: sympy.Expr, ctx: Any) -> str:
+        return f"cu_imod({self.index(a)}, {self.index(b)})"
+
+    def floordiv(self, num: sympy.Expr, den: sympy.Expr, ctx: Any) -> str:
+        return f"cu_ifloordiv({self.index(num)}, {self.index(den)})"
+
+    def derived_size(self, e: sympy.Expr) -> str:
         return self.derived_arg(e, "int64_t")
 
     def derived_arg(self, e: sympy.Expr, ctype: str) -> str:

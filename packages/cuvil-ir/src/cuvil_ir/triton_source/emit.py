@@ -39,6 +39,7 @@ import sympy
 from cuvil_ir.graph_ir.types import DType
 from cuvil_ir.tensor_ir import expr as E
 from cuvil_ir.tensor_ir.hoist import hoist_depth, postorder_reduces
+from cuvil_ir.tensor_ir.index_text import IndexPrinter
 from cuvil_ir.tensor_ir.program import Kernel, TensorProgram
 from cuvil_ir.triton_source.functions import SIGNATURE_TYPES, TL_DTYPES, call, const
 
@@ -129,7 +130,10 @@ class _Scope:
     memo: dict[Any, str] = field(default_factory=dict)
 
 
-class _Gen:
+class _Gen(IndexPrinter):
+    language = "Triton"
+    error = TritonCodegenError
+
     def __init__(self, kernel: Kernel, program: TensorProgram) -> None:
         self.kernel = kernel
         self.program = program
@@ -164,44 +168,28 @@ class _Gen:
 
     # -- index arithmetic ----------------------------------------------------------
     def index(self, value: object, ctx: _Ctx | None) -> str:
-        e: Any = sympy.sympify(value)
-        if e.is_Integer:
-            return str(int(e))
-        if isinstance(e, sympy.Symbol):
-            if E.is_loop_symbol(e):
-                if e in self.row_names:
-                    return self.row_names[e]
-                if ctx is None or e not in ctx.names:
-                    raise TritonCodegenError(f"index {e} outside its range")
-                return ctx.names[e]
-            self.sizes.add(e)
-            return f"s_{e.name}"
-        loop = any(E.is_loop_symbol(s) for s in e.free_symbols)
-        if isinstance(e, sympy.Add):
-            return (
-                "(" + " + ".join(self.index(a, ctx) for a in sorted(e.args, key=sympy.default_sort_key)) + ")"
-            )
-        if isinstance(e, sympy.Mul) and not any(a.is_Rational and not a.is_Integer for a in e.args):
-            return (
-                "(" + " * ".join(self.index(a, ctx) for a in sorted(e.args, key=sympy.default_sort_key)) + ")"
-            )
-        if isinstance(e, sympy.Pow) and e.exp.is_Integer and int(e.exp) > 0 and e.base.is_integer:
-            return "(" + " * ".join([self.index(e.base, ctx)] * int(e.exp)) + ")"
-        if isinstance(e, (sympy.Min, sympy.Max)) and loop:
-            fn = "tl.minimum" if isinstance(e, sympy.Min) else "tl.maximum"
-            text = self.index(e.args[0], ctx)
-            for arg in e.args[1:]:
-                text = f"{fn}({text}, {self.index(arg, ctx)})"
-            return text
-        if isinstance(e, sympy.Mod) and loop:
-            return f"cu.mod({self.index(e.args[0], ctx)}, {self.tensor_index(e.args[1], ctx)})"
-        if isinstance(e, sympy.floor) and loop:
-            num, den = sympy.fraction(sympy.together(e.args[0]))
-            if any(E.is_loop_symbol(s) for s in den.free_symbols):
-                raise TritonCodegenError(f"index expression {e}")
-            return f"cu.floordiv({self.index(sympy.expand(num), ctx)}, {self.tensor_index(den, ctx)})"
-        if loop:
-            raise TritonCodegenError(f"index expression {e} has no Triton form")
+        return self.print_index(value, ctx)
+
+    def symbol(self, s: sympy.Symbol, ctx: Any) -> str:
+        if E.is_loop_symbol(s):
+            if s in self.row_names:
+                return self.row_names[s]
+            if ctx is None or s not in ctx.names:
+                raise TritonCodegenError(f"index {s} outside its range")
+            return str(ctx.names[s])
+        self.sizes.add(s)
+        return f"s_{s.name}"
+
+    def minmax(self, is_min: bool, a: str, b: str) -> str:
+        return f"{'tl.minimum' if is_min else 'tl.maximum'}({a}, {b})"
+
+    def mod(self, a: sympy.Expr, b: sympy.Expr, ctx: Any) -> str:
+        return f"cu.mod({self.index(a, ctx)}, {self.tensor_index(b, ctx)})"
+
+    def floordiv(self, num: sympy.Expr, den: sympy.Expr, ctx: Any) -> str:
+        return f"cu.floordiv({self.index(num, ctx)}, {self.tensor_index(den, ctx)})"
+
+    def derived_size(self, e: sympy.Expr) -> str:
         return self.derived_arg(e, "int")
 
     def tensor_index(self, value: object, ctx: _Ctx | None) -> str:
