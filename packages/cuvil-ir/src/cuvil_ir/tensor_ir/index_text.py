@@ -11,6 +11,7 @@ and size expressions with no polynomial form, which become derived arguments).
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import Any
 
 import sympy
@@ -18,7 +19,7 @@ import sympy
 from cuvil_ir.tensor_ir import expr as E
 
 
-class IndexPrinter:
+class IndexPrinter(ABC):
     #: the target language, for error messages
     language = "source"
     #: raised for an expression the language cannot express
@@ -27,21 +28,22 @@ class IndexPrinter:
     def integer(self, value: int) -> str:
         return str(value)
 
-    def symbol(self, s: sympy.Symbol, ctx: Any) -> str:
-        raise NotImplementedError
+    @abstractmethod
+    def symbol(self, s: sympy.Symbol, ctx: Any) -> str: ...
 
-    def minmax(self, is_min: bool, a: str, b: str) -> str:
-        raise NotImplementedError
+    @abstractmethod
+    def minmax(self, is_min: bool, a: str, b: str) -> str: ...
 
-    def mod(self, a: sympy.Expr, b: sympy.Expr, ctx: Any) -> str:
-        raise NotImplementedError
+    @abstractmethod
+    def mod(self, a: sympy.Expr, b: sympy.Expr, ctx: Any) -> str: ...
 
-    def floordiv(self, num: sympy.Expr, den: sympy.Expr, ctx: Any) -> str:
-        raise NotImplementedError
+    @abstractmethod
+    def floordiv(self, num: sympy.Expr, den: sympy.Expr, ctx: Any) -> str: ...
 
+    @abstractmethod
     def derived_size(self, e: sympy.Expr) -> str:
         """A size expression (no loop index) without a polynomial form."""
-        raise NotImplementedError
+        ...
 
     def print_index(self, value: object, ctx: Any = None) -> str:
         e: Any = sympy.sympify(value)

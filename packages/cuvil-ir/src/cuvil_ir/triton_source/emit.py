@@ -72,10 +72,6 @@ class TritonKernel:
     #: ahead-of-time compiled text per stage the target adds (``ptx``); empty if none
     compiled: tuple[tuple[str, str], ...] = ()
 
-    @property
-    def constexprs(self) -> tuple[str, ...]:
-        return tuple(n for n, t in self.signature if t == "constexpr")
-
 
 _IDENTITY = {"sum": 0, "prod": 1, "any": False, "all": True}
 
@@ -311,7 +307,7 @@ class _Gen(IndexPrinter):
         extents = [sympy.expand(_prod(n for _, n in r.ranges)) for r in reds]
         inner_numel = sympy.expand(_prod(inner_dims))
         longest = sympy.Max(*extents, inner_numel) if inner else sympy.Max(*extents)
-        rnumel = self.derived_arg(longest, "int#row")  # d1
+        self.derived_arg(longest, "int#row")  # d1: the launch picks the tile variant from it
         head.lines.append(
             "    x = tl.program_id(0).to(tl.int64) * XBLOCK + tl.arange(0, XBLOCK).to(tl.int64)[:, None]"
         )
@@ -319,7 +315,6 @@ class _Gen(IndexPrinter):
         head.lines.append("    lane = tl.arange(0, RBLOCK).to(tl.int64)[None, :]")
         self.row_names = self.decompose("x", dims[:depth], range(depth), head)
         self.head_lines = head.lines
-        del rnumel
         branches = []
         for one_tile in (True, False):
             self.scopes = [_Scope(indent="        ")]
