@@ -1,40 +1,28 @@
-"""Loading a generated kernel and launching it: block sizes per launch, autotuned on a GPU.
+"""Launching a generated kernel: block sizes per launch, autotuned on a GPU.
 
-A :class:`~cuvil_ir.triton_source.emit.TritonKernel`'s text comes from the program
-cache (signed, never from a file another user could write) and is executed in a
-fresh namespace whose ``cu`` is the device library for the mode: the interpreter's
-(``tl`` builtins only) or the compiled one (libdevice). Its lines are registered
-with :mod:`linecache` because ``triton.jit`` reads a kernel's source.
+The kernel is loaded by :func:`cuvil_runtime.triton_kernels.load.load` with ``cu`` the device
+library for the mode: the interpreter's (``tl`` builtins only) or the compiled one
+(libdevice).
 """
 
 from __future__ import annotations
 
 import hashlib
-import linecache
 from collections.abc import Callable
 from typing import Any
-
-import torch
 
 from cuvil_backend_cuda.autotune import Autotuner
 from cuvil_backend_cuda.devicelib import namespace
 from cuvil_backend_cuda.policy import LaunchPolicy
 from cuvil_ir.triton_source.emit import TritonKernel
 from cuvil_runtime.target import Launch
+from cuvil_runtime.triton_kernels import load as loader
+from cuvil_runtime.triton_kernels.load import pow2
 
 
 def load(tk: TritonKernel, interpret: bool) -> Any:
     """The kernel's ``@triton.jit`` function, ``cu`` bound for ``interpret`` or compiled code."""
-    digest = hashlib.sha256(tk.source.encode()).hexdigest()[:16]
-    filename = f"<cuvil triton {tk.name} {digest} {'interpreted' if interpret else 'compiled'}>"
-    linecache.cache[filename] = (len(tk.source), None, tk.source.splitlines(True), filename)
-    ns: dict[str, Any] = {"__name__": f"cuvil_triton_{tk.name}", "cu": namespace(interpret)}
-    exec(compile(tk.source, filename, "exec"), ns)
-    return ns[tk.name]
-
-
-def pow2(n: int) -> int:
-    return 1 << max(0, int(n) - 1).bit_length()
+    return loader.load(tk, namespace(interpret), "interpreted" if interpret else "compiled")
 
 
 class KernelLauncher:
@@ -97,13 +85,7 @@ class KernelLauncher:
 
     def _run(self, args: tuple[Any, ...], d0: int, config: dict[str, Any]) -> int:
         grid = ((d0 + config["XBLOCK"] - 1) // config["XBLOCK"],)
-        if not self.tk.may_fail:
-            self.fn[grid](*args, **config)
-            return 0
-        first = args[0]
-        err = torch.zeros(1, dtype=torch.int32, device=first.device)
-        self.fn[grid](*args[: self.nbuf], err, *args[self.nbuf :], **config)
-        return int(err.item())
+        return loader.run(self.fn, self.tk, grid, args, config)
 
 
 def make_launch(

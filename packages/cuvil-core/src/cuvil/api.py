@@ -21,7 +21,7 @@ from cuvil.frontend.capture import Captured, capture, module_state
 from cuvil.guards import describe_leaf, explain_structure, leaf_key
 from cuvil_ir.symbolic import expr_str, symbol
 from cuvil_runtime.cache import CompileCache
-from cuvil_runtime.target import CompileOptions, Executable
+from cuvil_runtime.target import CompileOptions, Executable, TargetError
 
 FALLBACKS = ("eager", "error")
 #: compiled variants one function keeps (the oldest go first); past MANY_RECOMPILES a
@@ -323,6 +323,7 @@ class CompiledFunction:
         spec: Any,
     ) -> _Artifact:
         self.stats.compiles += 1
+        target_name = self.target
         try:
             target_name = self._pick_target(leaves)
             from cuvil_runtime.registry import get_target
@@ -345,7 +346,12 @@ class CompiledFunction:
         except OptionError:
             raise
         except Exception as e:
-            reason = e.reason if isinstance(e, CompileError) else f"internal error: {type(e).__name__}: {e}"
+            if isinstance(e, CompileError):
+                reason = e.reason
+            elif isinstance(e, TargetError):
+                reason = f"target {target_name!r}: {e}"
+            else:
+                reason = f"internal error: {type(e).__name__}: {e}"
             if self.fallback == "error":
                 if isinstance(e, CompileError):
                     raise

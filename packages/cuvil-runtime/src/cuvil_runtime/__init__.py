@@ -13,7 +13,7 @@ from cuvil_runtime.registry import (
     discover,
     get_target,
 )
-from cuvil_runtime.target import BackendSpec, Capabilities, CompileOptions, Executable, Target
+from cuvil_runtime.target import BackendSpec, Capabilities, CompileOptions, Executable, Target, TargetError
 
 __all__ = [
     "BackendInfo",
@@ -23,6 +23,7 @@ __all__ = [
     "DuplicateTargetError",
     "Executable",
     "Target",
+    "TargetError",
     "TargetUnavailableError",
     "UnknownTargetError",
     "default_target",

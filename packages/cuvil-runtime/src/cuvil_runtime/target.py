@@ -31,6 +31,12 @@ if TYPE_CHECKING:
     from cuvil_ir.tensor_ir.program import Kernel, TensorProgram
 
 
+class TargetError(Exception):
+    """A target refusing what it was asked to compile or launch, for a reason it
+    states (a rule of its hardware, a limit of its compiler): ``cu.compile`` reports
+    the message as the compile error's reason, not as an internal error."""
+
+
 @dataclass(frozen=True, slots=True)
 class Capabilities:
     """What a target can run; the frontend consults this, never the target's name."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from triton.language.extra import libdevice
 
-from . import common
+from cuvil_runtime.triton_kernels.devicelib import common
 
 _jit = common.jit(False)
 

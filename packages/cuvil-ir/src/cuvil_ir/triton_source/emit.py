@@ -42,10 +42,29 @@ from cuvil_ir.tensor_ir.hoist import hoist_depth, postorder_reduces
 from cuvil_ir.tensor_ir.index_text import IndexPrinter
 from cuvil_ir.tensor_ir.program import Kernel, TensorProgram
 from cuvil_ir.triton_source.functions import SIGNATURE_TYPES, TL_DTYPES, call, const
+from cuvil_ir.triton_source.tiles import live_tiles
 
 
 class TritonCodegenError(NotImplementedError):
     """Tensor IR the generator cannot express (a bug: lowering should have made it an extern)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TritonRules:
+    """What a target's Triton compiler accepts and how its programs map onto the
+    hardware: the choices the generated text depends on (a target's policy, as data)."""
+
+    #: each program loops over blocks ``tl.program_id(0), + tl.num_programs(0), ...``
+    #: instead of owning one: a grid of a fixed number of programs (one per core)
+    #: serves any size (Ascend's rule; on CUDA one program per block)
+    persistent: bool = False
+    #: long rows' mean and variance in one pass (Welford: a three-operand ``tl.reduce``
+    #: and float64 accumulators); else two passes in the input's dtype
+    welford: bool = True
+
+
+#: the rules of the ``cuda`` target (one program per block, Welford)
+CUDA_RULES = TritonRules()
 
 
 @dataclass(frozen=True)
@@ -71,6 +90,11 @@ class TritonKernel:
     signature: tuple[tuple[str, str], ...]
     #: ahead-of-time compiled text per stage the target adds (``ptx``); empty if none
     compiled: tuple[tuple[str, str], ...] = ()
+    #: most tiles (``[XBLOCK]`` or ``[XBLOCK, RBLOCK]`` values) live at once, per variant:
+    #: ``(pointwise,)`` or ``(one tile, looped)`` (:mod:`cuvil_ir.triton_source.tiles`)
+    tiles: tuple[int, ...] = ()
+    #: the widest element of the kernel's buffers, in bytes (sizes a tile's memory)
+    element_bytes: int = 4
 
 
 _IDENTITY = {"sum": 0, "prod": 1, "any": False, "all": True}
@@ -130,9 +154,13 @@ class _Gen(IndexPrinter):
     language = "Triton"
     error = TritonCodegenError
 
-    def __init__(self, kernel: Kernel, program: TensorProgram) -> None:
+    def __init__(self, kernel: Kernel, program: TensorProgram, rules: TritonRules) -> None:
         self.kernel = kernel
         self.program = program
+        self.rules = rules
+        #: variables holding a whole tile (see :mod:`cuvil_ir.triton_source.tiles`)
+        self.tile_vars: set[str] = set()
+        self.xnumel = "d0"
         self.buffers: list[str] = [kernel.buf]
         self.sizes: set[sympy.Symbol] = set()
         self.derived: dict[tuple[sympy.Expr, str], str] = {}
@@ -225,6 +253,8 @@ class _Gen(IndexPrinter):
         var = self.tmp()
         self.line(scope, f"{var} = {text}")
         self.scopes[scope].memo[key] = var
+        if lane or (self.shape == "[XBLOCK]" and E.free_indices(e)):
+            self.tile_vars.add(var)
         return var
 
     def compute(self, e: E.Expr, ctx: _Ctx | None) -> str:
@@ -289,6 +319,7 @@ class _Gen(IndexPrinter):
         for d in dims[:depth] if rows else dims:
             numel = numel * d
         xnumel = self.derived_arg(sympy.expand(numel), "int#rows")  # d0
+        self.xnumel = xnumel
         head = self.scopes[0]
         if not rows:
             self.row_syms = {E.index_symbol(j) for j in range(len(dims))}
@@ -296,13 +327,15 @@ class _Gen(IndexPrinter):
                 "    x = tl.program_id(0).to(tl.int64) * XBLOCK + tl.arange(0, XBLOCK).to(tl.int64)"
             )
             head.lines.append(f"    xmask = x < {xnumel}")
+            self.tile_vars |= {"x", "xmask"}
             self.row_names = self.decompose("x", dims, range(len(dims)), head)
             val = self.value(body, None)
             self.store(buf.dtype, out_off, val, None, body.dtype)
             return self.finish(rows=False, branches=None)
         self.shape = "[XBLOCK, RBLOCK]"
         self.row_syms = {E.index_symbol(j) for j in range(depth)}
-        inner = list(range(depth, len(dims)))
+        # unit dims were replaced by 0: a row whose other dims are all 1 stores a column
+        inner = [j for j in range(depth, len(dims)) if dims[j] != 1]
         inner_dims = [dims[j] for j in inner]
         extents = [sympy.expand(_prod(n for _, n in r.ranges)) for r in reds]
         inner_numel = sympy.expand(_prod(inner_dims))
@@ -320,7 +353,7 @@ class _Gen(IndexPrinter):
             self.scopes = [_Scope(indent="        ")]
             self.contexts = {}
             online = {} if one_tile else _online_pairs(reds)
-            welford = {} if one_tile else _welford_pairs(reds)
+            welford = {} if one_tile or not self.rules.welford else _welford_pairs(reds)
             for r in reds:
                 if (r, -1) in self.scopes[0].memo:
                     continue  # computed with its partner (online softmax, Welford)
@@ -329,7 +362,7 @@ class _Gen(IndexPrinter):
                 elif r in welford:
                     self.welford(r, welford[r])
                 else:
-                    self.reduce(r, one_tile, inner_dims)
+                    self.reduce(r, one_tile, inner, inner_dims)
             if inner:
                 ctx = self.context(tuple(inner_dims), one_tile, [E.index_symbol(j) for j in inner])
                 val = self.value(body, ctx)
@@ -394,6 +427,7 @@ class _Gen(IndexPrinter):
             s.lines.append(f"{s.indent}{idx} = {base} + lane")
         s.lines.append(f"{s.indent}lmask{n} = {idx} < {numel}")
         s.lines.append(f"{s.indent}mask{n} = xmask & lmask{n}")
+        self.tile_vars.add(f"mask{n}")
         names = self.unflatten(
             idx, [(sym, extents[j], f"{sym.name[1:]}_{n}") for j, sym in enumerate(syms)], s
         )
@@ -408,13 +442,13 @@ class _Gen(IndexPrinter):
         outer.lines.append(self.loop_header)
         outer.lines.extend(body.lines)
 
-    def reduce(self, r: E.Reduce, one_tile: bool, inner_dims: list[sympy.Expr]) -> None:
+    def reduce(self, r: E.Reduce, one_tile: bool, inner: list[int], inner_dims: list[sympy.Expr]) -> None:
         syms = [s for s, _ in r.ranges]
         extents = tuple(sympy.sympify(n) for _, n in r.ranges)
         body = r.body
         if one_tile and tuple(inner_dims) == extents:
             # the same lanes as the store's: share its index variables (and loads)
-            syms_here = [E.index_symbol(len(self.row_syms) + j) for j in range(len(extents))]
+            syms_here = [E.index_symbol(j) for j in inner]
         elif one_tile and (extents, True) in self.contexts:
             # the lanes of an earlier reduction over the same extents: share them
             syms_here = self.contexts[(extents, True)].syms
@@ -432,6 +466,9 @@ class _Gen(IndexPrinter):
         s = self.scopes[ctx.scope]
         masked = self.tmp("m")
         s.lines.append(f"{s.indent}{masked} = tl.where({ctx.mask}, {v}, {const(ident, r.dtype)})")
+        self.tile_vars.add(masked)
+        if not one_tile:
+            self.tile_vars.add(acc)
         if one_tile:
             tile = masked
         else:
@@ -462,6 +499,7 @@ class _Gen(IndexPrinter):
         ninf = const(-math.inf, dt)
         zero = const(0.0, dt)
         mv, mnew = self.tmp("m"), self.tmp("mnew")
+        self.tile_vars |= {am, asum, mv, mnew}
 
         def exp(x: str) -> str:
             return call("exp", [x], [dt], dt)
@@ -502,6 +540,7 @@ class _Gen(IndexPrinter):
         sc = self.scopes[ctx.scope]
         cnew, delta, mnew = self.tmp("c"), self.tmp("d"), self.tmp("mnew")
         wide = self.tmp("v")
+        self.tile_vars |= {m, q, c, cnew, delta, mnew, wide}
         sc.lines.append(f"{sc.indent}{wide} = {v}.to(tl.float64)")
         v = wide
         one = const(1.0, DType.f64)
@@ -571,17 +610,19 @@ class _Gen(IndexPrinter):
             f"def {name}({', '.join(params)}):",
             f"    # {_comment(str(self.kernel))}",
         ]
-        lines += self.head_lines
+        body = list(self.head_lines)
         if branches is None:
-            lines += self.scopes[0].lines
+            body += self.scopes[0].lines
         else:
-            lines.append("    if ONE_TILE:  # the row fits one tile: every input element is loaded once")
-            lines += branches[0]
-            lines.append("    else:  # rows longer than a tile: each reduction loops over the row")
-            lines += branches[1]
+            body.append("    if ONE_TILE:  # the row fits one tile: every input element is loaded once")
+            body += branches[0]
+            body.append("    else:  # rows longer than a tile: each reduction loops over the row")
+            body += branches[1]
+        lines += self.persistent(body) if self.rules.persistent else body
+        source = "\n".join(lines) + "\n"
         return TritonKernel(
             name=name,
-            source="\n".join(lines) + "\n",
+            source=source,
             buffers=tuple(self.buffers),
             sizes=sizes,
             derived=tuple(derived),
@@ -589,7 +630,21 @@ class _Gen(IndexPrinter):
             rows=rows,
             may_fail=self.may_fail,
             signature=tuple(signature),
+            tiles=live_tiles(source, name, self.tile_vars),
+            element_bytes=max(4, *(prog.buffers[b].dtype.torch.itemsize for b in self.buffers)),
         )
+
+    def persistent(self, body: list[str]) -> list[str]:
+        """``body`` inside a loop over the blocks this program owns: blocks
+        ``program_id, + num_programs, ...`` (every block when the grid is smaller)."""
+        first, rest = body[0], body[1:]
+        start = "    x = tl.program_id(0).to(tl.int64) * XBLOCK"
+        assert first.startswith(start), first
+        loop = (
+            f"    for xblock in range(tl.program_id(0), tl.cdiv({self.xnumel}, XBLOCK), tl.num_programs(0)):"
+        )
+        first = "    x = tl.full([], xblock, tl.int64) * XBLOCK" + first[len(start) :]
+        return [loop, "    " + first, *("    " + line for line in rest)]
 
 
 def _prod(xs: Any) -> sympy.Expr:
@@ -704,9 +759,10 @@ def _comment(text: str) -> str:
     return " ".join(text.split())[:400]
 
 
-def generate_triton(kernel: Kernel, program: TensorProgram) -> TritonKernel:
-    """The Triton text of one Tensor IR kernel of ``program`` (see the module doc)."""
-    return _Gen(kernel, program).generate()
+def generate_triton(kernel: Kernel, program: TensorProgram, rules: TritonRules = CUDA_RULES) -> TritonKernel:
+    """The Triton text of one Tensor IR kernel of ``program`` under a target's ``rules``
+    (see the module doc)."""
+    return _Gen(kernel, program, rules).generate()
 
 
-__all__ = ["TritonCodegenError", "TritonKernel", "generate_triton"]
+__all__ = ["CUDA_RULES", "TritonCodegenError", "TritonKernel", "TritonRules", "generate_triton"]

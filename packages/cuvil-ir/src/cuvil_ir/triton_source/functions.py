@@ -13,7 +13,7 @@ Philox4x32-10 bit for bit. Float32 division and square root are the IEEE ones
 Contract with the generated module: the text names only two globals,
 
 * ``tl`` -- ``triton.language``;
-* ``cu`` -- the device library, ``cuvil_backend_cuda.devicelib.namespace(interpret)``:
+* ``cu`` -- the device library the target binds (:mod:`cuvil_runtime.triton_kernels.devicelib`):
   the functions ``tl`` lacks under ``TRITON_INTERPRET=1`` (libdevice does not run
   there) and the helpers: ``cu.exp expm1 log log1p log2 sin cos tan atan atan2 tanh erf
   pow trunc round fmod remainder`` (floats) and ``cu.floordiv mod fmod_int truncdiv

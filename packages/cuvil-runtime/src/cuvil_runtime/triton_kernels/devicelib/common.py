@@ -28,11 +28,15 @@ import triton.language as tl
 
 def jit(interpret: bool) -> Callable[[Callable[..., Any]], Any]:
     """``triton.jit`` for ``interpret`` mode (``TRITON_INTERPRET`` is read when
-    decorating), whatever the environment says."""
+    decorating), whatever the environment says. A Triton without ``triton.knobs``
+    (before 3.4: triton-ascend 3.2) reads the mode from the environment only."""
+    knobs = getattr(triton, "knobs", None)
 
     def decorate(fn: Callable[..., Any]) -> Any:
-        with triton.knobs.runtime.scope():
-            triton.knobs.runtime.interpret = interpret
+        if knobs is None:
+            return triton.jit(fn)
+        with knobs.runtime.scope():
+            knobs.runtime.interpret = interpret
             return triton.jit(fn)
 
     return decorate

@@ -1,0 +1,24 @@
+"""The device library generated Triton kernels call as ``cu.<name>(...)``.
+
+Every Triton target binds one module with the names in :data:`NAMES` as ``cu``
+(see :mod:`cuvil_ir.triton_source.functions` for which the generated text uses):
+
+* :mod:`.interpreted` -- made of ``tl`` builtins only, so that it runs in Triton's
+  interpreter (``TRITON_INTERPRET=1``; no libdevice there): the ``cuda`` target's test
+  mode and the ``ascend`` target's simulation;
+* a compiled library per target, for its hardware's math: the ``cuda`` target's calls
+  libdevice, the ``ascend`` target's triton-ascend's math and libdevice.
+
+All of them re-export the pure-``tl`` helpers of :mod:`.common` (integer division
+with Python semantics, NaN-propagating min/max, Philox, reduction combiners).
+"""
+
+from __future__ import annotations
+
+#: every name a generated kernel may call on ``cu``
+NAMES = (
+    "exp expm1 log log1p log2 sin cos tan atan atan2 tanh erf pow trunc round fmod remainder"
+    " floordiv mod fmod_int truncdiv iabs sign fmax fmin rand prod_combine welford_combine"
+).split()
+
+__all__ = ["NAMES"]
