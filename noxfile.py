@@ -1,7 +1,11 @@
 """Sessions for the whole monorepo: the CI matrix, one place.
 
     nox -s tests              every package's fast tests, in one environment, then the
-                              cpu corpus built for avx2 and portable (as tests_isa)
+                              cpu corpus built for avx2 and portable (as tests_isa), then
+                              tests_cuda, tests_ascend and tests_ascend_compile
+    nox -s tests_cuda         the cuda target in Triton's interpreter (and PTX for sm_90)
+    nox -s tests_ascend       the ascend target simulated in Triton's interpreter
+    nox -s tests_ascend_compile  every ascend kernel through triton-ascend's compiler front half
     nox -s tests_pkg          each package alone, with only what it depends on
     nox -s tests_isa          the cpu target's corpus built for avx2 and portable ($CUVIL_CPU_ISA)
     nox -s slow               the tests marked slow
@@ -10,8 +14,8 @@
     nox -s wheels             build wheels, install cuvil[cpu] into a fresh venv, smoke-test
     nox -s bench              eager vs torch.compile vs Cuvil (benchmarks/README.md)
 
-The packages: cuvil-ir, cuvil-runtime, cuvil-core (``cuvil``) and the CPU
-target cuvil-backend-cpu. Its tests compile C, so ``tests``, ``tests_pkg(cpu)``,
+The packages: cuvil-ir, cuvil-runtime, cuvil-core (``cuvil``) and the targets
+cuvil-backend-cpu, cuvil-backend-cuda and cuvil-backend-ascend. Its tests compile C, so ``tests``, ``tests_pkg(cpu)``,
 ``demo`` and ``wheels`` need a C compiler (gcc or clang) on PATH.
 
 [Note: pinning torch]
@@ -60,13 +64,24 @@ PACKAGES = {
         "packages/cuvil-core",
         "packages/cuvil-backend-cuda",
     ],
+    "ascend": [
+        "packages/cuvil-ir",
+        "packages/cuvil-runtime",
+        "packages/cuvil-core",
+        "packages/cuvil-backend-ascend",
+    ],
 }
 ALL = PACKAGES["cpu"]
 #: the cuda target's tests run in their own session (``tests_cuda``): triton is big and
 #: the kernels run in Triton's interpreter, on CPU tensors (docs/cuda-backend.md)
 CUDA = [*ALL, "packages/cuvil-backend-cuda"]
+#: the ascend target's simulation runs beside the cpu target (a test compares their random numbers)
+ASCEND = [*ALL, "packages/cuvil-backend-ascend"]
 #: triton for the cuda target, beside the CPU torch wheel (it does not depend on torch)
 TRITON = "triton"
+#: Ascend's Triton (its own ``triton/`` package: never in an environment with upstream
+#: triton); ``--no-deps``: it would pull a torch of its choosing
+TRITON_ASCEND = ["triton-ascend", "pybind11"]
 FAST = ["-m", "not slow and not device"]
 #: the optional integrations the tests exercise (extras cuvil-ir[mlir], cuvil[onnx]); none
 #: of them depends on torch, so the pinned CPU torch stays
@@ -101,7 +116,9 @@ def tests(session: nox.Session) -> None:
     session.run("pytest", *tests_dirs(session, ALL), "-q", *FAST, *session.posargs)
     if not session.posargs:  # a selection (``nox -s tests -- -k x``) runs only what it names
         run_isas(session)
-        session.notify("tests_cuda")  # the whole suite: the cuda target's session follows
+        # the whole suite: the cuda and ascend targets' sessions follow
+        for name in ("tests_cuda", "tests_ascend", "tests_ascend_compile"):
+            session.notify(name)
 
 
 @nox.session
@@ -112,6 +129,37 @@ def tests_cuda(session: nox.Session) -> None:
     install(session, CUDA, PYTEST, TRITON)
     env = {"TRITON_INTERPRET": "1", "TRITON_DEFAULT_FP_FUSION": "1"}
     session.run("pytest", "packages/cuvil-backend-cuda/tests", "-q", *FAST, *session.posargs, env=env)
+
+
+@nox.session
+def tests_ascend(session: nox.Session) -> None:
+    """The ascend target without an NPU: ``CUVIL_ASCEND_SIM=1`` runs its kernels in upstream
+    Triton's interpreter on CPU tensors under Ascend's launch rules; the conformance corpus
+    included (docs/ascend-backend.md). Part of ``tests`` (it follows it), alone here."""
+    install(session, ASCEND, PYTEST, TRITON)
+    env = {"CUVIL_ASCEND_SIM": "1", "TRITON_INTERPRET": "1", "TRITON_DEFAULT_FP_FUSION": "1"}
+    session.run("pytest", "packages/cuvil-backend-ascend/tests", "-q", *FAST, *session.posargs, env=env)
+
+
+#: says which triton is installed; the compile check must not run beside upstream triton
+WHICH_TRITON = """
+from cuvil_backend_ascend.declared import has_triton_ascend, triton_root
+assert has_triton_ascend(), f"the triton at {triton_root()} is not triton-ascend's"
+print("triton-ascend at", triton_root())
+"""
+
+
+@nox.session
+def tests_ascend_compile(session: nox.Session) -> None:
+    """Every kernel the ascend target generates for the corpus, through triton-ascend's
+    ``make_ttir`` and ``ttir_to_linalg`` (no CANN needed), in an environment whose
+    ``triton`` is triton-ascend's and never upstream's. Part of ``tests``, alone here."""
+    install(session, PACKAGES["ascend"], PYTEST)
+    session.install("--no-deps", *TRITON_ASCEND)
+    session.run("python", "-c", WHICH_TRITON)
+    session.run(
+        "pytest", "packages/cuvil-backend-ascend/tests/test_ascend_compile.py", "-q", *session.posargs
+    )
 
 
 @nox.session
@@ -201,7 +249,7 @@ def lint(session: nox.Session) -> None:
 def typecheck(session: nox.Session) -> None:
     """mypy: strict on cuvil_ir, default strictness on the packages not yet widened."""
     # pytest: cuvil.testing.conformance imports it; the integrations are typed against
-    install(session, CUDA, MYPY, PYTEST, TRITON, *INTEGRATIONS)
+    install(session, [*CUDA, "packages/cuvil-backend-ascend"], MYPY, PYTEST, TRITON, *INTEGRATIONS)
     session.run("mypy", "--strict", "packages/cuvil-ir/src/cuvil_ir")
     session.run(
         "mypy",
@@ -209,6 +257,7 @@ def typecheck(session: nox.Session) -> None:
         "packages/cuvil-core/src/cuvil",
         "packages/cuvil-backend-cpu/src/cuvil_backend_cpu",
         "packages/cuvil-backend-cuda/src/cuvil_backend_cuda",
+        "packages/cuvil-backend-ascend/src/cuvil_backend_ascend",
     )
 
 
@@ -255,23 +304,40 @@ def index_requirements(folders: list[str]) -> list[str]:
     return reqs
 
 
-@nox.session
-def wheels(session: nox.Session) -> None:
-    """Build every distribution's wheel, install ``cuvil[cpu]`` from them into a fresh venv, smoke-test it."""
-    wheelhouse = ROOT / "wheelhouse"
-    shutil.rmtree(wheelhouse, ignore_errors=True)
-    session.run("python", "-m", "pip", "wheel", "--no-deps", "--wheel-dir", str(wheelhouse), *ALL)
+#: what ``pip install cuvil[ascend]`` must bring of ours, and what it must never bring
+ASCEND_WHEELS = {"cuvil", "cuvil-ir", "cuvil-runtime", "cuvil-backend-ascend"}
+ASCEND_NEVER = {"triton", "triton-ascend", "torch-npu", "cuvil-backend-cpu", "cuvil-backend-cuda"}
+LIST_DISTRIBUTIONS = """
+import importlib.metadata as m
+print(" ".join(sorted({d.metadata["Name"].lower() for d in m.distributions()})))
+"""
 
-    venv = Path(session.create_tmp()).resolve() / "wheel-venv"
+
+def wheel_venv(session: nox.Session, name: str, wheelhouse: Path, requirement: str) -> Path:
+    """A fresh venv with pinned torch and ``requirement`` from our wheels only."""
+    venv = Path(session.create_tmp()).resolve() / name
     session.run("python", "-m", "venv", "--clear", str(venv))
-    python = str(venv / "bin" / "python")
-    pip = [python, "-m", "pip", "install", "--quiet"]
+    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet"]
     # torch first, pinned (see [Note: pinning torch]); our distributions' other
     # third-party dependencies (sympy, rich) from the index in the same command.
     session.run(*pip, *TORCH, *index_requirements(ALL), external=True)
     # --no-index: our wheels only (everything else is already there), never a
     # same-named distribution from an index.
-    session.run(*pip, "--no-index", "--find-links", str(wheelhouse), "cuvil[cpu]", external=True)
+    session.run(*pip, "--no-index", "--find-links", str(wheelhouse), requirement, external=True)
+    return venv
+
+
+@nox.session
+def wheels(session: nox.Session) -> None:
+    """Build every distribution's wheel; install ``cuvil[cpu]`` from them into a fresh venv
+    and smoke-test it; install ``cuvil[ascend]`` into another and check what it brought."""
+    wheelhouse = ROOT / "wheelhouse"
+    shutil.rmtree(wheelhouse, ignore_errors=True)
+    folders = [*ALL, "packages/cuvil-backend-cuda", "packages/cuvil-backend-ascend"]
+    session.run("python", "-m", "pip", "wheel", "--no-deps", "--wheel-dir", str(wheelhouse), *folders)
+
+    venv = wheel_venv(session, "wheel-venv", wheelhouse, "cuvil[cpu]")
+    python = str(venv / "bin" / "python")
     # Run from the temporary folder (the demo copied there) so nothing from the
     # source tree can be imported.
     shutil.copy(ROOT / "examples" / "demo.py", venv / "demo.py")
@@ -283,3 +349,18 @@ def wheels(session: nox.Session) -> None:
                 session.error("`cuvil backends` does not list the cpu target as available")
         session.run(python, "-c", SMOKE, external=True)
         session.run(python, "demo.py", external=True)
+
+    venv = wheel_venv(session, "wheel-venv-ascend", wheelhouse, "cuvil[ascend]")
+    with session.chdir(venv):
+        names = session.run(
+            str(venv / "bin" / "python"), "-c", LIST_DISTRIBUTIONS, external=True, silent=True
+        )
+        listing = session.run(str(venv / "bin" / "cuvil"), "backends", external=True, silent=True)
+    if names is not None and listing is not None:
+        installed = set(names.split())
+        ours = {n for n in installed if n.startswith("cuvil")}
+        if ours != ASCEND_WHEELS or installed & ASCEND_NEVER:
+            session.error(f"cuvil[ascend] installed {sorted(ours)} and {sorted(installed & ASCEND_NEVER)}")
+        print(listing, end="")
+        if not any(line.split()[:2] == ["ascend", "no"] for line in listing.splitlines()):
+            session.error("`cuvil backends` does not list the ascend target (unavailable: no CANN here)")

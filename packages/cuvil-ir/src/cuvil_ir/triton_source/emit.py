@@ -264,12 +264,15 @@ class _Gen(IndexPrinter):
             off = self.index(e.offset, ctx)
             syms = E.free_indices(e)
             if not syms:
-                return f"tl.load(p_{e.buf} + {off})"
-            lane = any(s not in self.row_syms for s in syms)
-            row = any(s in self.row_syms for s in syms)
-            assert not lane or ctx is not None
-            mask = (ctx.mask if row else ctx.lane_mask) if lane and ctx is not None else "xmask"
-            return f"tl.load(p_{e.buf} + {off}, mask={mask}, other=0)"
+                load = f"tl.load(p_{e.buf} + {off})"
+            else:
+                lane = any(s not in self.row_syms for s in syms)
+                row = any(s in self.row_syms for s in syms)
+                assert not lane or ctx is not None
+                mask = (ctx.mask if row else ctx.lane_mask) if lane and ctx is not None else "xmask"
+                load = f"tl.load(p_{e.buf} + {off}, mask={mask}, other=0)"
+            # a bool buffer holds bytes: Tritons before 3.4 (triton-ascend) load them as int8
+            return f"({load} != 0)" if self.program.buffers[e.buf].dtype == DType.bool else load
         if isinstance(e, E.Index):
             x = sympy.sympify(e.expr)
             loop = any(E.is_loop_symbol(s) for s in x.free_symbols)

@@ -1,0 +1,118 @@
+"""The ``cu`` namespace for kernels compiled by triton-ascend (on an NPU, and in the
+compile check): Ascend's own math (``tl.math`` as triton-ascend patches it, and its
+``libdevice`` for what ``tl`` lacks), plus the shared integer, Philox and
+NaN-propagating helpers of :mod:`cuvil_runtime.triton_kernels.devicelib.common`.
+
+Imports triton-ascend's ``triton`` (``triton.language.extra.ascend``): importable
+only where triton-ascend is the installed triton. Float functions take float32
+(float64 never reaches an Ascend kernel: :data:`cuvil_backend_ascend.policy.FUSION`).
+"""
+
+from __future__ import annotations
+
+import triton.language as tl
+from triton.language.extra.ascend import libdevice
+
+from cuvil_runtime.triton_kernels.devicelib import common
+
+_jit = common.jit(False)
+
+floordiv = _jit(common.floordiv)
+mod = _jit(common.mod)
+fmod_int = _jit(common.fmod_int)
+truncdiv = _jit(common.truncdiv)
+iabs = _jit(common.iabs)
+sign = _jit(common.sign)
+fmax = _jit(common.fmax)
+fmin = _jit(common.fmin)
+rand = _jit(common.rand)
+prod_combine = _jit(common.prod_combine)
+welford_combine = _jit(common.welford_combine)
+_remainder_of = _jit(common.remainder_of)
+
+
+@_jit
+def exp(x):
+    return tl.exp(x)
+
+
+@_jit
+def expm1(x):
+    return libdevice.expm1(x)
+
+
+@_jit
+def log(x):
+    return tl.log(x)
+
+
+@_jit
+def log1p(x):
+    return libdevice.log1p(x)
+
+
+@_jit
+def log2(x):
+    return tl.log2(x)
+
+
+@_jit
+def sin(x):
+    return tl.sin(x)
+
+
+@_jit
+def cos(x):
+    return tl.cos(x)
+
+
+@_jit
+def tan(x):
+    return libdevice.tan(x)
+
+
+@_jit
+def atan(x):
+    return libdevice.atan(x)
+
+
+@_jit
+def atan2(y, x):
+    # tl.math's (y, x) order: triton-ascend's libdevice.atan2 passes its operands swapped
+    return tl.math.atan2(y, x)
+
+
+@_jit
+def tanh(x):
+    return libdevice.tanh(x)
+
+
+@_jit
+def erf(x):
+    return tl.erf(x)
+
+
+@_jit
+def pow(a, b):
+    return libdevice.pow(a, b)
+
+
+@_jit
+def trunc(x):
+    return libdevice.trunc(x)
+
+
+@_jit
+def round(x):
+    """Round half to even (torch.round)."""
+    return libdevice.nearbyint(x)
+
+
+@_jit
+def fmod(a, b):
+    return libdevice.fmod(a, b)
+
+
+@_jit
+def remainder(a, b):
+    return _remainder_of(libdevice.fmod(a, b), b)
