@@ -30,10 +30,9 @@ from cuvil_runtime.target import BackendSpec
 INSTALL = "pip install 'cuvil[ascend]' on a host with CANN, torch-npu and triton-ascend"
 #: what each missing piece of the vendor stack takes (docs/ascend-backend.md, "Running on a host")
 FIXES = {
-    "CANN": "install the CANN toolkit and `source <ascend-toolkit>/set_env.sh` (sets ASCEND_HOME_PATH, "
-    "puts bishengir-compile on PATH)",
-    "torch-npu": "pip install torch-npu (it pins the torch it was built for, e.g. torch==2.14.0 for 2.14.0)",
-    "triton-ascend": "pip install triton-ascend (in an environment without upstream triton: both ship `triton/`)",
+    "CANN": "install the CANN toolkit, then `source <ascend-toolkit>/set_env.sh`",
+    "torch-npu": "pip install torch-npu (it pins its torch)",
+    "triton-ascend": "pip install triton-ascend, in an environment without upstream triton",
 }
 SIM_INSTALL = "pip install 'cuvil-backend-ascend[sim]'"
 
@@ -68,14 +67,10 @@ def missing_pieces() -> dict[str, str]:
     if cann is not None:
         missing["CANN"] = cann
     if importlib.util.find_spec("torch_npu") is None:
-        missing["torch-npu"] = "the torch_npu package is not installed"
+        missing["torch-npu"] = "not installed"
     if not has_triton_ascend():
         root = triton_root()
-        missing["triton-ascend"] = (
-            "triton is not installed"
-            if root is None
-            else f"the installed triton ({root}) is not triton-ascend's"
-        )
+        missing["triton-ascend"] = "no triton" if root is None else f"the triton at {root} is upstream's"
     return missing
 
 
@@ -91,12 +86,11 @@ def _check() -> str | None:
         return enter_simulation()
     missing = missing_pieces()
     if missing:
-        parts = [f"{name} ({why}; {FIXES[name]})" for name, why in missing.items()]
+        parts = [f"{name} ({why}: {FIXES[name]})" for name, why in missing.items()]
         return (
-            "the Ascend stack is incomplete, missing: "
+            "missing "
             + "; ".join(parts)
-            + ". Without an NPU, CUVIL_ASCEND_SIM=1 runs the target in Triton's interpreter on CPU tensors "
-            f"({SIM_INSTALL})"
+            + f". Without an NPU: CUVIL_ASCEND_SIM=1 runs it in Triton's interpreter on CPU tensors ({SIM_INSTALL})"
         )
     try:
         import torch
