@@ -14,14 +14,14 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
-from cuvil_backend_ascend.launch import AscendLauncher
-from cuvil_backend_ascend.policy import POLICY, AscendPolicy
-from cuvil_backend_ascend.rules import OPTIONS, LaunchRuleError, check_launch, needed_bytes
-from cuvil_backend_ascend.target import AscendTarget
 
 import cuvil as cu
 from cuvil.errors import CompileError
 from cuvil.testing import golden
+from cuvil_backend_ascend.launch import AscendLauncher
+from cuvil_backend_ascend.policy import POLICY, AscendPolicy
+from cuvil_backend_ascend.rules import OPTIONS, LaunchRuleError, check_launch, needed_bytes
+from cuvil_backend_ascend.target import AscendTarget
 from cuvil_runtime.registry import discover, get_target
 from cuvil_runtime.target import CompileOptions
 
@@ -255,3 +255,14 @@ def test_backends_lists_ascend():
     assert info.available, info.reason
     assert info.distribution == "cuvil-backend-ascend"
     assert info.stages == ("graph_ir", "tensor_ir", "triton", "wrapper")
+
+
+def test_yolox_head_compiles_once_for_every_size(yolox_head):
+    head = yolox_head
+    cf = cu.compile(head, target="ascend", opt_level=2, fallback="error")
+    with torch.no_grad():
+        for b, h, w in ((1, 8, 8), (2, 6, 10)):
+            x = torch.randn(b, 16, h, w)
+            torch.testing.assert_close(cf(x), head(x), rtol=1e-4, atol=1e-4)
+    assert cf.stats.compiles == 1
+    assert executable(cf).report.kernels >= 1

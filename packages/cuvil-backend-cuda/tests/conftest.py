@@ -8,6 +8,7 @@ when it is not set, so a plain ``pytest`` run on a GPU host does not mix modes.
 from __future__ import annotations
 
 import pytest
+
 from cuvil_backend_cuda.declared import INTERPRET
 
 

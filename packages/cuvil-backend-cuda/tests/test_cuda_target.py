@@ -192,7 +192,6 @@ def test_options_are_checked():
 def test_autotune_cache(tmp_path, monkeypatch):
     """The autotuner measures once per kernel and size bucket and keeps the winner on disk."""
     from cuvil_backend_cuda.target import CudaTarget
-
     from cuvil_ir.tensor_ir.lower import lower
     from cuvil_runtime.pipeline import compile_program
     from cuvil_runtime.target import CompileOptions
