@@ -12,15 +12,13 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import os
-import shutil
-from pathlib import Path
 from typing import Any
 
 from cuvil_backend_ascend.declared import (
     CAPABILITIES,
     SIM,
     STAGES,
+    cann_missing,
     enter_simulation,
     has_triton_ascend,
     triton_root,
@@ -41,23 +39,6 @@ def _factory() -> Any:
     from cuvil_backend_ascend.target import AscendTarget
 
     return AscendTarget()
-
-
-def cann_missing() -> str | None:
-    """Why CANN is not usable here, or ``None``: ASCEND_HOME_PATH (set by CANN's
-    ``set_env.sh``), its ``libhccl.so`` and the ``bishengir-compile`` compiler."""
-    home = os.environ.get("ASCEND_HOME_PATH") or os.environ.get("ASCEND_TOOLKIT_HOME")
-    if not home:
-        return "ASCEND_HOME_PATH is not set"
-    libs = [
-        Path(home) / sub / "libhccl.so"
-        for sub in ("lib64", "lib", "aarch64-linux/lib64", "x86_64-linux/lib64")
-    ]
-    if not any(p.is_file() for p in libs):
-        return f"no libhccl.so under {home}"
-    if shutil.which("bishengir-compile") is None and not os.environ.get("TRITON_NPU_COMPILER_PATH"):
-        return "bishengir-compile is not on PATH"
-    return None
 
 
 def missing_pieces() -> dict[str, str]:
@@ -114,4 +95,4 @@ BACKEND = BackendSpec(
     stages=STAGES,
 )
 
-__all__ = ["BACKEND", "FIXES", "INSTALL", "cann_missing", "missing_pieces"]
+__all__ = ["BACKEND", "FIXES", "INSTALL", "missing_pieces"]

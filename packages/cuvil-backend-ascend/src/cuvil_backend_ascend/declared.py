@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -45,6 +46,23 @@ def has_triton_ascend() -> bool:
     """The importable ``triton`` is triton-ascend's (it has the Ascend backend)."""
     root = triton_root()
     return root is not None and (root / "backends" / "ascend" / "compiler.py").is_file()
+
+
+def cann_missing() -> str | None:
+    """Why CANN is not usable here, or ``None``: ASCEND_HOME_PATH (set by CANN's
+    ``set_env.sh``), its ``libhccl.so`` and the ``bishengir-compile`` compiler."""
+    home = os.environ.get("ASCEND_HOME_PATH") or os.environ.get("ASCEND_TOOLKIT_HOME")
+    if not home:
+        return "ASCEND_HOME_PATH is not set"
+    libs = [
+        Path(home) / sub / "libhccl.so"
+        for sub in ("lib64", "lib", "aarch64-linux/lib64", "x86_64-linux/lib64")
+    ]
+    if not any(p.is_file() for p in libs):
+        return f"no libhccl.so under {home}"
+    if shutil.which("bishengir-compile") is None and not os.environ.get("TRITON_NPU_COMPILER_PATH"):
+        return "bishengir-compile is not on PATH"
+    return None
 
 
 def enter_simulation() -> str | None:
@@ -101,6 +119,7 @@ STAGES = (
 
 __all__ = [
     "ASCEND_COMPILER",
+    "cann_missing",
     "CAPABILITIES",
     "COMPILER_STAGES",
     "SIM",

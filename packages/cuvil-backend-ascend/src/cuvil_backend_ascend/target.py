@@ -27,8 +27,7 @@ from typing import Any
 import cuvil_backend_ascend
 import cuvil_ir
 import cuvil_runtime
-from cuvil_backend_ascend.backend import cann_missing
-from cuvil_backend_ascend.declared import ASCEND_COMPILER, CAPABILITIES, SIM, STAGES
+from cuvil_backend_ascend.declared import ASCEND_COMPILER, CAPABILITIES, SIM, STAGES, cann_missing
 from cuvil_backend_ascend.launch import make_launch
 from cuvil_backend_ascend.policy import FUSION, POLICY, RULES, AscendPolicy
 from cuvil_backend_ascend.rules import validate
