@@ -53,15 +53,7 @@ def make_launch(
     tk: TritonKernel, cu: types.ModuleType, mode: str, policy: AscendPolicy, cores: int
 ) -> Launch:
     launcher = AscendLauncher(tk, loader.load(tk, cu, mode), policy, cores)
-    return Launch(
-        fn=launcher,
-        buffers=tk.buffers,
-        sizes=tk.sizes,
-        derived=tk.derived,
-        scalars=tk.args,
-        may_fail=tk.may_fail,
-        tensors=True,
-    )
+    return loader.launch_of(tk, launcher)
 
 
 __all__ = ["AscendLauncher", "make_launch"]

@@ -92,15 +92,7 @@ def make_launch(
     tk: TritonKernel, interpret: bool, policy: LaunchPolicy, tuner: Autotuner | None
 ) -> tuple[Launch, Callable[..., int]]:
     launcher = KernelLauncher(tk, load(tk, interpret), policy, tuner, gpu=not interpret)
-    launch = Launch(
-        fn=launcher,
-        buffers=tk.buffers,
-        sizes=tk.sizes,
-        derived=tk.derived,
-        scalars=tk.args,
-        may_fail=tk.may_fail,
-        tensors=True,
-    )
+    launch = loader.launch_of(tk, launcher)
     return launch, launcher
 
 

@@ -11,17 +11,7 @@ from cuvil_runtime.triton_kernels.devicelib import common
 
 _jit = common.jit(False)
 
-floordiv = _jit(common.floordiv)
-mod = _jit(common.mod)
-fmod_int = _jit(common.fmod_int)
-truncdiv = _jit(common.truncdiv)
-iabs = _jit(common.iabs)
-sign = _jit(common.sign)
-fmax = _jit(common.fmax)
-fmin = _jit(common.fmin)
-rand = _jit(common.rand)
-prod_combine = _jit(common.prod_combine)
-welford_combine = _jit(common.welford_combine)
+globals().update(common.decorated(False))  # floordiv, mod, ... rand: common.SHARED
 _remainder_of = _jit(common.remainder_of)
 
 

@@ -15,6 +15,7 @@ import types
 from typing import Any
 
 from cuvil_ir.triton_source.emit import TritonKernel
+from cuvil_runtime.target import Launch
 
 
 def load(tk: TritonKernel, cu: types.ModuleType, mode: str) -> Any:
@@ -50,4 +51,18 @@ def run(
     return int(err.item())
 
 
-__all__ = ["load", "pow2", "run"]
+def launch_of(tk: TritonKernel, launcher: Any) -> Launch:
+    """The runner's :class:`Launch` of ``tk``: ``launcher`` takes the kernel's buffers
+    (as tensors), sizes, derived sizes and scalars, and returns :func:`run`'s flag."""
+    return Launch(
+        fn=launcher,
+        buffers=tk.buffers,
+        sizes=tk.sizes,
+        derived=tk.derived,
+        scalars=tk.args,
+        may_fail=tk.may_fail,
+        tensors=True,
+    )
+
+
+__all__ = ["launch_of", "load", "pow2", "run"]

@@ -151,3 +151,15 @@ def welford_combine(m1, q1, c1, m2, q2, c2):
     w = tl.where(c == 0, 0.0, c2 / tl.where(c == 0, 1.0, c))
     d = m2 - m1
     return m1 + d * w, q1 + q2 + d * d * c1 * w, c
+
+
+#: the helpers above every namespace re-exports (``remainder_of`` each binds privately:
+#: its ``remainder`` calls it after its own ``fmod``)
+SHARED = "floordiv mod fmod_int truncdiv iabs sign fmax fmin rand prod_combine welford_combine".split()
+
+
+def decorated(interpret: bool) -> dict[str, Any]:
+    """The :data:`SHARED` helpers ``triton.jit``-ed for ``interpret`` mode, by name: a
+    namespace module binds them with ``globals().update(common.decorated(...))``."""
+    decorate = jit(interpret)
+    return {n: decorate(globals()[n]) for n in SHARED}

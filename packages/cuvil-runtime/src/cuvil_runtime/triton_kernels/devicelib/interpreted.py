@@ -20,17 +20,7 @@ from . import common
 
 _jit = common.jit(True)
 
-floordiv = _jit(common.floordiv)
-mod = _jit(common.mod)
-fmod_int = _jit(common.fmod_int)
-truncdiv = _jit(common.truncdiv)
-iabs = _jit(common.iabs)
-sign = _jit(common.sign)
-fmax = _jit(common.fmax)
-fmin = _jit(common.fmin)
-rand = _jit(common.rand)
-prod_combine = _jit(common.prod_combine)
-welford_combine = _jit(common.welford_combine)
+globals().update(common.decorated(True))  # floordiv, mod, ... rand: common.SHARED
 _remainder_of = _jit(common.remainder_of)
 
 _PI = 3.141592653589793
