@@ -46,6 +46,9 @@ MYPY = "mypy==2.4.1"
 GRIMP = "grimp==3.20"  # the import graph for tools/check_import_cycles.py
 PYTEST = "pytest>=8"
 HYPOTHESIS = "hypothesis"  # the differential fuzzer, packages/cuvil-core/tests/test_fuzz.py
+#: builds the plugin distributions that packages/cuvil-core/tests/test_plugins.py installs
+#: while a process runs (pip --no-build-isolation: no index needed at test time)
+HATCHLING = "hatchling"
 
 #: package id -> (folder, sibling folders it depends on, itself last)
 PACKAGES = {
@@ -112,7 +115,7 @@ def tests_dirs(session: nox.Session, folders: list[str]) -> list[str]:
 def tests(session: nox.Session) -> None:
     """Every package's fast tests in one environment (what CI runs), the optional
     integrations (ONNX, MLIR) included."""
-    install(session, ALL, PYTEST, HYPOTHESIS, *INTEGRATIONS)
+    install(session, ALL, PYTEST, HYPOTHESIS, HATCHLING, *INTEGRATIONS)
     session.run("pytest", *tests_dirs(session, ALL), "-q", *FAST, *session.posargs)
     if not session.posargs:  # a selection (``nox -s tests -- -k x``) runs only what it names
         run_isas(session)
@@ -176,7 +179,7 @@ def fuzz(session: nox.Session) -> None:
 def tests_pkg(session: nox.Session, package: str) -> None:
     """One package's fast tests, in an environment holding only it and its dependencies."""
     folders = PACKAGES[package]
-    install(session, folders, PYTEST, *INTEGRATIONS)
+    install(session, folders, PYTEST, HATCHLING, *INTEGRATIONS)
     session.run("pytest", *tests_dirs(session, folders[-1:]), "-q", *FAST, *session.posargs)
 
 

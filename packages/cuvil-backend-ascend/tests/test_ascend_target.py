@@ -266,3 +266,21 @@ def test_yolox_head_compiles_once_for_every_size(yolox_head):
             torch.testing.assert_close(cf(x), head(x), rtol=1e-4, atol=1e-4)
     assert cf.stats.compiles == 1
     assert executable(cf).report.kernels >= 1
+
+
+def test_a_custom_op_fuses_into_its_neighbours_kernel():
+    """``cu.custom_op``'s decomposition is inlined: a softmax chain around it is one kernel."""
+
+    @cu.custom_op("ascend_test::scaled_gelu")
+    def scaled_gelu(x, *, alpha=1.0):
+        return F.gelu(x) * alpha
+
+    def chain(x, b):
+        return torch.softmax(scaled_gelu(x + b, alpha=0.5), dim=-1)
+
+    cf = cu.compile(chain, target="ascend", fallback="error")
+    for n in (3, 6):
+        x, b = torch.randn(n, 16), torch.randn(16)
+        torch.testing.assert_close(cf(x, b), chain(x, b))
+    assert "ascend_test::scaled_gelu(" in cf.graphs[0].text
+    assert (executable(cf).report.kernels, executable(cf).report.externs) == (1, 0)

@@ -247,3 +247,22 @@ def test_cuda_tensor_required_outside_interpreter_mode_message():
     cf = cu.compile(lambda x: x + 1, target="cuda", fallback="error")
     with pytest.raises(CompileError, match="argument 'x'"):
         cf(torch.empty(3, device="meta"))
+
+
+def test_a_custom_op_fuses_into_its_neighbours_kernel():
+    """``cu.custom_op``'s decomposition is inlined: a softmax chain around it is one kernel."""
+
+    @cu.custom_op("cuda_test::scaled_gelu")
+    def scaled_gelu(x, *, alpha=1.0):
+        return F.gelu(x) * alpha
+
+    def chain(x, b):
+        return torch.softmax(scaled_gelu(x + b, alpha=0.5), dim=-1)
+
+    cf = cu.compile(chain, target="cuda", fallback="error")
+    for n in (3, 6):
+        x, b = torch.randn(n, 16), torch.randn(16)
+        torch.testing.assert_close(cf(x, b), chain(x, b))
+    assert "cuda_test::scaled_gelu(" in cf.graphs[0].text
+    report = executable(cf).report
+    assert (report.kernels, report.externs) == (1, 0)

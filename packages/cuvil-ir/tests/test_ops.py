@@ -50,7 +50,9 @@ def test_every_op_has_cases() -> None:
             seen |= {n.op for n in capture(c).emitter.nodes}
     # control-flow ops are built by the frontend, not captured: see test_control_ir.py
     regions = {n for n in REGISTRY.names() if "control_flow" in REGISTRY.get(n).traits}
-    missing = set(REGISTRY.names()) - seen - {"extern"} - regions
+    # ops declared elsewhere (cu.custom_op in other tests, plugins) have tests of their own
+    builtin = {n for n in REGISTRY.names() if REGISTRY.origin(n).startswith("cuvil_ir.")}
+    missing = builtin - seen - {"extern"} - regions
     assert not missing, f"ops without a test case: {sorted(missing)}"
 
 

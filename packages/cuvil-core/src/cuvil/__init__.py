@@ -13,9 +13,11 @@ from typing import Any
 
 from cuvil.api import CompiledFunction, CuvilFallbackWarning, Stats, compile, explain
 from cuvil.audit import audit
+from cuvil.custom_ops import CustomOp, custom_op
 from cuvil.errors import CompileError, SourceLoc
 from cuvil.mlir import run_mlir, to_mlir
 from cuvil.onnx.api import compile_onnx, export_onnx
+from cuvil.plugins import reload_plugins
 
 __version__ = "0.1.0"
 
@@ -83,13 +85,16 @@ __all__ = [
     "CompileError",
     "CompiledFunction",
     "CuvilFallbackWarning",
+    "CustomOp",
     "SourceLoc",
     "Stats",
     "backends",
     "compile",
     "compile_onnx",
+    "custom_op",
     "explain",
     "export_onnx",
+    "reload_plugins",
     "run_mlir",
     "to_mlir",
     "warmup",

@@ -1,6 +1,9 @@
 """The ``cuvil`` command line.
 
 ``cuvil backends`` lists every installed target: available or not, and why.
+``cuvil ops`` lists the ops plugins and ``cu.custom_op`` declared (``--all``: the
+built-in ones too), where each comes from and how Tensor IR targets lower it, and
+every op plugin that failed to load.
 ``cuvil audit module:function --args-spec "f32[8,16], f32[16,4]"`` compiles the
 function for those arguments and prints every stage's hash (``--out DIR`` writes
 the stage texts); see :mod:`cuvil.audit`.
@@ -33,10 +36,7 @@ def _backends(args: argparse.Namespace) -> int:
         )
         for i in infos
     ]
-    widths = [max(len(r[c]) for r in [header, *rows]) for c in range(len(header) - 1)]
-    for r in [header, *rows]:
-        cells = [cell.ljust(w) for cell, w in zip(r, widths)]
-        print("  ".join([*cells, r[-1]]).rstrip())
+    _table(header, rows)
     if not rows:
         print("(no targets are installed: the 'cuvil-runtime' distribution registers 'reference')")
     if args.verbose:
@@ -52,6 +52,29 @@ def _backends(args: argparse.Namespace) -> int:
                 if caps.options:
                     print(f"  options of cu.compile: {', '.join(sorted(caps.options))}")
     return 0
+
+
+def _table(header: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> None:
+    """Columns padded to their widest cell; the last one as is."""
+    widths = [max(len(r[c]) for r in [header, *rows]) for c in range(len(header) - 1)]
+    for r in [header, *rows]:
+        cells = [cell.ljust(w) for cell, w in zip(r, widths)]
+        print("  ".join([*cells, r[-1]]).rstrip())
+
+
+def _ops(args: argparse.Namespace) -> int:
+    from cuvil.plugins import op_infos, plugin_errors
+
+    infos = [i for i in op_infos() if args.all or i.kind != "built-in"]
+    _table(("OP", "KIND", "LOWERED AS", "FROM"), [(i.name, i.kind, i.lowering, i.origin) for i in infos])
+    if not args.all:
+        print(
+            f"({sum(1 for i in op_infos() if i.kind == 'built-in')} built-in ops not shown: cuvil ops --all)"
+        )
+    errors = plugin_errors()
+    for name, (dist, err) in sorted(errors.items()):
+        print(f"plugin {name!r} of distribution {dist!r} failed to load: {err}")
+    return 1 if errors else 0
 
 
 def _split_top(spec: str) -> list[str]:
@@ -172,6 +195,9 @@ def _parser() -> argparse.ArgumentParser:
         "-v", "--verbose", action="store_true", help="also each target's stages and capabilities"
     )
     backends.set_defaults(run=_backends)
+    ops = sub.add_parser("ops", help="list registered ops: where each comes from and how targets lower it")
+    ops.add_argument("-a", "--all", action="store_true", help="the built-in ops too")
+    ops.set_defaults(run=_ops)
     aud = sub.add_parser(
         "audit", help="compile a function and print the hash of every stage (Graph IR ... generated code)"
     )

@@ -228,9 +228,11 @@ class Interpreter:
             inner = loop_vars
             if node.op == "for" and isinstance(node.attr("var"), str):
                 inner = loop_vars | {symbol(str(node.attr("var")))}
+            # a composite op's region is its decomposition: the executor calls its reference
+            runs_regions = "composite" not in REGISTRY.get(node.op).traits
             regions = tuple(
                 self._block(r.args, r.nodes, r.results, scope, inner, f"{what}: a region of {_where(node)}")
-                for r in node.regions
+                for r in (node.regions if runs_regions else ())
             )
             for v in _uses(node):
                 if v in scope and scope[v] in local:
@@ -285,7 +287,7 @@ class Interpreter:
             used |= syms
             symbolic.append((name, value))
         control: Callable[[list[Any], _Frame], tuple[Any, ...]] | None = None
-        if node.regions:
+        if regions:
             control = self._control(node, regions, inner_vars - loop_vars)
         step = _Step(
             node=node,

@@ -282,6 +282,19 @@ def _convert_code(fn: Any) -> types.FunctionType:
     fdef.args.kw_defaults = [
         None if d is None else ast.copy_location(ast.Constant(None), d) for d in fdef.args.kw_defaults
     ]
+    # Annotations are not evaluated again either: the factory's module is compiled without
+    # the original's `from __future__ import annotations` and sees none of its globals,
+    # so `x: torch.Tensor` would be a NameError there (the twin needs no annotations).
+    fdef.returns = None
+    a = fdef.args
+    for arg in (
+        *a.posonlyargs,
+        *a.args,
+        *a.kwonlyargs,
+        *([a.vararg] if a.vararg else []),
+        *([a.kwarg] if a.kwarg else []),
+    ):
+        arg.annotation = None
     for node in ast.walk(tree):  # undo the dedent in column numbers
         if isinstance(node, (ast.expr, ast.stmt, ast.arg, ast.keyword)):
             node.col_offset += indent

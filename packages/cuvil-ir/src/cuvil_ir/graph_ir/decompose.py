@@ -20,11 +20,12 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from dataclasses import replace as dc_replace
 from typing import Any
 
 import sympy
 
-from cuvil_ir.graph_ir.nodes import AttrValue, Loc, Node, Value
+from cuvil_ir.graph_ir.nodes import AttrValue, Block, Loc, Node, Value
 from cuvil_ir.graph_ir.registry import REGISTRY, infer_types
 from cuvil_ir.graph_ir.types import DType, ScalarType, TensorType, Type
 from cuvil_ir.symbolic import Dim, ShapeContext, UndecidableError, canonical, prove
@@ -280,7 +281,10 @@ def uses_decomposition(op: str, consumer: str, native: bool) -> bool:
 
 def expand(node: Node, assumptions: Sequence[sympy.Basic] = ()) -> Expansion:
     """``node`` written in primitive ops (raises :class:`NotDecomposed` when its op has no
-    decomposition or the decomposition does not apply to this node)."""
+    decomposition or the decomposition does not apply to this node). A composite op's
+    decomposition is its region (:mod:`cuvil_ir.graph_ir.ops.composite`), inlined."""
+    if node.op in REGISTRY and "composite" in REGISTRY.get(node.op).traits:
+        return _inline(node)
     fn = decomposition(node.op)
     if fn is None:
         raise NotDecomposed(f"{node.op} has no decomposition")
@@ -299,6 +303,28 @@ def expand(node: Node, assumptions: Sequence[sympy.Basic] = ()) -> Expansion:
             raise NotDecomposed(f"{node.op}: the decomposition gives {r.type}, the op {want.type}")
         outs.append(r.value)
     return Expansion(tuple(b.nodes), tuple(outs), tuple(dict.fromkeys(ctx.derived)))
+
+
+def _inline(node: Node) -> Expansion:
+    """A composite node's region with its arguments replaced by the node's operands."""
+    if len(node.regions) != 1:
+        raise NotDecomposed(f"{node.op}: a composite node carries one region, got {len(node.regions)}")
+    (body,) = node.regions
+    mapping = dict(zip(body.args, node.inputs))
+    nodes = tuple(_substitute(n, mapping) for n in body.nodes)
+    return Expansion(nodes, tuple(mapping.get(r, r) for r in body.results))
+
+
+def _substitute(node: Node, mapping: dict[Value, Value]) -> Node:
+    regions = tuple(
+        Block(
+            r.args,
+            tuple(_substitute(n, mapping) for n in r.nodes),
+            tuple(mapping.get(v, v) for v in r.results),
+        )
+        for r in node.regions
+    )
+    return dc_replace(node, inputs=tuple(mapping.get(v, v) for v in node.inputs), regions=regions)
 
 
 class _Context(ShapeContext):

@@ -214,6 +214,9 @@ class _Parser:
                     break
             self.expect("=")
         op = self.word()
+        while self.s.startswith("::", self.i):  # a custom op: namespace::name
+            self.i += 2
+            op += "::" + self.word()
         self.expect("(")
         inputs = []
         while not self.eat(")"):

@@ -15,7 +15,11 @@ A declaration puts side by side everything later levels need to know about an op
   frontend fall back to an ``extern`` node, which is always correct.
 
 Third-party operator libraries declare ops the same way, in a module named by a
-``cuvil.ops`` entry point.
+``cuvil.ops`` entry point (or with ``cu.custom_op``, a composite op whose
+decomposition is captured from a torch reference: :mod:`cuvil_ir.graph_ir.ops.composite`).
+A plugin module that fails to import (a bug in it, an op name another distribution
+already declared) is recorded with its error (:meth:`Registry.plugin_errors`) and
+never breaks the other plugins.
 """
 
 from __future__ import annotations
@@ -135,14 +139,40 @@ class Registry:
         self._origin: dict[str, str] = {}
         self._by_torch: dict[Any, tuple[type[Op], CaptureRule]] | None = None
         self._plugins_loaded = False
+        #: (distribution, entry-point name, value) of every ``cuvil.ops`` entry imported or tried
+        self._loaded: set[tuple[str, str, str]] = set()
+        #: entry-point name -> (distribution, the error its import raised)
+        self._errors: dict[str, tuple[str, str]] = {}
 
     def add(self, op: type[Op]) -> None:
         origin = op.__module__
         if op.name in self._ops:
-            raise ValueError(f"op {op.name!r} is declared twice: in {self._origin[op.name]} and in {origin}")
+            raise ValueError(
+                f"op {op.name!r} is declared twice: by {describe_origin(self._origin[op.name])} and by "
+                f"{describe_origin(origin)}; uninstall or rename one of them"
+            )
         self._ops[op.name] = op
         self._origin[op.name] = origin
         self._by_torch = None
+
+    def remove(self, name: str, *, origin: str) -> None:
+        """Forget op ``name``, declared in module ``origin`` (a declaration made again)."""
+        if self._origin.get(name) != origin:
+            raise ValueError(
+                f"op {name!r} is declared by {describe_origin(self._origin.get(name, '?'))}, "
+                f"not by module {origin}: it cannot be replaced from there"
+            )
+        del self._ops[name], self._origin[name]
+        self._by_torch = None
+
+    def origin(self, name: str) -> str:
+        """The module that declared op ``name``."""
+        return self._origin[name]
+
+    def plugin_errors(self) -> dict[str, tuple[str, str]]:
+        """``cuvil.ops`` entry points whose import failed: name -> (distribution, error)."""
+        self.load_plugins()
+        return dict(self._errors)
 
     def get(self, name: str) -> type[Op]:
         try:
@@ -176,17 +206,27 @@ class Registry:
         except TypeError:  # unhashable callable
             return None
 
-    def load_plugins(self) -> None:
-        """Import the modules named by ``cuvil.ops`` entry points (once)."""
-        if self._plugins_loaded:
+    def load_plugins(self, *, rescan: bool = False) -> None:
+        """Import the modules named by ``cuvil.ops`` entry points (once; ``rescan``: also
+        those of distributions installed since). One that raises is recorded in
+        :meth:`plugin_errors` with its distribution, and the others still load."""
+        if self._plugins_loaded and not rescan:
             return
         with _LOAD_LOCK:
-            if self._plugins_loaded:
+            if self._plugins_loaded and not rescan:
                 return
             from importlib.metadata import entry_points
 
             for ep in sorted(entry_points(group="cuvil.ops"), key=lambda e: e.name):
-                ep.load()
+                dist = ep.dist.name if ep.dist is not None else "<unknown distribution>"
+                key = (dist, ep.name, ep.value)
+                if key in self._loaded:
+                    continue
+                self._loaded.add(key)
+                try:
+                    ep.load()
+                except Exception as e:  # reported by `cuvil ops`; the other plugins load
+                    self._errors[ep.name] = (dist, f"{type(e).__name__}: {e}")
             self._plugins_loaded = True
             self._by_torch = None
 
@@ -198,6 +238,32 @@ class Registry:
 REGISTRY = Registry()
 
 _LOAD_LOCK = threading.RLock()  # re-entrant: a plugin's import may ask the registry again
+
+
+def distribution_of(module: str) -> str | None:
+    """The installed distribution that provides the top-level package of ``module``:
+    from the installed files, else (an editable install lists none) a distribution
+    whose ``cuvil.*`` entry points name that package, else one named after it."""
+    from importlib.metadata import PackageNotFoundError, distribution, entry_points, packages_distributions
+
+    top = module.split(".", 1)[0]
+    names = packages_distributions().get(top)
+    if names:
+        return names[0]
+    for group in ("cuvil.ops", "cuvil.backends"):
+        for ep in entry_points(group=group):
+            if ep.module.split(".", 1)[0] == top and ep.dist is not None:
+                return str(ep.dist.name)
+    try:
+        return str(distribution(top.replace("_", "-")).metadata["Name"])
+    except PackageNotFoundError:
+        return None
+
+
+def describe_origin(module: str) -> str:
+    """``distribution 'x' (module m)``, or ``module m`` when no distribution provides it."""
+    dist = distribution_of(module)
+    return f"distribution {dist!r} (module {module})" if dist else f"module {module}"
 
 
 def infer_types(

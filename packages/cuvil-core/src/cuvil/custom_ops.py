@@ -1,0 +1,210 @@
+"""``cu.custom_op("namespace::name")``: an operator declared once, from a torch reference.
+
+::
+
+    @cu.custom_op("mylib::scaled_gelu")
+    def scaled_gelu(x: torch.Tensor, *, alpha: float = 1.0) -> torch.Tensor:
+        return torch.nn.functional.gelu(x) * alpha
+
+One declaration gives the op
+
+* its Graph IR node, ``mylib::scaled_gelu``, whose region is its decomposition
+  captured from the reference at each call's symbolic input types, so every target
+  fuses it with its neighbours (:mod:`cuvil_ir.graph_ir.ops.composite`);
+* its output types: those the captured region yields;
+* an eager implementation (the reference), registered with torch
+  (``torch.library``, ``CompositeImplicitAutograd``) as ``torch.ops.mylib.scaled_gelu``,
+  so the same op runs in eager code and under ``torch.compile`` (which decomposes it
+  into the reference's aten ops).
+
+The signature is the op's schema: positional parameters are tensor operands,
+keyword-only parameters with defaults are attributes (``bool``, ``int``,
+``float``, ``str``), fixed per compiled artifact. The return annotation says
+how many tensors it returns (``tuple[Tensor, Tensor]``; one by default).
+
+Declaring a name again from the same module and function (a module or notebook
+cell run again) replaces the definition; the captured region changes with it, so
+every artifact compiled from the old one is recompiled (the region is in the
+graph's text, which keys the caches). From anywhere else it is an error naming
+both places.
+"""
+
+from __future__ import annotations
+
+import inspect
+import threading
+import typing
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.overrides import handle_torch_function, has_torch_function
+
+from cuvil.errors import CompileError, SourceLoc
+from cuvil.frontend.composite import ATTR_TYPES, capture_rule, operands
+from cuvil_ir.graph_ir.ops.composite import declare_composite
+from cuvil_ir.graph_ir.registry import describe_origin
+
+#: torch.library fragments, one per namespace (kept alive: dropping one unregisters it)
+_LIBRARIES: dict[str, torch.library.Library] = {}
+#: "ns::name" -> the op's current declaration (what the registered torch kernel calls)
+_CURRENT: dict[str, CustomOp] = {}
+_LOCK = threading.Lock()
+
+_SCHEMA_TYPES = {bool: "bool", int: "int", float: "float", str: "str"}
+
+
+def _where(fn: Callable[..., Any]) -> SourceLoc | None:
+    code = getattr(fn, "__code__", None)
+    return SourceLoc(code.co_filename, code.co_firstlineno, 0) if code is not None else None
+
+
+class CustomOp:
+    """A declared custom op; call it like the reference (eagerly, or in compiled code)."""
+
+    def __init__(self, name: str, reference: Callable[..., Any]) -> None:
+        self.name = name
+        self.reference = reference
+        self.__name__ = getattr(reference, "__name__", name.split("::")[-1])
+        self.__qualname__ = getattr(reference, "__qualname__", self.__name__)
+        self.__doc__ = reference.__doc__
+        self.__wrapped__ = reference
+        self.signature, self.tensors, self.attrs, self.returns = _schema_of(name, reference)
+        self.schema = _schema_text(name, self)
+
+    # -- calls -------------------------------------------------------------------------
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        tensors = operands(args)
+        if tensors and has_torch_function(tensors):  # a capture (or another torch mode) is active
+            return handle_torch_function(self, tensors, *args, **kwargs)
+        ns, op = self.name.split("::")
+        return getattr(getattr(torch.ops, ns), op)(*args, **kwargs)
+
+    def bind(self, *args: Any, **kwargs: Any) -> tuple[list[Any], dict[str, Any]]:
+        """Split a call into its tensor operands and its attributes (defaults filled)."""
+        bound = self.signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        return [bound.arguments[p] for p in self.tensors], {a: bound.arguments[a] for a in self.attrs}
+
+    def __repr__(self) -> str:
+        return f"<cuvil custom op {self.name}: {self.schema}>"
+
+
+def _schema_of(
+    name: str, fn: Callable[..., Any]
+) -> tuple[inspect.Signature, tuple[str, ...], tuple[str, ...], int]:
+    loc = _where(fn)
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError) as e:
+        raise CompileError(f"custom op {name}: cannot read the reference's signature: {e}", loc) from None
+    tensors: list[str] = []
+    attrs: list[str] = []
+    for p in sig.parameters.values():
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty:
+            tensors.append(p.name)
+        elif p.kind is p.KEYWORD_ONLY and p.default is not p.empty and isinstance(p.default, ATTR_TYPES):
+            attrs.append(p.name)
+        else:
+            raise CompileError(
+                f"custom op {name}: parameter {p.name!r} is neither a tensor operand (positional, no "
+                "default) nor an attribute (keyword-only, with a bool, int, float or str default)",
+                loc,
+                f"write the reference as `def {getattr(fn, '__name__', 'f')}(x, y, *, alpha=1.0)`",
+            )
+    if not tensors:
+        raise CompileError(f"custom op {name}: the reference takes no tensor operand", loc)
+    returns = 1
+    try:
+        hint = typing.get_type_hints(fn).get("return")
+    except Exception:  # unresolvable annotations: one tensor, the default
+        hint = None
+    if typing.get_origin(hint) is tuple:
+        returns = len(typing.get_args(hint))
+    return sig, tuple(tensors), tuple(attrs), returns
+
+
+def _schema_text(name: str, op: CustomOp) -> str:
+    params = [f"Tensor {t}" for t in op.tensors]
+    if op.attrs:
+        params.append("*")
+        for a in op.attrs:
+            default = op.signature.parameters[a].default
+            params.append(f"{_SCHEMA_TYPES[type(default)]} {a}={default!r}")
+    out = "Tensor" if op.returns == 1 else "(" + ", ".join(["Tensor"] * op.returns) + ")"
+    return f"{name.split('::')[1]}({', '.join(params)}) -> {out}"
+
+
+def _kernel(name: str) -> Callable[..., Any]:
+    def run(*args: Any, **kwargs: Any) -> Any:
+        return _CURRENT[name].reference(*args, **kwargs)
+
+    return run
+
+
+def _register_with_torch(op: CustomOp) -> None:
+    ns, short = op.name.split("::")
+    lib = _LIBRARIES.get(ns)
+    if lib is None:
+        lib = _LIBRARIES[ns] = torch.library.Library(ns, "FRAGMENT")
+    lib.define(op.schema)
+    lib.impl(short, _kernel(op.name), "CompositeImplicitAutograd")
+
+
+def custom_op(name: str) -> Callable[[Callable[..., Any]], CustomOp]:
+    """Declare the operator ``name`` (``"namespace::name"``) from the decorated torch
+    reference; see the module documentation."""
+    if (
+        not isinstance(name, str)
+        or name.count("::") != 1
+        or not all(p.isidentifier() for p in name.split("::"))
+    ):
+        raise ValueError(f"cu.custom_op: the name is 'namespace::name' (identifiers), got {name!r}")
+
+    def decorate(fn: Callable[..., Any]) -> CustomOp:
+        op = CustomOp(name, fn)
+        with _LOCK:
+            old = _CURRENT.get(name)
+            again = old is not None and _same_definer(old.reference, fn)
+            if old is not None and not again:
+                raise CompileError(
+                    f"custom op {name} is declared twice: by {describe_origin(old.reference.__module__)} "
+                    f"at {_where(old.reference)} and by {describe_origin(fn.__module__)}; one name, one "
+                    "declaration",
+                    _where(fn),
+                    "rename one of them (the namespace keeps libraries apart)",
+                )
+            if again and old is not None and old.schema != op.schema:
+                raise CompileError(
+                    f"custom op {name}: its signature changed ({old.schema} -> {op.schema}); torch "
+                    "keeps the first registration for the life of the process",
+                    _where(fn),
+                    "restart the process to change an op's signature",
+                )
+            if not again:
+                _register_with_torch(op)
+            ns, short = name.split("::")
+            packet = getattr(getattr(torch.ops, ns), short)
+            # calls of the op object and of torch.ops.<ns>.<name> are captured alike
+            callables = (op, packet, packet.default)
+            rule = capture_rule(name, fn, op.bind)
+            declare_composite(name, fn, op.attrs, torch_callables=callables, capture=rule, replace=again)
+            _CURRENT[name] = op
+        return op
+
+    return decorate
+
+
+def _same_definer(a: Callable[..., Any], b: Callable[..., Any]) -> bool:
+    return (getattr(a, "__module__", None), getattr(a, "__qualname__", None)) == (
+        getattr(b, "__module__", None),
+        getattr(b, "__qualname__", None),
+    )
+
+
+def custom_ops() -> dict[str, CustomOp]:
+    """Every op declared with :func:`custom_op` in this process, by name."""
+    return dict(_CURRENT)
+
+
+__all__ = ["CustomOp", "custom_op", "custom_ops"]

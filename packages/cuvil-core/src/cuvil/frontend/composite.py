@@ -1,0 +1,77 @@
+"""Capture of a custom op call: one ``namespace::name`` node whose region is the op's
+reference, traced at the call's own (symbolic) input types.
+
+The reference runs as any user function called from compiled code does (converted
+when it is user code, so its Python control flow and the globals it reads are
+captured and guarded); its torch calls are recorded inside the node's region,
+whose arguments stand for the call's tensor operands. The node's results have
+the types the region yields. See :mod:`cuvil_ir.graph_ir.ops.composite`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+from cuvil.errors import CompileError
+from cuvil.frontend import hooks
+from cuvil.frontend.proxy import TensorProxy
+from cuvil.frontend.tracer import Tracer
+from cuvil_ir.graph_ir.nodes import Node
+
+#: the Python types an attribute of a custom op may have
+ATTR_TYPES = (bool, int, float, str)
+
+
+def capture_rule(
+    name: str, reference: Callable[..., Any], bind: Callable[..., tuple[list[Any], dict[str, Any]]]
+) -> Callable[..., Any]:
+    """The capture rule of custom op ``name``: ``bind(*args, **kwargs)`` splits a call
+    into its tensor operands and its attributes (the declaration's signature)."""
+
+    def rule(b: Tracer, *args: Any, **kwargs: Any) -> Any:
+        try:
+            tensors, attrs = bind(*args, **kwargs)
+        except TypeError as e:
+            raise CompileError(f"{name}: {e}", b.source_loc()) from None
+        for k, v in attrs.items():
+            if not isinstance(v, ATTR_TYPES):
+                raise CompileError(
+                    f"{name}: attribute {k!r} is a {type(v).__name__}; attributes are Python "
+                    "bool, int, float or str values fixed at compile time",
+                    b.source_loc(),
+                    "pass tensors as positional operands",
+                )
+        for i, t in enumerate(tensors):
+            if not isinstance(t, torch.Tensor):
+                raise CompileError(
+                    f"{name}: operand {i} is a {type(t).__name__}, not a tensor", b.source_loc()
+                )
+        inputs = tuple(b.value_of(t) for t in tensors)
+        loc, where = b.loc(), b.source_loc()
+        fn = hooks._converted(reference)
+        with b.region([v.type for v in inputs]) as body:
+            with b.mode():  # the handler runs with the tracer's mode popped
+                out = fn(*body.args, **attrs)
+            leaves, spec = pytree.tree_flatten(out)
+            if not leaves or not all(isinstance(x, TensorProxy) for x in leaves):
+                raise CompileError(
+                    f"{name}: the reference must return a tensor or a tuple of tensors, got {out!r}", where
+                )
+            body.finish(leaves)
+        outputs = tuple(b._fresh(v.type) for v in body.results)
+        b.nodes.append(Node(name, inputs, outputs, tuple(sorted(attrs.items())), (body.block,), loc=loc))
+        return pytree.tree_unflatten([b.wrap(v) for v in outputs], spec)
+
+    return rule
+
+
+def operands(tensors: Sequence[Any]) -> tuple[torch.Tensor, ...]:
+    """The tensors among a call's operands (what ``handle_torch_function`` inspects)."""
+    return tuple(t for t in tensors if isinstance(t, torch.Tensor))
+
+
+__all__ = ["ATTR_TYPES", "capture_rule", "operands"]

@@ -1,0 +1,195 @@
+"""``cu.custom_op``: one declaration gives an op its Graph IR node (its region: the
+decomposition captured from the reference), eager and torch.library forms, and
+fusion with its neighbours on every target that compiles through Tensor IR."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import cuvil as cu
+from cuvil.errors import CompileError
+from cuvil_ir.graph_ir.parser import parse_graph
+from cuvil_ir.graph_ir.printer import print_graph
+from cuvil_ir.graph_ir.verifier import verify
+
+
+def _available(name: str) -> bool:
+    from cuvil_runtime.registry import discover
+
+    return any(i.name == name and i.available for i in discover())
+
+
+TARGETS = ["reference"] + (["cpu"] if _available("cpu") else [])
+
+
+@cu.custom_op("cuvil_test::scaled_gelu")
+def scaled_gelu(x: torch.Tensor, *, alpha: float = 1.0) -> torch.Tensor:
+    return F.gelu(x) * alpha
+
+
+@cu.custom_op("cuvil_test::split_scale")
+def split_scale(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return x * y, x - y
+
+
+@cu.custom_op("cuvil_test::signed_square")
+def signed_square(x: torch.Tensor) -> torch.Tensor:
+    if x.sum() > 0:  # a tensor condition: captured as a structured if inside the region
+        return x * x
+    return -x * x
+
+
+def softmax_chain(x, b):
+    return torch.softmax(scaled_gelu(x + b, alpha=0.5), dim=-1)
+
+
+def test_eager_calls_run_the_reference_and_torch_knows_the_op():
+    x = torch.randn(3, 5)
+    torch.testing.assert_close(scaled_gelu(x, alpha=2.0), F.gelu(x) * 2.0)
+    torch.testing.assert_close(torch.ops.cuvil_test.scaled_gelu(x, alpha=2.0), F.gelu(x) * 2.0)
+    assert scaled_gelu.schema == "scaled_gelu(Tensor x, *, float alpha=1.0) -> Tensor"
+    assert split_scale.schema == "split_scale(Tensor x, Tensor y) -> (Tensor, Tensor)"
+    a, b = split_scale(x, x + 1)
+    torch.testing.assert_close(a, x * (x + 1))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_a_custom_op_in_a_softmax_chain_is_one_node_and_matches_eager(target):
+    f = cu.compile(softmax_chain, target=target, fallback="error")
+    for n in (4, 7):
+        x, b = torch.randn(n, 16), torch.randn(16)
+        torch.testing.assert_close(f(x, b), softmax_chain(x, b))
+    assert f.stats.compiles == 1
+    (graph,) = f.graphs
+    verify(graph)
+    assert "cuvil_test::scaled_gelu(%" in graph.text and "{alpha = 0.5} (" in graph.text
+    assert print_graph(parse_graph(graph.text)) == graph.text  # print -> parse -> print
+
+
+def test_calls_through_torch_ops_are_captured_too():
+    def f(x):
+        return torch.ops.cuvil_test.scaled_gelu(x, alpha=3.0) + 1
+
+    cf = cu.compile(f, target="reference", fallback="error")
+    x = torch.randn(5)
+    torch.testing.assert_close(cf(x), f(x))
+    assert "cuvil_test::scaled_gelu(%x) {alpha = 3.0}" in cf.graphs[0].text
+
+
+@pytest.mark.skipif("cpu" not in TARGETS, reason="the cpu target is not installed here")
+def test_the_decomposition_fuses_with_its_neighbours_on_cpu():
+    f = cu.compile(softmax_chain, target="cpu", fallback="error")
+    f(torch.randn(4, 16), torch.randn(16))
+    report = f.artifacts[-1].executable.report
+    assert (report.kernels, report.externs) == (1, 0)  # add, gelu, mul and softmax: one kernel
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_two_results_and_control_flow_inside_the_reference(target):
+    def f(x, y):
+        a, b = split_scale(x, y)
+        return signed_square(a) + b
+
+    cf = cu.compile(f, target=target, fallback="error")
+    for sign in (1.0, -1.0):
+        x, y = torch.rand(3, 4) * sign, torch.rand(3, 4)
+        torch.testing.assert_close(cf(x, y), f(x, y))
+    assert cf.stats.compiles == 1
+    assert " if(" in cf.graphs[0].text  # the reference's `if` is in the op's region
+
+
+def test_torch_compile_runs_the_op():
+    x, b = torch.randn(4, 16), torch.randn(16)
+    torch.testing.assert_close(torch.compile(softmax_chain)(x, b), softmax_chain(x, b))
+
+
+def test_mlir_runs_the_decomposition():
+    pytest.importorskip("torch_mlir")
+    x, b = torch.randn(3, 16), torch.randn(16)
+    (out,) = cu.run_mlir(softmax_chain, x, b)
+    torch.testing.assert_close(torch.as_tensor(out), softmax_chain(x, b))
+    assert "cuvil_test" not in cu.to_mlir(softmax_chain, x, b)  # inlined: upstream dialects only
+
+
+def test_onnx_export_of_a_custom_op(tmp_path):
+    ort = pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnx")
+    x, b = torch.randn(3, 16), torch.randn(16)
+    path = tmp_path / "chain.onnx"
+    cu.export_onnx(softmax_chain, x, b, path=str(path))
+    (out,) = ort.InferenceSession(str(path)).run(None, {"x": x.numpy(), "b": b.numpy()})
+    torch.testing.assert_close(torch.from_numpy(out), softmax_chain(x, b))
+
+
+def test_declaring_again_from_the_same_place_replaces_the_definition():
+    """A module or cell run again: the compiled function reads the op as a global, its
+    guard fails, and the new definition is compiled (the old artifact's graph had the
+    old region, so nothing stale is reused)."""
+    code = textwrap.dedent(
+        """
+        import torch, cuvil as cu
+
+        def declare(k):
+            global scale
+            @cu.custom_op("again::scale")
+            def scale(x):
+                return x * k
+
+        def f(x):
+            return scale(x) + 1
+
+        declare(2.0)
+        cf = cu.compile(f, target="reference", fallback="error")
+        print(cf(torch.ones(2)).tolist())
+        declare(3.0)
+        print(cf(torch.ones(2)).tolist())
+        print(cf.stats.compiles, cf.graphs[0].text != cf.graphs[1].text)
+        print(cf.stats.recompile_reasons[-1])
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    lines = out.splitlines()
+    assert lines[:3] == ["[3.0, 3.0]", "[4.0, 4.0]", "2 True"], out
+    assert "scale" in lines[3], out
+
+
+def test_bad_declarations_are_located_errors():
+    with pytest.raises(ValueError, match="namespace::name"):
+        cu.custom_op("no_namespace")
+    with pytest.raises(CompileError, match="neither a tensor operand") as info:
+
+        @cu.custom_op("cuvil_test::bad_param")
+        def bad(x, alpha=1.0):  # an attribute must be keyword-only
+            return x * alpha
+
+    assert "test_custom_ops.py" in str(info.value)
+    with pytest.raises(CompileError, match="already declared"):
+
+        @cu.custom_op("cuvil_test::scaled_gelu")
+        def other(x):
+            return x
+
+
+def test_a_reference_returning_no_tensor_is_a_compile_error():
+    @cu.custom_op("cuvil_test::no_tensor")
+    def no_tensor(x):
+        return 3
+
+    cf = cu.compile(lambda x: no_tensor(x), target="reference", fallback="error")
+    with pytest.raises(CompileError, match="must return a tensor"):
+        cf(torch.randn(2))
+
+
+def test_attributes_must_be_python_constants():
+    def f(x, k):
+        return scaled_gelu(x, alpha=k)
+
+    cf = cu.compile(f, target="reference", fallback="error")
+    with pytest.raises(CompileError, match="attribute 'alpha'"):
+        cf(torch.randn(2), torch.tensor(2.0))

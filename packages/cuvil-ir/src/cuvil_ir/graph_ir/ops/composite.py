@@ -1,0 +1,107 @@
+"""Composite ops: an op whose decomposition is the region it carries.
+
+A user- or plugin-declared operator (``cu.custom_op("mylib::scaled_gelu")``) is a
+node named ``namespace::name`` whose one region is its decomposition, captured
+from the op's torch reference at the node's own (symbolic) input types::
+
+    %r = mylib::scaled_gelu(%x) {alpha = 2.0} (
+      ^0(%a: Tensor[f32, (x_0, x_1), cpu]) { %b = gelu(%a) ...; %c = mul(%b, %k); yield %c }
+    ) : Tensor[f32, (x_0, x_1), cpu]
+
+The region takes the node's operands and yields its results, so every consumer
+that expands decompositions (Tensor IR lowering, MLIR emission, ONNX export:
+:func:`cuvil_ir.graph_ir.decompose.expand`) inlines it and fuses its primitives
+with the neighbours; the reference executor calls the op's torch reference (the
+independent oracle). Because the decomposition is in the graph's text, a changed
+definition changes the graph's text and hash, and so every cache key built on them.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from cuvil_ir.graph_ir.nodes import Node
+from cuvil_ir.graph_ir.registry import REGISTRY, CaptureRule, Op
+from cuvil_ir.graph_ir.verifier import RegionChecker, types_equal
+
+#: the traits of every composite op (``composite``: its region is its decomposition)
+COMPOSITE = frozenset({"composite", "pure"})
+
+
+def _check_body(node: Node, c: RegionChecker) -> None:
+    if len(node.regions) != 1:
+        raise c.error(f"a composite op carries one region (its decomposition), got {len(node.regions)}")
+    (body,) = node.regions
+    c.block(body)
+    if len(body.args) != len(node.inputs) or not all(
+        types_equal(a.type, v.type) for a, v in zip(body.args, node.inputs)
+    ):
+        raise c.error("the region's arguments must have the types of the node's operands")
+    if len(body.results) != len(node.outputs) or not all(
+        types_equal(r.type, v.type) for r, v in zip(body.results, node.outputs)
+    ):
+        raise c.error("the region must yield the node's result types")
+
+
+def _from_region(b: Any, *inputs: Any, **attrs: Any) -> Any:
+    """The decomposition of every composite op: its node's region, which
+    :func:`cuvil_ir.graph_ir.decompose.expand` inlines (so this is never called)."""
+    raise AssertionError("expand() inlines a composite node's region")
+
+
+class Composite(Op):
+    """Base of composite op declarations (made by :func:`declare_composite`)."""
+
+    traits = COMPOSITE
+    num_outputs = None
+    check_regions = staticmethod(_check_body)
+    decompose = staticmethod(_from_region)
+
+
+def declare_composite(
+    name: str,
+    reference: Callable[..., Any],
+    attrs: Sequence[str] = (),
+    *,
+    torch_callables: Sequence[Any] = (),
+    capture: CaptureRule | None = None,
+    traits: frozenset[str] = frozenset(),
+    replace: bool = False,
+) -> type[Op]:
+    """Register the composite op ``name`` (``namespace::name``) whose attributes are
+    ``attrs`` and whose eager implementation is ``reference``; calls of
+    ``torch_callables`` are recorded by ``capture`` (which builds the node and its
+    region). ``replace`` swaps an earlier declaration of the same name from the same
+    module (a module run again)."""
+    if "::" not in name or not all(part.isidentifier() for part in name.split("::")):
+        raise ValueError(f"a custom op is named 'namespace::name' (identifiers), got {name!r}")
+
+    def infer(ctx: Any, *inputs: Any, **kwargs: Any) -> Any:
+        raise TypeError(f"{name}: result types come from its region (the verifier calls check_regions)")
+
+    params = [
+        inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_ONLY),
+        inspect.Parameter("inputs", inspect.Parameter.VAR_POSITIONAL),
+        *(inspect.Parameter(a, inspect.Parameter.KEYWORD_ONLY) for a in attrs),
+    ]
+    infer.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    module = str(getattr(reference, "__module__", __name__))
+    body: dict[str, Any] = {
+        "name": name,
+        "traits": COMPOSITE | traits,
+        "infer": staticmethod(infer),
+        "reference": staticmethod(reference),
+        "torch": staticmethod(lambda: tuple(torch_callables)),
+        "__module__": module,
+        "__qualname__": f"Composite[{name}]",
+    }
+    if capture is not None:
+        body["capture"] = staticmethod(capture)
+    if replace and name in REGISTRY:
+        REGISTRY.remove(name, origin=module)
+    return type(f"Composite_{name.replace('::', '__')}", (Composite,), body)
+
+
+__all__ = ["COMPOSITE", "Composite", "declare_composite"]
