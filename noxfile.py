@@ -6,6 +6,7 @@
     nox -s tests_cuda         the cuda target in Triton's interpreter (and PTX for sm_90)
     nox -s tests_ascend       the ascend target simulated in Triton's interpreter
     nox -s tests_ascend_compile  every ascend kernel through triton-ascend's compiler front half
+    nox -s tests_plugins      the example plugin distributions (examples/), installed and tested
     nox -s tests_pkg          each package alone, with only what it depends on
     nox -s tests_isa          the cpu target's corpus built for avx2 and portable ($CUVIL_CPU_ISA)
     nox -s slow               the tests marked slow
@@ -120,7 +121,7 @@ def tests(session: nox.Session) -> None:
     if not session.posargs:  # a selection (``nox -s tests -- -k x``) runs only what it names
         run_isas(session)
         # the whole suite: the cuda and ascend targets' sessions follow
-        for name in ("tests_cuda", "tests_ascend", "tests_ascend_compile"):
+        for name in ("tests_cuda", "tests_ascend", "tests_ascend_compile", "tests_plugins"):
             session.notify(name)
 
 
@@ -163,6 +164,25 @@ def tests_ascend_compile(session: nox.Session) -> None:
     session.run(
         "pytest", "packages/cuvil-backend-ascend/tests/test_ascend_compile.py", "-q", *session.posargs
     )
+
+
+#: the template plugin distributions third parties copy (docs/plugins.md)
+EXAMPLES = sorted(
+    str(p.relative_to(ROOT))
+    for p in (ROOT / "examples").iterdir()
+    if p.is_dir() and p.name.startswith(("cuvil-ops-", "cuvil-backend-"))
+)
+
+
+@nox.session
+def tests_plugins(session: nox.Session) -> None:
+    """The example op library and target (``examples/cuvil-ops-*``, ``examples/cuvil-backend-*``),
+    built and installed as a third party's distributions are (not editable), and their
+    tests: the target runs the conformance corpus. Part of ``tests``, alone here."""
+    install(session, ALL, PYTEST, TRITON)
+    session.install("--no-deps", *EXAMPLES)
+    env = {"TRITON_INTERPRET": "1", "TRITON_DEFAULT_FP_FUSION": "1"}
+    session.run("pytest", *(f"{e}/tests" for e in EXAMPLES), "-q", *FAST, *session.posargs, env=env)
 
 
 @nox.session
@@ -242,8 +262,8 @@ def slow(session: nox.Session) -> None:
 def lint(session: nox.Session) -> None:
     """ruff, and no import cycles among the modules of packages/*/src (docs/testing.md)."""
     session.install(RUFF, GRIMP, PYTEST)
-    session.run("ruff", "check", "packages", "noxfile.py", "tools")
-    session.run("ruff", "format", "--check", "packages", "noxfile.py", "tools")
+    session.run("ruff", "check", "packages", "examples", "noxfile.py", "tools")
+    session.run("ruff", "format", "--check", "packages", "examples", "noxfile.py", "tools")
     session.run("python", "tools/check_import_cycles.py")
     session.run("pytest", "tools/test_check_import_cycles.py", "-q")  # the check catches cycles
 
