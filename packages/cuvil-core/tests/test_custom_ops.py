@@ -169,7 +169,7 @@ def test_bad_declarations_are_located_errors():
             return x * alpha
 
     assert "test_custom_ops.py" in str(info.value)
-    with pytest.raises(CompileError, match="already declared"):
+    with pytest.raises(CompileError, match="declared twice"):
 
         @cu.custom_op("cuvil_test::scaled_gelu")
         def other(x):
