@@ -266,3 +266,19 @@ def test_a_custom_op_fuses_into_its_neighbours_kernel():
     assert "cuda_test::scaled_gelu(" in cf.graphs[0].text
     report = executable(cf).report
     assert (report.kernels, report.externs) == (1, 0)
+
+
+def test_a_native_triton_lowering_is_its_own_helper():
+    @cu.custom_op("cuda_test::softsign", lower={"cuda": "x / (k + tl.abs(x))"})
+    def softsign(x, *, k=1.0):
+        return x / (k + x.abs())
+
+    def chain(x):
+        return torch.softmax(softsign(x, k=2.0), dim=-1)
+
+    cf = cu.compile(chain, target="cuda", fallback="error")
+    x = torch.randn(5, 12)
+    torch.testing.assert_close(cf(x), chain(x))
+    (texts,) = executable(cf).kernel_texts.values()
+    assert "def native_cuda_test__softsign__f32(x, k):" in texts["triton"]
+    assert ".target sm_90" in texts["ptx"]  # the helper compiles to PTX with the kernel

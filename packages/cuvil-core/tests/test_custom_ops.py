@@ -193,3 +193,62 @@ def test_attributes_must_be_python_constants():
     cf = cu.compile(f, target="reference", fallback="error")
     with pytest.raises(CompileError, match="attribute 'alpha'"):
         cf(torch.randn(2), torch.tensor(2.0))
+
+
+@cu.custom_op(
+    "cuvil_test::softsign",
+    lower={
+        "cpu": "x / (k + (x < 0 ? -x : x))",
+        "cuda": "x / (k + tl.abs(x))",
+        "ascend": "x / (k + tl.abs(x))",
+    },
+)
+def softsign(x: torch.Tensor, *, k: float = 1.0) -> torch.Tensor:
+    return x / (k + x.abs())
+
+
+def softsign_chain(x, b):
+    return torch.softmax(softsign(x + b, k=2.0), dim=-1)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_a_native_lowering_replaces_the_decomposition(target):
+    """On cpu the op is its C expression, fused into the softmax's kernel; the
+    reference target (and MLIR, ONNX) still run the reference or the region."""
+    f = cu.compile(softsign_chain, target=target, fallback="error")
+    for n in (3, 6):
+        x, b = torch.randn(n, 16), torch.randn(16)
+        torch.testing.assert_close(f(x, b), softsign_chain(x, b))
+    assert f.stats.compiles == 1
+    text = f.graphs[0].text
+    assert 'lower_cpu = "x / (k + (x < 0 ? -x : x))"' in text  # in the graph: in every cache key
+    assert print_graph(parse_graph(text)) == text
+    if target == "cpu":
+        exe = f.artifacts[-1].executable
+        assert (exe.report.kernels, exe.report.externs) == (1, 0)
+        assert "static inline float cu_native_cuvil_test__softsign__f32(float x, float k)" in exe.stages["c"]
+        assert "native:cuvil_test__softsign__f32" in exe.stages["tensor_ir"]
+
+
+def test_lowering_errors_name_what_is_wrong():
+    with pytest.raises(
+        CompileError, match="no installed distribution registers; the targets are .*reference"
+    ):
+
+        @cu.custom_op("cuvil_test::bad_target", lower={"gpu9000": "x"})
+        def bad_target(x):
+            return x
+
+    with pytest.raises(CompileError, match="numeric attributes"):
+
+        @cu.custom_op("cuvil_test::bad_attr", lower={"cpu": "x"})
+        def bad_attr(x, *, flag=True):
+            return x
+
+    @cu.custom_op("cuvil_test::row_sum", lower={"cpu": "x"})
+    def row_sum(x):
+        return x.sum(-1)
+
+    cf = cu.compile(lambda x: row_sum(x), target="reference", fallback="error")
+    with pytest.raises(CompileError, match="does not broadcast to its result"):
+        cf(torch.randn(3, 4))

@@ -29,7 +29,11 @@ from cuvil_runtime.triton_kernels import load as loader
 from cuvil_runtime.triton_kernels.devicelib import interpreted
 
 #: this target's own choices: no float64 kernels, every reduction at its kernel's rows
-FUSION = FusionPolicy(realize_reduction=must_realize, dtypes=FusionPolicy().dtypes - {DType.f64})
+FUSION = FusionPolicy(
+    realize_reduction=must_realize,
+    dtypes=FusionPolicy().dtypes - {DType.f64},
+    native="example",  # cu.custom_op(..., lower={"example": "<Triton expression>"})
+)
 #: a grid of at most MAX_PROGRAMS programs, each looping over its blocks; two-pass variance
 RULES = TritonRules(persistent=True, welford=False)
 BLOCK = 256

@@ -28,6 +28,7 @@ from cuvil_ir.triton_source.emit import TritonRules
 FUSION = FusionPolicy(
     realize_reduction=must_realize,
     dtypes=FusionPolicy().dtypes - {DType.f64},
+    native="ascend",  # cu.custom_op(..., lower={"ascend": "<Triton expression>"})
 )
 
 RULES = TritonRules(persistent=True, welford=False)

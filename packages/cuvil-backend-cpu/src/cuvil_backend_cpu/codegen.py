@@ -168,6 +168,8 @@ class _Gen(IndexPrinter):
         self.nan_flags: set[str] = set()
         #: the kernel uses a checked integer division (returns nonzero on a zero divisor)
         self.may_fail = False
+        #: native lowerings the kernel calls: helper name -> its definition
+        self.natives: dict[str, str] = {}
 
     # -- index arithmetic (IndexPrinter's hooks) -------------------------------------
     def index(self, value: object) -> str:
@@ -243,6 +245,13 @@ class _Gen(IndexPrinter):
     def call(self, e: E.Call) -> str:
         a = [self.expr(x) for x in e.args]
         fn, d = e.fn, e.dtype
+        native = E.native_parts(fn)
+        if native is not None:  # a custom op's C lowering (see [Note: native calls])
+            name, params, body = native
+            helper, ctype = f"cu_native_{name}", C_TYPES[d]
+            args = ", ".join(f"{ctype} {p}" for p in params) or "void"
+            self.natives.setdefault(helper, f"static inline {ctype} {helper}({args}) {{ return ({body}); }}")
+            return f"{helper}({', '.join(a)})"
         src = e.args[0].dtype if e.args else d
         fl = src.is_floating
         sfx = "f" if src == DType.f32 else ""
@@ -371,6 +380,7 @@ class _Gen(IndexPrinter):
             from cuvil_backend_cpu.toolchain import SIMD_MATH_DECLARATIONS
 
             head.append(SIMD_MATH_DECLARATIONS)
+        head.extend(self.natives.values())
         head.append(f"/* Loop IR:\n{_comment(self.func.text)}\n*/")
         if self.may_fail:
             head.append(f"int {self.func.name}({', '.join(params) or 'void'}) {{")

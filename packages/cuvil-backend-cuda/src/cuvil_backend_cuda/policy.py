@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from cuvil_ir.tensor_ir.hoist import must_realize
 from cuvil_ir.tensor_ir.lower import FusionPolicy
 
-FUSION = FusionPolicy(realize_reduction=must_realize)
+FUSION = FusionPolicy(realize_reduction=must_realize, native="cuda")
 
 
 @dataclass(frozen=True)

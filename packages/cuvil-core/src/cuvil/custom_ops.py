@@ -34,7 +34,7 @@ from __future__ import annotations
 import inspect
 import threading
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -62,15 +62,18 @@ def _where(fn: Callable[..., Any]) -> SourceLoc | None:
 class CustomOp:
     """A declared custom op; call it like the reference (eagerly, or in compiled code)."""
 
-    def __init__(self, name: str, reference: Callable[..., Any]) -> None:
+    def __init__(self, name: str, reference: Callable[..., Any], lower: Mapping[str, str]) -> None:
         self.name = name
         self.reference = reference
+        #: target name -> the op's native lowering there (an expression in its kernel language)
+        self.lowerings = dict(sorted(lower.items()))
         self.__name__ = getattr(reference, "__name__", name.split("::")[-1])
         self.__qualname__ = getattr(reference, "__qualname__", self.__name__)
         self.__doc__ = reference.__doc__
         self.__wrapped__ = reference
         self.signature, self.tensors, self.attrs, self.returns = _schema_of(name, reference)
         self.schema = _schema_text(name, self)
+        _check_lowerings(self)
 
     # -- calls -------------------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -124,6 +127,38 @@ def _schema_of(
     return sig, tuple(tensors), tuple(attrs), returns
 
 
+def _check_lowerings(op: CustomOp) -> None:
+    if not op.lowerings:
+        return
+    from cuvil_runtime.registry import REGISTRY as TARGETS
+
+    loc = _where(op.reference)
+    known = TARGETS.names()
+    for target, body in op.lowerings.items():
+        if target not in known:
+            raise CompileError(
+                f"custom op {op.name}: a lowering for target {target!r}, which no installed distribution "
+                f"registers; the targets are {', '.join(known)}",
+                loc,
+            )
+        if not target.isidentifier() or not isinstance(body, str) or not body.strip():
+            raise CompileError(
+                f"custom op {op.name}: the lowering for {target!r} must be expression text", loc
+            )
+    if op.returns != 1:
+        raise CompileError(
+            f"custom op {op.name}: a native lowering makes one result, the op makes {op.returns}", loc
+        )
+    for a in op.attrs:
+        default = op.signature.parameters[a].default
+        if isinstance(default, (bool, str)):
+            raise CompileError(
+                f"custom op {op.name}: a native lowering takes numeric attributes; {a!r} is a "
+                f"{type(default).__name__}",
+                loc,
+            )
+
+
 def _schema_text(name: str, op: CustomOp) -> str:
     params = [f"Tensor {t}" for t in op.tensors]
     if op.attrs:
@@ -151,9 +186,13 @@ def _register_with_torch(op: CustomOp) -> None:
     lib.impl(short, _kernel(op.name), "CompositeImplicitAutograd")
 
 
-def custom_op(name: str) -> Callable[[Callable[..., Any]], CustomOp]:
+def custom_op(
+    name: str, *, lower: Mapping[str, str] | None = None
+) -> Callable[[Callable[..., Any]], CustomOp]:
     """Declare the operator ``name`` (``"namespace::name"``) from the decorated torch
-    reference; see the module documentation."""
+    reference; ``lower`` maps target names to native lowerings that replace the
+    decomposition there (elementwise ops: an expression of the operands and attributes
+    in the target's kernel language). See the module documentation."""
     if (
         not isinstance(name, str)
         or name.count("::") != 1
@@ -162,7 +201,7 @@ def custom_op(name: str) -> Callable[[Callable[..., Any]], CustomOp]:
         raise ValueError(f"cu.custom_op: the name is 'namespace::name' (identifiers), got {name!r}")
 
     def decorate(fn: Callable[..., Any]) -> CustomOp:
-        op = CustomOp(name, fn)
+        op = CustomOp(name, fn, lower or {})
         with _LOCK:
             old = _CURRENT.get(name)
             again = old is not None and _same_definer(old.reference, fn)
@@ -174,10 +213,14 @@ def custom_op(name: str) -> Callable[[Callable[..., Any]], CustomOp]:
                     _where(fn),
                     "rename one of them (the namespace keeps libraries apart)",
                 )
-            if again and old is not None and old.schema != op.schema:
+            if (
+                again
+                and old is not None
+                and (old.schema, list(old.lowerings)) != (op.schema, list(op.lowerings))
+            ):
                 raise CompileError(
-                    f"custom op {name}: its signature changed ({old.schema} -> {op.schema}); torch "
-                    "keeps the first registration for the life of the process",
+                    f"custom op {name}: its signature or its targets changed ({old.schema} -> {op.schema}); "
+                    "torch keeps the first registration for the life of the process",
                     _where(fn),
                     "restart the process to change an op's signature",
                 )
@@ -187,8 +230,17 @@ def custom_op(name: str) -> Callable[[Callable[..., Any]], CustomOp]:
             packet = getattr(getattr(torch.ops, ns), short)
             # calls of the op object and of torch.ops.<ns>.<name> are captured alike
             callables = (op, packet, packet.default)
-            rule = capture_rule(name, fn, op.bind)
-            declare_composite(name, fn, op.attrs, torch_callables=callables, capture=rule, replace=again)
+            rule = capture_rule(name, fn, op.bind, op.lowerings)
+            declare_composite(
+                name,
+                fn,
+                op.attrs,
+                operands=op.tensors,
+                lowerings=tuple(op.lowerings),
+                torch_callables=callables,
+                capture=rule,
+                replace=again,
+            )
             _CURRENT[name] = op
         return op
 

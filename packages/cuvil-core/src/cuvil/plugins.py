@@ -28,8 +28,8 @@ class OpInfo:
     #: the distribution (and module) that declared it
     origin: str
     #: how targets that compile through Tensor IR run it: "kernel" (a Tensor IR rule),
-    #: "decomposition" or "region" (inlined and fused), "control flow" (its regions
-    #: lowered), or "extern" (a torch call)
+    #: "decomposition" or "region" (inlined and fused; "native on cpu": its own
+    #: expression there), "control flow" (its regions lowered), or "extern" (a torch call)
     lowering: str
 
 
@@ -40,7 +40,8 @@ def _lowering(name: str) -> str:
     if "control_flow" in op.traits:
         return "control flow"
     if "composite" in op.traits:
-        return "region"
+        native = [a.removeprefix("lower_") for a in op.attr_names if a.startswith("lower_")]
+        return "region" + (f"; native on {', '.join(native)}" if native else "")
     if dict.__contains__(RULES, name):
         return "kernel"
     if op.decompose is not None and "tensor_ir" not in op.extern_reasons:

@@ -10,7 +10,7 @@ the types the region yields. See :mod:`cuvil_ir.graph_ir.ops.composite`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -20,17 +20,22 @@ from cuvil.errors import CompileError
 from cuvil.frontend import hooks
 from cuvil.frontend.proxy import TensorProxy
 from cuvil.frontend.tracer import Tracer
-from cuvil_ir.graph_ir.nodes import Node
+from cuvil_ir.graph_ir.nodes import Node, Value
+from cuvil_ir.graph_ir.types import TensorType
 
 #: the Python types an attribute of a custom op may have
 ATTR_TYPES = (bool, int, float, str)
 
 
 def capture_rule(
-    name: str, reference: Callable[..., Any], bind: Callable[..., tuple[list[Any], dict[str, Any]]]
+    name: str,
+    reference: Callable[..., Any],
+    bind: Callable[..., tuple[list[Any], dict[str, Any]]],
+    lowerings: Mapping[str, str],
 ) -> Callable[..., Any]:
     """The capture rule of custom op ``name``: ``bind(*args, **kwargs)`` splits a call
-    into its tensor operands and its attributes (the declaration's signature)."""
+    into its tensor operands and its attributes (the declaration's signature); the
+    node also carries each native lowering, as attribute ``lower_<target>``."""
 
     def rule(b: Tracer, *args: Any, **kwargs: Any) -> Any:
         try:
@@ -62,11 +67,41 @@ def capture_rule(
                     f"{name}: the reference must return a tensor or a tuple of tensors, got {out!r}", where
                 )
             body.finish(leaves)
+        if lowerings:
+            _check_elementwise(b, name, inputs, body.results, lowerings, where)
         outputs = tuple(b._fresh(v.type) for v in body.results)
-        b.nodes.append(Node(name, inputs, outputs, tuple(sorted(attrs.items())), (body.block,), loc=loc))
+        all_attrs = {**attrs, **{f"lower_{t}": text for t, text in lowerings.items()}}
+        b.nodes.append(Node(name, inputs, outputs, tuple(sorted(all_attrs.items())), (body.block,), loc=loc))
         return pytree.tree_unflatten([b.wrap(v) for v in outputs], spec)
 
     return rule
+
+
+def _check_elementwise(
+    b: Tracer,
+    name: str,
+    inputs: Sequence[Value],
+    results: Sequence[Value],
+    lowerings: Mapping[str, str],
+    where: Any,
+) -> None:
+    """A native lowering is an expression per element: the result is the broadcast of
+    the operands (numpy rules), in a float or integer dtype."""
+    (out,) = results
+    shape = out.type.shape if isinstance(out.type, TensorType) else ()
+    for v in inputs:
+        t = v.type
+        ok = isinstance(t, TensorType) and t.rank <= len(shape)
+        if ok and isinstance(t, TensorType):
+            tail = shape[len(shape) - t.rank :]
+            ok = all(d == 1 or b.ctx.equal(d, o) for d, o in zip(t.shape, tail))
+        if not ok:
+            raise CompileError(
+                f"{name} has native lowerings ({', '.join(lowerings)}), which compute one element from one "
+                f"element of each operand, but operand %{v.name} {v.type} does not broadcast to its result {out.type}",
+                where,
+                "keep native lowerings for elementwise ops; a reduction fuses from its decomposition",
+            )
 
 
 def operands(tensors: Sequence[Any]) -> tuple[torch.Tensor, ...]:

@@ -120,6 +120,30 @@ TRANSCENDENTAL = frozenset(
 
 REDUCE_KINDS = ("sum", "prod", "max", "min", "any", "all")
 
+#: [Note: native calls] A composite op with a native lowering for the target (a
+#: ``cu.custom_op(..., lower={"cpu": "x / (k + fabsf(x))"})``) becomes one ``Call``
+#: whose ``fn`` is ``native:<name>:<params>:<body>``: the expression in the target's
+#: kernel language, over parameters named like the op's operands and attributes,
+#: every one of the call's dtype. The text travels with the expression (and so with
+#: the program's text and hash, and the program cache); each code generator defines
+#: it once per kernel as a helper of its language and calls it.
+NATIVE = "native:"
+
+
+def native_call(name: str, params: tuple[str, ...], body: str, args: tuple[Expr, ...], dtype: DType) -> Call:
+    """The call of a native lowering (see [Note: native calls])."""
+    if not name.isidentifier() or not all(p.isidentifier() for p in params) or len(params) != len(args):
+        raise ValueError(f"native call {name}({', '.join(params)}) with {len(args)} arguments")
+    return Call(f"{NATIVE}{name}:{','.join(params)}:{body}", args, dtype)
+
+
+def native_parts(fn: str) -> tuple[str, tuple[str, ...], str] | None:
+    """``(name, params, body)`` of a native call's ``fn``; ``None`` for a built-in function."""
+    if not fn.startswith(NATIVE):
+        return None
+    name, params, body = fn[len(NATIVE) :].split(":", 2)
+    return name, tuple(params.split(",")) if params else (), body
+
 
 def make_reduce(
     kind: str, body: Expr, ranges: tuple[tuple[sympy.Symbol, sympy.Expr], ...], dtype: DType

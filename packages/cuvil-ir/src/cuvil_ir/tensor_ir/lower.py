@@ -79,6 +79,10 @@ class FusionPolicy:
     #: ``None``: every reduction stays in its kernel (the backend's code computes a
     #: nested reduction where it is used)
     realize_reduction: RealizeReduction | None = None
+    #: the key of the native lowerings of composite ops this target takes: a node's
+    #: ``lower_<native>`` attribute, an expression in the target's kernel language (see
+    #: [Note: native calls] in :mod:`cuvil_ir.tensor_ir.expr`); ``None``: none
+    native: str | None = None
 
 
 class Lowering:
@@ -340,6 +344,8 @@ class Lowering:
             self.lower_control(n, ins)
             return
         rule = self.rules.get(n.op)
+        if self.policy.native is not None and isinstance(n.attr(f"lower_{self.policy.native}"), str):
+            rule = self.rules.native  # the op's own lowering for this target replaces its decomposition
         if rule is not None and n.op not in self.policy.extern_ops and self._dtypes_ok(n):
             try:
                 res = rule(self, n, *ins)
@@ -563,7 +569,7 @@ def lower(graph: Graph, policy: FusionPolicy | None = None) -> TensorProgram:
     return plan_program(program)
 
 
-def _rules() -> dict[str, Any]:
+def _rules() -> Any:
     from cuvil_ir.tensor_ir.rules import RULES
 
     return RULES

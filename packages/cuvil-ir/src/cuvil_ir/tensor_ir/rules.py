@@ -21,7 +21,7 @@ import sympy
 from cuvil_ir.graph_ir.decompose import NotDecomposed, expand, uses_decomposition
 from cuvil_ir.graph_ir.nodes import Node
 from cuvil_ir.graph_ir.ops.index import slice_bounds
-from cuvil_ir.graph_ir.registry import registrar
+from cuvil_ir.graph_ir.registry import REGISTRY, registrar
 from cuvil_ir.graph_ir.types import SCALAR_DTYPES, DType, ScalarType, TensorType, promote_types
 from cuvil_ir.symbolic import Dim, ShapeContext, UndecidableError
 from cuvil_ir.tensor_ir import expr as E
@@ -43,6 +43,40 @@ class _Rules(dict[str, Rule]):
         if found is None and uses_decomposition(name, "tensor_ir", native=False):
             return lower_decomposed
         return found if found is not None else default
+
+    @staticmethod
+    def native(lw: Lowering, n: Node, *operands: Val) -> Lazy:
+        """A composite op's native lowering for the target (its ``lower_<policy.native>``
+        attribute): one call of the expression over the broadcast operands and the
+        attributes, in the result's dtype (see [Note: native calls] in
+        :mod:`cuvil_ir.tensor_ir.expr`)."""
+        t = out_type(n)
+        name = n.op.replace("::", "__") + "__" + t.dtype.value
+        body = str(n.attr(f"lower_{lw.policy.native}"))
+        decl = REGISTRY.get(n.op)
+        operand_names = tuple(getattr(decl, "operands", ()))
+        attrs = [a for a in decl.attr_names if not a.startswith("lower_")]
+        if len(n.outputs) != 1 or len(operand_names) != len(operands):
+            raise NotLowered(f"{n.op}: a native lowering takes its operands and makes one result")
+        for v in operands:
+            if isinstance(v, Lazy) and (
+                v.rank > len(t.shape)
+                or any(
+                    d != 1 and sympy.expand(sympy.sympify(d) - sympy.sympify(o)) != 0
+                    for d, o in zip(v.shape, t.shape[len(t.shape) - v.rank :])
+                )
+            ):
+                raise NotLowered(
+                    f"{n.op}: a native lowering is elementwise, its operands broadcast to its result"
+                )
+        consts = [const(n.attr(a), t.dtype) for a in attrs]
+        params = (*operand_names, *attrs)
+        return pointwise(
+            n,
+            lambda *xs: E.native_call(name, params, body, (*xs, *consts), t.dtype),
+            *operands,
+            compute=t.dtype,
+        )
 
 
 RULES: dict[str, Rule] = _Rules()

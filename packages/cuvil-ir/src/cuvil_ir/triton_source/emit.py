@@ -161,6 +161,8 @@ class _Gen(IndexPrinter):
         #: variables holding a whole tile (see :mod:`cuvil_ir.triton_source.tiles`)
         self.tile_vars: set[str] = set()
         self.xnumel = "d0"
+        #: native lowerings the kernel calls: helper name -> its ``@triton.jit`` definition
+        self.natives: dict[str, str] = {}
         self.buffers: list[str] = [kernel.buf]
         self.sizes: set[sympy.Symbol] = set()
         self.derived: dict[tuple[sympy.Expr, str], str] = {}
@@ -286,6 +288,14 @@ class _Gen(IndexPrinter):
             return f"{text}.to({TL_DTYPES[e.dtype]})"
         assert isinstance(e, E.Call)
         args = [self.value(a, ctx) for a in e.args]
+        native = E.native_parts(e.fn)
+        if native is not None:  # a custom op's Triton lowering (see [Note: native calls])
+            name, params, body = native
+            helper = f"native_{name}"
+            self.natives.setdefault(
+                helper, f"@triton.jit\ndef {helper}({', '.join(params)}):\n    return {body}\n\n"
+            )
+            return f"{helper}({', '.join(args)})"
         text = call(e.fn, args, [a.dtype for a in e.args], e.dtype)
         if e.fn in ("floordiv", "mod", "fmod") and not e.args[0].dtype.is_floating:
             divisor = e.args[1]
@@ -609,6 +619,7 @@ class _Gen(IndexPrinter):
             "import triton.language as tl",
             "",
             "",
+            *(line for helper in self.natives.values() for line in helper.splitlines() + [""]),
             "@triton.jit",
             f"def {name}({', '.join(params)}):",
             f"    # {_comment(str(self.kernel))}",

@@ -57,6 +57,8 @@ class Composite(Op):
     traits = COMPOSITE
     num_outputs = None
     check_regions = staticmethod(_check_body)
+    #: the names of the tensor operands (a native lowering's first parameters)
+    operands: tuple[str, ...] = ()
     decompose = staticmethod(_from_region)
 
 
@@ -65,6 +67,8 @@ def declare_composite(
     reference: Callable[..., Any],
     attrs: Sequence[str] = (),
     *,
+    operands: Sequence[str] = (),
+    lowerings: Sequence[str] = (),
     torch_callables: Sequence[Any] = (),
     capture: CaptureRule | None = None,
     traits: frozenset[str] = frozenset(),
@@ -73,8 +77,10 @@ def declare_composite(
     """Register the composite op ``name`` (``namespace::name``) whose attributes are
     ``attrs`` and whose eager implementation is ``reference``; calls of
     ``torch_callables`` are recorded by ``capture`` (which builds the node and its
-    region). ``replace`` swaps an earlier declaration of the same name from the same
-    module (a module run again)."""
+    region). ``operands`` names the tensor operands; ``lowerings`` names the targets
+    with a native lowering, each an attribute ``lower_<target>`` holding its text (see
+    [Note: native calls] in :mod:`cuvil_ir.tensor_ir.expr`). ``replace`` swaps an
+    earlier declaration of the same name from the same module (a module run again)."""
     if "::" not in name or not all(part.isidentifier() for part in name.split("::")):
         raise ValueError(f"a custom op is named 'namespace::name' (identifiers), got {name!r}")
 
@@ -85,14 +91,20 @@ def declare_composite(
         inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_ONLY),
         inspect.Parameter("inputs", inspect.Parameter.VAR_POSITIONAL),
         *(inspect.Parameter(a, inspect.Parameter.KEYWORD_ONLY) for a in attrs),
+        *(inspect.Parameter(f"lower_{t}", inspect.Parameter.KEYWORD_ONLY) for t in lowerings),
     ]
+
+    def run(*inputs: Any, **kwargs: Any) -> Any:  # the lowerings' texts are not the reference's
+        return reference(*inputs, **{k: v for k, v in kwargs.items() if not k.startswith("lower_")})
+
     infer.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
     module = str(getattr(reference, "__module__", __name__))
     body: dict[str, Any] = {
         "name": name,
         "traits": COMPOSITE | traits,
         "infer": staticmethod(infer),
-        "reference": staticmethod(reference),
+        "reference": staticmethod(run),
+        "operands": tuple(operands),
         "torch": staticmethod(lambda: tuple(torch_callables)),
         "__module__": module,
         "__qualname__": f"Composite[{name}]",
