@@ -252,3 +252,16 @@ def test_lowering_errors_name_what_is_wrong():
     cf = cu.compile(lambda x: row_sum(x), target="reference", fallback="error")
     with pytest.raises(CompileError, match="does not broadcast to its result"):
         cf(torch.randn(3, 4))
+
+
+def test_a_reference_that_cannot_be_captured_is_refused_at_the_declaration():
+    with pytest.raises(CompileError, match="cannot be captured") as info:
+
+        @cu.custom_op("cuvil_test::with_try")
+        def with_try(x):
+            try:
+                return x + 1
+            except RuntimeError:
+                return x
+
+    assert "test_custom_ops.py" in str(info.value)

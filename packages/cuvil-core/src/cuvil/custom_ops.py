@@ -74,6 +74,7 @@ class CustomOp:
         self.signature, self.tensors, self.attrs, self.returns = _schema_of(name, reference)
         self.schema = _schema_text(name, self)
         _check_lowerings(self)
+        _check_convertible(self)
 
     # -- calls -------------------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -125,6 +126,26 @@ def _schema_of(
     if typing.get_origin(hint) is tuple:
         returns = len(typing.get_args(hint))
     return sig, tuple(tensors), tuple(attrs), returns
+
+
+def _check_convertible(op: CustomOp) -> None:
+    """What the capture could never trace is an error at the declaration, located: the
+    reference's source is converted now (as it will be at each call), and a construct
+    compiled code cannot hold (``try``, a generator, a ``global`` write ...) raises here.
+    A reference without source (a builtin) is captured as it runs, which is fine."""
+    from cuvil.frontend import hooks
+    from cuvil.frontend.convert import ConversionError, convert, is_user_function
+
+    if not is_user_function(op.reference):
+        return
+    try:
+        convert(op.reference, hooks)
+    except ConversionError:
+        pass
+    except CompileError as e:
+        raise CompileError(
+            f"custom op {op.name}: its reference cannot be captured: {e.message}", e.loc, e.hint
+        ) from None
 
 
 def _check_lowerings(op: CustomOp) -> None:
