@@ -265,3 +265,50 @@ def test_a_reference_that_cannot_be_captured_is_refused_at_the_declaration():
                 return x
 
     assert "test_custom_ops.py" in str(info.value)
+
+
+@cu.custom_op("cuvil_test::opaque_twice", shape=lambda x, *, k: x, lower={"cpu": "x * (2 * k)"})
+def opaque_twice(x: torch.Tensor, *, k: float = 1.0) -> torch.Tensor:
+    return torch.from_numpy(x.numpy() * (2 * k))  # numpy: nothing Cuvil could capture
+
+
+@cu.custom_op("cuvil_test::opaque_split", shape=lambda x: (x, x[:-1] + (1,)))
+def opaque_split(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return x * 2, x.sum(-1, keepdim=True)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_a_shape_function_declares_an_op_whose_reference_is_not_captured(target):
+    def f(x):
+        a, s = opaque_split(torch.relu(opaque_twice(x + 1, k=1.5)))
+        return a - s
+
+    cf = cu.compile(f, target=target, fallback="error")
+    for n in (3, 5):
+        x = torch.randn(n, 4)
+        torch.testing.assert_close(cf(x), f(x))
+    assert cf.stats.compiles == 1
+    text = cf.graphs[0].text
+    assert (
+        "cuvil_test::opaque_twice(" in text and " (\n" not in text.split("opaque_twice")[1][:80]
+    )  # no region
+    if target == "cpu":  # opaque_twice is its C expression, fused; opaque_split runs its reference
+        report = cf.artifacts[-1].executable.report
+        assert report.externs == 1 and report.kernels >= 1, report
+
+
+def test_an_opaque_op_runs_under_torch_compile_through_its_fake():
+    x = torch.randn(3, 4)
+    torch.testing.assert_close(
+        torch.compile(lambda x: opaque_split(x)[1] + 1)(x), x.sum(-1, keepdim=True) + 1
+    )
+
+
+def test_cuvil_ops_says_how_each_custom_op_is_lowered():
+    from cuvil.plugins import op_infos
+
+    infos = {i.name: i for i in op_infos()}
+    assert infos["cuvil_test::scaled_gelu"].lowering == "region"
+    assert infos["cuvil_test::softsign"].lowering == "region; native on ascend, cpu, cuda"
+    assert infos["cuvil_test::opaque_twice"].lowering == "extern; native on cpu"
+    assert infos["cuvil_test::opaque_split"].kind == "custom"

@@ -42,7 +42,7 @@ from torch.overrides import handle_torch_function, has_torch_function
 
 from cuvil.errors import CompileError, SourceLoc
 from cuvil.frontend.composite import ATTR_TYPES, capture_rule, operands
-from cuvil_ir.graph_ir.ops.composite import declare_composite
+from cuvil_ir.graph_ir.ops.composite import declare_custom_op
 from cuvil_ir.graph_ir.registry import describe_origin
 
 #: torch.library fragments, one per namespace (kept alive: dropping one unregisters it)
@@ -52,6 +52,8 @@ _CURRENT: dict[str, CustomOp] = {}
 _LOCK = threading.Lock()
 
 _SCHEMA_TYPES = {bool: "bool", int: "int", float: "float", str: "str"}
+#: the targets of Cuvil's own distributions: a lowering may name them where they are not installed
+CUVIL_TARGETS = ("ascend", "cpu", "cuda")
 
 
 def _where(fn: Callable[..., Any]) -> SourceLoc | None:
@@ -62,9 +64,20 @@ def _where(fn: Callable[..., Any]) -> SourceLoc | None:
 class CustomOp:
     """A declared custom op; call it like the reference (eagerly, or in compiled code)."""
 
-    def __init__(self, name: str, reference: Callable[..., Any], lower: Mapping[str, str]) -> None:
+    def __init__(
+        self,
+        name: str,
+        reference: Callable[..., Any],
+        lower: Mapping[str, str],
+        shape: Callable[..., Any] | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
         self.name = name
         self.reference = reference
+        #: ``shape(*operand_shapes, **attrs)``: the result's shape (a tuple of them for
+        #: several results), for a reference Cuvil does not capture (``None``: captured)
+        self.shape = shape
+        self.dtype = dtype
         #: target name -> the op's native lowering there (an expression in its kernel language)
         self.lowerings = dict(sorted(lower.items()))
         self.__name__ = getattr(reference, "__name__", name.split("::")[-1])
@@ -74,7 +87,8 @@ class CustomOp:
         self.signature, self.tensors, self.attrs, self.returns = _schema_of(name, reference)
         self.schema = _schema_text(name, self)
         _check_lowerings(self)
-        _check_convertible(self)
+        if shape is None:
+            _check_convertible(self)
 
     # -- calls -------------------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -154,7 +168,8 @@ def _check_lowerings(op: CustomOp) -> None:
     from cuvil_runtime.registry import REGISTRY as TARGETS
 
     loc = _where(op.reference)
-    known = TARGETS.names()
+    # an op library ships lowerings for Cuvil's own targets whether or not they are installed
+    known = sorted(set(TARGETS.names()) | set(CUVIL_TARGETS))
     for target, body in op.lowerings.items():
         if target not in known:
             raise CompileError(
@@ -199,21 +214,65 @@ def _kernel(name: str) -> Callable[..., Any]:
 
 
 def _register_with_torch(op: CustomOp) -> None:
+    """A captured reference is torch code: ``CompositeImplicitAutograd`` (torch.compile
+    traces it). One declared with a shape function may be anything: an opaque kernel
+    (``CompositeExplicitAutograd``) whose fake implementation is the shape function."""
     ns, short = op.name.split("::")
     lib = _LIBRARIES.get(ns)
     if lib is None:
         lib = _LIBRARIES[ns] = torch.library.Library(ns, "FRAGMENT")
     lib.define(op.schema)
-    lib.impl(short, _kernel(op.name), "CompositeImplicitAutograd")
+    if op.shape is None:
+        lib.impl(short, _kernel(op.name), "CompositeImplicitAutograd")
+        return
+    lib.impl(short, _kernel(op.name), "CompositeExplicitAutograd")
+
+    def fake(*args: Any, **kwargs: Any) -> Any:
+        current = _CURRENT[op.name]
+        tensors, attrs = current.bind(*args, **kwargs)
+        shapes = _shapes(current, [tuple(t.shape) for t in tensors], attrs)
+        dt = current.dtype or tensors[0].dtype
+        outs = tuple(tensors[0].new_empty(s, dtype=dt) for s in shapes)
+        return outs[0] if current.returns == 1 else outs
+
+    torch.library.register_fake(op.name, fake, lib=lib)
+
+
+def _shapes(op: CustomOp, shapes: list[tuple[Any, ...]], attrs: dict[str, Any]) -> list[tuple[Any, ...]]:
+    """The shape function's answer as one shape per result."""
+    assert op.shape is not None
+    out = op.shape(*shapes, **attrs)
+    return [tuple(s) for s in out] if op.returns > 1 else [tuple(out)]
+
+
+def _infer(op: CustomOp) -> Callable[..., Any]:
+    """The Graph IR shape rule of an op declared with a shape function."""
+
+    def infer(ctx: Any, *inputs: Any, **attrs: Any) -> Any:
+        from cuvil_ir.graph_ir.types import DType, TensorType
+
+        first = inputs[0]
+        dt = DType.from_torch(op.dtype) if op.dtype is not None else first.dtype
+        types = tuple(TensorType(dt, s, first.device) for s in _shapes(op, [t.shape for t in inputs], attrs))
+        return types[0] if op.returns == 1 else types
+
+    return infer
 
 
 def custom_op(
-    name: str, *, lower: Mapping[str, str] | None = None
+    name: str,
+    *,
+    lower: Mapping[str, str] | None = None,
+    shape: Callable[..., Any] | None = None,
+    dtype: torch.dtype | None = None,
 ) -> Callable[[Callable[..., Any]], CustomOp]:
     """Declare the operator ``name`` (``"namespace::name"``) from the decorated torch
     reference; ``lower`` maps target names to native lowerings that replace the
     decomposition there (elementwise ops: an expression of the operands and attributes
-    in the target's kernel language). See the module documentation."""
+    in the target's kernel language). With ``shape`` (and ``dtype``, default the first
+    operand's) the reference is not captured: the op runs it as a call (or a native
+    lowering), its result shape from ``shape(*operand_shapes, **attrs)``. See the module
+    documentation."""
     if (
         not isinstance(name, str)
         or name.count("::") != 1
@@ -222,7 +281,7 @@ def custom_op(
         raise ValueError(f"cu.custom_op: the name is 'namespace::name' (identifiers), got {name!r}")
 
     def decorate(fn: Callable[..., Any]) -> CustomOp:
-        op = CustomOp(name, fn, lower or {})
+        op = CustomOp(name, fn, lower or {}, shape, dtype)
         with _LOCK:
             old = _CURRENT.get(name)
             again = old is not None and _same_definer(old.reference, fn)
@@ -251,13 +310,15 @@ def custom_op(
             packet = getattr(getattr(torch.ops, ns), short)
             # calls of the op object and of torch.ops.<ns>.<name> are captured alike
             callables = (op, packet, packet.default)
-            rule = capture_rule(name, fn, op.bind, op.lowerings)
-            declare_composite(
+            rule = capture_rule(name, fn, op.bind, op.lowerings, captured=shape is None)
+            declare_custom_op(
                 name,
                 fn,
                 op.attrs,
                 operands=op.tensors,
                 lowerings=tuple(op.lowerings),
+                infer=None if shape is None else _infer(op),
+                results=op.returns,
                 torch_callables=callables,
                 capture=rule,
                 replace=again,

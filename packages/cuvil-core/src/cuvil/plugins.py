@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 
+from cuvil_ir.graph_ir.ops.composite import Composite, Opaque
 from cuvil_ir.graph_ir.registry import REGISTRY, describe_origin
 
 
@@ -22,8 +23,8 @@ class OpInfo:
     """What ``cuvil ops`` shows about one op."""
 
     name: str
-    #: "built-in" (cuvil-ir), "custom" (``cu.custom_op``: a composite op) or "declared"
-    #: (an ``Op`` subclass of another module)
+    #: "built-in" (cuvil-ir), "custom" (``cu.custom_op``) or "declared" (an ``Op``
+    #: subclass of another module)
     kind: str
     #: the distribution (and module) that declared it
     origin: str
@@ -38,15 +39,17 @@ def _lowering(name: str) -> str:
 
     op = REGISTRY.get(name)
     if "control_flow" in op.traits:
-        return "control flow"
-    if "composite" in op.traits:
-        native = [a.removeprefix("lower_") for a in op.attr_names if a.startswith("lower_")]
-        return "region" + (f"; native on {', '.join(native)}" if native else "")
-    if dict.__contains__(RULES, name):
-        return "kernel"
-    if op.decompose is not None and "tensor_ir" not in op.extern_reasons:
-        return "decomposition"
-    return "extern"
+        how = "control flow"
+    elif "composite" in op.traits:
+        how = "region"
+    elif dict.__contains__(RULES, name):
+        how = "kernel"
+    elif op.decompose is not None and "tensor_ir" not in op.extern_reasons:
+        how = "decomposition"
+    else:
+        how = "extern"
+    native = [a.removeprefix("lower_") for a in op.attr_names if a.startswith("lower_")]
+    return how + (f"; native on {', '.join(native)}" if native else "")
 
 
 def op_infos() -> list[OpInfo]:
@@ -56,13 +59,8 @@ def op_infos() -> list[OpInfo]:
     for name in REGISTRY.names():
         module = REGISTRY.origin(name)
         op = REGISTRY.get(name)
-        kind = (
-            "built-in"
-            if module.startswith("cuvil_ir.")
-            else "custom"
-            if "composite" in op.traits
-            else "declared"
-        )
+        custom = issubclass(op, (Composite, Opaque))
+        kind = "built-in" if module.startswith("cuvil_ir.") else "custom" if custom else "declared"
         out.append(OpInfo(name, kind, describe_origin(module), _lowering(name)))
     return out
 

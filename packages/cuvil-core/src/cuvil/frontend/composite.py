@@ -32,10 +32,14 @@ def capture_rule(
     reference: Callable[..., Any],
     bind: Callable[..., tuple[list[Any], dict[str, Any]]],
     lowerings: Mapping[str, str],
+    *,
+    captured: bool = True,
 ) -> Callable[..., Any]:
     """The capture rule of custom op ``name``: ``bind(*args, **kwargs)`` splits a call
     into its tensor operands and its attributes (the declaration's signature); the
-    node also carries each native lowering, as attribute ``lower_<target>``."""
+    node also carries each native lowering, as attribute ``lower_<target>``. Not
+    ``captured`` (an op declared with a shape function): a node without a region,
+    typed by the op's shape rule."""
 
     def rule(b: Tracer, *args: Any, **kwargs: Any) -> Any:
         try:
@@ -57,6 +61,13 @@ def capture_rule(
                 )
         inputs = tuple(b.value_of(t) for t in tensors)
         loc, where = b.loc(), b.source_loc()
+        lowered = {f"lower_{t}": text for t, text in lowerings.items()}
+        if not captured:
+            out = b.emit(name, tensors, **attrs, **lowered)
+            results = [b.value_of(h) for h in pytree.tree_leaves(out)]
+            if lowerings:
+                _check_elementwise(b, name, inputs, results, lowerings, where)
+            return out
         fn = hooks._converted(reference)
         with b.region([v.type for v in inputs]) as body:
             with b.mode():  # the handler runs with the tracer's mode popped
@@ -70,7 +81,7 @@ def capture_rule(
         if lowerings:
             _check_elementwise(b, name, inputs, body.results, lowerings, where)
         outputs = tuple(b._fresh(v.type) for v in body.results)
-        all_attrs = {**attrs, **{f"lower_{t}": text for t, text in lowerings.items()}}
+        all_attrs = {**attrs, **lowered}
         b.nodes.append(Node(name, inputs, outputs, tuple(sorted(all_attrs.items())), (body.block,), loc=loc))
         return pytree.tree_unflatten([b.wrap(v) for v in outputs], spec)
 

@@ -62,30 +62,56 @@ class Composite(Op):
     decompose = staticmethod(_from_region)
 
 
-def declare_composite(
+class Opaque(Op):
+    """Base of custom ops declared with a shape function instead of a capturable
+    reference: no region, result types from the shape function, run as the reference
+    (an extern call) except where a target has a native lowering."""
+
+    traits = frozenset({"pure"})
+    num_outputs = None
+    operands: tuple[str, ...] = ()
+    extern_reasons = {
+        "tensor_ir": "declared with a shape function: its reference is not captured, so it runs as a call",
+        "mlir": "declared with a shape function: there is no decomposition to emit",
+        "onnx": "declared with a shape function: there is no decomposition to export",
+    }
+
+
+def declare_custom_op(
     name: str,
     reference: Callable[..., Any],
     attrs: Sequence[str] = (),
     *,
     operands: Sequence[str] = (),
     lowerings: Sequence[str] = (),
+    infer: Callable[..., Any] | None = None,
+    results: int | None = None,
     torch_callables: Sequence[Any] = (),
     capture: CaptureRule | None = None,
-    traits: frozenset[str] = frozenset(),
     replace: bool = False,
 ) -> type[Op]:
-    """Register the composite op ``name`` (``namespace::name``) whose attributes are
-    ``attrs`` and whose eager implementation is ``reference``; calls of
-    ``torch_callables`` are recorded by ``capture`` (which builds the node and its
-    region). ``operands`` names the tensor operands; ``lowerings`` names the targets
-    with a native lowering, each an attribute ``lower_<target>`` holding its text (see
-    [Note: native calls] in :mod:`cuvil_ir.tensor_ir.expr`). ``replace`` swaps an
-    earlier declaration of the same name from the same module (a module run again)."""
+    """Register the custom op ``name`` (``namespace::name``) whose attributes are
+    ``attrs`` and whose eager implementation is ``reference``: a composite op (its
+    region is its decomposition) or, given ``infer(ctx, *input_types, **attrs)``, an
+    opaque one (:class:`Opaque`) with ``results`` results. Calls of ``torch_callables`` are recorded by
+    ``capture``. ``operands`` names the tensor operands; ``lowerings`` names the
+    targets with a native lowering, each an attribute ``lower_<target>`` holding its
+    text (see [Note: native calls] in :mod:`cuvil_ir.tensor_ir.expr`). ``replace``
+    swaps an earlier declaration of the same name from the same module (a module run
+    again)."""
     if "::" not in name or not all(part.isidentifier() for part in name.split("::")):
         raise ValueError(f"a custom op is named 'namespace::name' (identifiers), got {name!r}")
 
-    def infer(ctx: Any, *inputs: Any, **kwargs: Any) -> Any:
-        raise TypeError(f"{name}: result types come from its region (the verifier calls check_regions)")
+    def own(kwargs: dict[str, Any]) -> dict[str, Any]:  # the lowerings' texts are not the op's
+        return {k: v for k, v in kwargs.items() if not k.startswith("lower_")}
+
+    def rule(ctx: Any, *inputs: Any, **kwargs: Any) -> Any:
+        if infer is None:
+            raise TypeError(f"{name}: result types come from its region (the verifier calls check_regions)")
+        return infer(ctx, *inputs, **own(kwargs))
+
+    def run(*inputs: Any, **kwargs: Any) -> Any:
+        return reference(*inputs, **own(kwargs))
 
     params = [
         inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_ONLY),
@@ -93,27 +119,25 @@ def declare_composite(
         *(inspect.Parameter(a, inspect.Parameter.KEYWORD_ONLY) for a in attrs),
         *(inspect.Parameter(f"lower_{t}", inspect.Parameter.KEYWORD_ONLY) for t in lowerings),
     ]
-
-    def run(*inputs: Any, **kwargs: Any) -> Any:  # the lowerings' texts are not the reference's
-        return reference(*inputs, **{k: v for k, v in kwargs.items() if not k.startswith("lower_")})
-
-    infer.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    rule.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
     module = str(getattr(reference, "__module__", __name__))
+    base: type[Op] = Composite if infer is None else Opaque
     body: dict[str, Any] = {
         "name": name,
-        "traits": COMPOSITE | traits,
-        "infer": staticmethod(infer),
+        "infer": staticmethod(rule),
         "reference": staticmethod(run),
         "operands": tuple(operands),
         "torch": staticmethod(lambda: tuple(torch_callables)),
         "__module__": module,
-        "__qualname__": f"Composite[{name}]",
+        "__qualname__": f"{base.__name__}[{name}]",
     }
     if capture is not None:
         body["capture"] = staticmethod(capture)
+    if infer is not None:
+        body["num_outputs"] = results
     if replace and name in REGISTRY:
         REGISTRY.remove(name, origin=module)
-    return type(f"Composite_{name.replace('::', '__')}", (Composite,), body)
+    return type(f"{base.__name__}_{name.replace('::', '__')}", (base,), body)
 
 
-__all__ = ["COMPOSITE", "Composite", "declare_composite"]
+__all__ = ["COMPOSITE", "Composite", "Opaque", "declare_custom_op"]
