@@ -312,3 +312,25 @@ def test_cuvil_ops_says_how_each_custom_op_is_lowered():
     assert infos["cuvil_test::softsign"].lowering == "region; native on ascend, cpu, cuda"
     assert infos["cuvil_test::opaque_twice"].lowering == "extern; native on cpu"
     assert infos["cuvil_test::opaque_split"].kind == "custom"
+
+
+def test_onnx_custom_domain_node_with_its_decomposition_as_a_function(tmp_path):
+    ort = pytest.importorskip("onnxruntime")
+    onnx = pytest.importorskip("onnx")
+
+    def f(x, b):
+        return scaled_gelu(x + b, alpha=0.5) + scaled_gelu(x, alpha=0.5) * scaled_gelu(b, alpha=2.0)
+
+    x, b = torch.randn(3, 16), torch.randn(16)
+    path = tmp_path / "domain.onnx"
+    model = cu.export_onnx(f, x, b, path=str(path), custom_ops="domain")
+    onnx.checker.check_model(model)
+    calls = [n for n in model.graph.node if n.domain == "cuvil_test"]
+    assert [n.op_type for n in calls] == ["scaled_gelu"] * 3
+    # equal bodies share one function; alpha=2.0 (and b's rank) make other overloads
+    assert {fn.name for fn in model.functions} == {"scaled_gelu"}
+    assert len({n.overload for n in calls}) == len(model.functions) >= 2
+    (out,) = ort.InferenceSession(str(path)).run(None, {"x": x.numpy(), "b": b.numpy()})
+    torch.testing.assert_close(torch.from_numpy(out), f(x, b))
+    inline = cu.export_onnx(f, x, b)
+    assert not inline.functions and all(n.domain == "" for n in inline.graph.node)

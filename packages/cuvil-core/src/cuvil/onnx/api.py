@@ -15,7 +15,9 @@ def _require_onnx() -> Any:
     return onnx
 
 
-def export_onnx(f: Any, *example_args: Any, path: str | os.PathLike[str] | None = None) -> Any:
+def export_onnx(
+    f: Any, *example_args: Any, path: str | os.PathLike[str] | None = None, custom_ops: str = "inline"
+) -> Any:
     """Capture ``f`` on ``example_args`` and return its Graph IR as an ``onnx.ModelProto``.
 
     ``f`` is a ``cu.compile`` d callable or a plain function / ``nn.Module`` (compiled
@@ -23,7 +25,9 @@ def export_onnx(f: Any, *example_args: Any, path: str | os.PathLike[str] | None 
     in order, with ``dim_param`` s named after the size symbols (``x_0``); module
     parameters, buffers and lifted tensors are stored as initializers; the outputs
     are the tensor leaves of the result, in ``tree_flatten`` order. With ``path``
-    the model is also written there.
+    the model is also written there. A ``cu.custom_op`` is written as its decomposition
+    (``custom_ops="inline"``) or as a node of its namespace's domain with the
+    decomposition as a model-local function (``"domain"``).
     """
     onnx = _require_onnx()
     from cuvil.api import CompiledFunction, compile
@@ -44,7 +48,7 @@ def export_onnx(f: Any, *example_args: Any, path: str | os.PathLike[str] | None 
         elif kind != "leaf":
             inits[v.name] = where()
     picks = [i for kind, i in c.outputs if kind == "graph"]
-    model = export_graph(graph, initializers=inits, outputs=picks)
+    model = export_graph(graph, initializers=inits, outputs=picks, custom_ops=custom_ops)
     if path is not None:
         onnx.save(model, os.fspath(path))
     return model

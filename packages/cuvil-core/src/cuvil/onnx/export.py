@@ -20,6 +20,7 @@ from typing import Any
 
 import sympy
 
+from cuvil.onnx.functions import custom_domain_node
 from cuvil_ir.graph_ir.decompose import NotDecomposed, expand, uses_decomposition
 from cuvil_ir.graph_ir.nodes import Block, Graph, Node, Value
 from cuvil_ir.graph_ir.registry import REGISTRY, registrar
@@ -120,6 +121,10 @@ class Exporter:
         #: ONNX value -> the Python number of a ``const`` node it holds, so that a use in
         #: float arithmetic gets a constant of its dtype rather than a ``Cast``
         self.numbers: dict[str, float] = {}
+        #: custom ops as custom-domain nodes and functions (:mod:`cuvil.onnx.functions`)
+        self.custom_domain = False
+        #: (domain, name, overload) -> FunctionProto
+        self.functions: dict[tuple[str, str, str], Any] = {}
 
     # -- building blocks ---------------------------------------------------------------
     def fresh(self, hint: str = "t") -> str:
@@ -340,7 +345,9 @@ class Exporter:
         for n in nodes:
             fn = OPS.get(n.op)
             outs = None
-            if fn is not None:
+            if self.custom_domain and n.op in REGISTRY and "composite" in REGISTRY.get(n.op).traits:
+                outs = custom_domain_node(self, n)  # None: its body is not closed, inline it
+            elif fn is not None:
                 try:
                     outs = fn(self, n)  # None: no native form here, use the decomposition
                 except ExportError:
@@ -401,13 +408,20 @@ def export_graph(
     outputs: Sequence[int] | None = None,
     opset: int = OPSET,
     producer: str = "cuvil",
+    custom_ops: str = "inline",
 ) -> Any:
     """``graph`` as an ONNX model. ``initializers`` maps graph input names to tensors stored
     in the model (module weights) instead of being model inputs; ``outputs`` picks and
-    orders the graph outputs (default: all, in order)."""
+    orders the graph outputs (default: all, in order). ``custom_ops="domain"`` writes
+    each custom op as a node of its namespace's domain with its decomposition as a
+    model-local function (:mod:`cuvil.onnx.functions`); ``"inline"`` writes the
+    decomposition in its place."""
     import numpy as np
 
+    if custom_ops not in ("inline", "domain"):
+        raise ValueError(f"custom_ops is 'inline' or 'domain', got {custom_ops!r}")
     ex = Exporter(opset)
+    ex.custom_domain = custom_ops == "domain"
     onnx = ex.onnx
     initializers = initializers or {}
     inputs = []
@@ -451,8 +465,16 @@ def export_graph(
     g = onnx.helper.make_graph(nodes, _ident(graph.name) or "main", inputs, out_infos, initializer=inits)
     if graph.assumptions:
         g.doc_string = "valid when: " + "; ".join(expr_str(a) for a in graph.assumptions)
+    domains = sorted({d for d, _, _ in ex.functions})
     model = onnx.helper.make_model(
-        g, opset_imports=[onnx.helper.make_opsetid("", opset)], producer_name=producer, ir_version=9
+        g,
+        opset_imports=[
+            onnx.helper.make_opsetid("", opset),
+            *(onnx.helper.make_opsetid(d, 1) for d in domains),
+        ],
+        producer_name=producer,
+        ir_version=10 if ex.functions else 9,  # function overloads need IR 10
+        functions=[ex.functions[k] for k in sorted(ex.functions)],
     )
     if graph.assumptions:
         onnx.helper.set_model_props(
