@@ -334,3 +334,21 @@ def test_onnx_custom_domain_node_with_its_decomposition_as_a_function(tmp_path):
     torch.testing.assert_close(torch.from_numpy(out), f(x, b))
     inline = cu.export_onnx(f, x, b)
     assert not inline.functions and all(n.domain == "" for n in inline.graph.node)
+
+
+def test_lowerings_can_be_added_right_after_the_declaration_not_after_a_compile():
+    @cu.custom_op("cuvil_test::late")
+    def late(x, *, k: float = 1.0):
+        return x * k + 1
+
+    @late.lower("cpu")
+    def _():
+        return "x * k + 1"
+
+    assert late.lowerings == {"cpu": "x * k + 1"}
+    cf = cu.compile(lambda x: late(x, k=2.0), target="reference", fallback="error")
+    x = torch.randn(3)
+    torch.testing.assert_close(cf(x), x * 2.0 + 1)
+    assert 'lower_cpu = "x * k + 1"' in cf.graphs[0].text
+    with pytest.raises(CompileError, match="added after the op was compiled"):
+        late.lower("cuda", "x * k + 1")

@@ -78,6 +78,8 @@ class CustomOp:
         #: several results), for a reference Cuvil does not capture (``None``: captured)
         self.shape = shape
         self.dtype = dtype
+        #: a capture has recorded the op (lowerings can no longer be added)
+        self.compiled = False
         #: target name -> the op's native lowering there (an expression in its kernel language)
         self.lowerings = dict(sorted(lower.items()))
         self.__name__ = getattr(reference, "__name__", name.split("::")[-1])
@@ -97,6 +99,35 @@ class CustomOp:
             return handle_torch_function(self, tensors, *args, **kwargs)
         ns, op = self.name.split("::")
         return getattr(getattr(torch.ops, ns), op)(*args, **kwargs)
+
+    def lower(self, target: str, body: str | None = None) -> Any:
+        """Add the native lowering of ``target`` (as ``lower=`` does): ``op.lower("cpu",
+        "x * k")``, or ``@op.lower("cpu")`` on a function returning the text. Only before
+        the op is first compiled: a function compiled earlier could not see it."""
+        if body is None:
+
+            def decorate(fn: Callable[[], str]) -> Callable[[], str]:
+                self.lower(target, fn())
+                return fn
+
+            return decorate
+        with _LOCK:
+            if self.compiled:
+                raise CompileError(
+                    f"custom op {self.name}: a lowering for {target!r} added after the op was compiled; "
+                    "what was compiled before would keep its old code",
+                    _where(self.reference),
+                    "declare lowerings with the op (cu.custom_op(..., lower={...})) or right after it",
+                )
+            previous = self.lowerings
+            self.lowerings = dict(sorted({**previous, target: body}.items()))
+            try:
+                _check_lowerings(self)
+            except CompileError:
+                self.lowerings = previous
+                raise
+            _declare(self, replace=True)
+        return self
 
     def bind(self, *args: Any, **kwargs: Any) -> tuple[list[Any], dict[str, Any]]:
         """Split a call into its tensor operands and its attributes (defaults filled)."""
@@ -293,40 +324,47 @@ def custom_op(
                     _where(fn),
                     "rename one of them (the namespace keeps libraries apart)",
                 )
-            if (
-                again
-                and old is not None
-                and (old.schema, list(old.lowerings)) != (op.schema, list(op.lowerings))
-            ):
+            if again and old is not None and (old.schema, old.shape is None) != (op.schema, shape is None):
                 raise CompileError(
-                    f"custom op {name}: its signature or its targets changed ({old.schema} -> {op.schema}); "
+                    f"custom op {name}: its signature changed ({old.schema} -> {op.schema}); "
                     "torch keeps the first registration for the life of the process",
                     _where(fn),
                     "restart the process to change an op's signature",
                 )
             if not again:
                 _register_with_torch(op)
-            ns, short = name.split("::")
-            packet = getattr(getattr(torch.ops, ns), short)
-            # calls of the op object and of torch.ops.<ns>.<name> are captured alike
-            callables = (op, packet, packet.default)
-            rule = capture_rule(name, fn, op.bind, op.lowerings, captured=shape is None)
-            declare_custom_op(
-                name,
-                fn,
-                op.attrs,
-                operands=op.tensors,
-                lowerings=tuple(op.lowerings),
-                infer=None if shape is None else _infer(op),
-                results=op.returns,
-                torch_callables=callables,
-                capture=rule,
-                replace=again,
-            )
+            _declare(op, replace=again)
             _CURRENT[name] = op
         return op
 
     return decorate
+
+
+def _declare(op: CustomOp, *, replace: bool) -> None:
+    """Register (or register again) ``op``'s Graph IR declaration and capture rule."""
+    ns, short = op.name.split("::")
+    packet = getattr(getattr(torch.ops, ns), short)
+    # calls of the op object and of torch.ops.<ns>.<name> are captured alike
+    callables = (op, packet, packet.default)
+
+    def used() -> None:
+        op.compiled = True
+
+    rule = capture_rule(
+        op.name, op.reference, op.bind, dict(op.lowerings), captured=op.shape is None, used=used
+    )
+    declare_custom_op(
+        op.name,
+        op.reference,
+        op.attrs,
+        operands=op.tensors,
+        lowerings=tuple(op.lowerings),
+        infer=None if op.shape is None else _infer(op),
+        results=op.returns,
+        torch_callables=callables,
+        capture=rule,
+        replace=replace,
+    )
 
 
 def _same_definer(a: Callable[..., Any], b: Callable[..., Any]) -> bool:

@@ -34,14 +34,16 @@ def capture_rule(
     lowerings: Mapping[str, str],
     *,
     captured: bool = True,
+    used: Callable[[], None] = lambda: None,
 ) -> Callable[..., Any]:
     """The capture rule of custom op ``name``: ``bind(*args, **kwargs)`` splits a call
     into its tensor operands and its attributes (the declaration's signature); the
     node also carries each native lowering, as attribute ``lower_<target>``. Not
     ``captured`` (an op declared with a shape function): a node without a region,
-    typed by the op's shape rule."""
+    typed by the op's shape rule. ``used()`` is called at each capture."""
 
     def rule(b: Tracer, *args: Any, **kwargs: Any) -> Any:
+        used()
         try:
             tensors, attrs = bind(*args, **kwargs)
         except TypeError as e:
