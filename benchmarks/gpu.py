@@ -677,7 +677,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     os.environ.update(_child_env(tmp))
     import cuvil as cu
 
-    import_s = cu.warmup()  # before anything imports triton: the background import must be done
+    import_s = cu.warmup()  # the one-time imports of capture, before anything is timed
     data: dict[str, Any] = {
         "machine": describe_gpu(device),
         "config": {

@@ -22,55 +22,29 @@ from cuvil.plugins import reload_plugins
 __version__ = "0.1.0"
 
 
-def _preload() -> None:
-    """Import what the first capture needs while the caller builds its model, so the
-    first compiled call does not pay for it. The capture's size mirror is torch's
-    ``ShapeEnv`` (``cuvil_ir.graph_ir.fake``), whose module imports ``torch._dynamo``
-    internally (about 0.7 s); Cuvil calls nothing from ``torch._dynamo``,
-    ``torch.export`` or ``torch.compile``. ``CUVIL_PRELOAD=0`` turns this off."""
-    try:
-        from torch.fx.experimental.symbolic_shapes import ShapeEnv
-
-        ShapeEnv()
-    except Exception:  # the first capture will import (and report) it again
-        pass
-
-
-_PRELOAD: Any = None  # the background import thread, when started
-
-
-def _start_preload() -> None:
-    import os
-    import threading
-
-    global _PRELOAD
-    if os.environ.get("CUVIL_PRELOAD", "1") != "0":
-        import sysconfig
-
-        # Python 3.11 fills sysconfig's table lazily and not thread-safely: a caller on the
-        # main thread (triton's import, in the cuda target's check) could read a half-filled
-        # table (``EXE`` None) while the preload's imports fill it. Fill it here, first.
-        sysconfig.get_config_vars()
-        _PRELOAD = threading.Thread(target=_preload, name="cuvil-preload", daemon=True)
-        _PRELOAD.start()
-
-
 def warmup() -> float:
-    """Finish the one-time imports the first capture needs (torch's ShapeEnv brings in
-    ``torch._dynamo``, about 0.7 s, started in the background by ``import cuvil``);
-    returns the seconds spent waiting. Call it at startup so that the first compiled
-    call pays only for compiling (or, with a warm cache, loading)."""
+    """Do the one-time imports the first capture needs, in the caller's thread, and
+    return the seconds they took: the capture's size mirror is torch's ``ShapeEnv``
+    (``cuvil_ir.graph_ir.fake``), whose construction imports ``torch._dynamo``
+    (about 0.7 s; Cuvil calls nothing from ``torch._dynamo``, ``torch.export`` or
+    ``torch.compile``). Call it at startup so that the first compiled call pays only
+    for compiling (or, with a warm cache, loading); the second call returns at once.
+
+    [Note: no background imports] ``import cuvil`` used to start this import in a
+    thread. Another thread importing an overlapping set of torch modules meanwhile
+    (``torch.compile`` right after ``import cuvil`` imports ``torch._inductor``, which
+    imports ``torch._dynamo``; libraries such as transformers import ``torch._dynamo``)
+    takes the same module locks in another order: a deadlock, which Python breaks by
+    failing one of the imports, or a hang. Holding the global import lock around the
+    background import leaves a window of the same kind. So the import happens in the
+    thread that asks for it (``tests/test_preload.py`` checks the race)."""
     import time
 
     t0 = time.perf_counter()
-    if _PRELOAD is not None:
-        _PRELOAD.join()
-    else:
-        _preload()
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    ShapeEnv()
     return time.perf_counter() - t0
-
-
-_start_preload()
 
 
 def backends() -> list[Any]:
