@@ -114,3 +114,27 @@ def test_failing_and_clashing_plugins_are_reported_and_break_nothing(tmp_path):
     clash_line = next(line for line in out.splitlines() if "declared twice" in line)
     assert "cuvil-ops-good" in clash_line and "cuvil-ops-clash" in clash_line, clash_line
     assert "exit 1" in out and "[3.0]" in out, out
+
+
+def test_a_plugin_that_failed_is_tried_again_by_reload(tmp_path):
+    """A plugin that failed for want of something (here: a module it imports) loads
+    once that is installed and ``cu.reload_plugins()`` runs."""
+    site = tmp_path / "site"
+    needy = make_distribution(
+        tmp_path, "cuvil-ops-needy", "cuvil_needy_ops", "import cuvil_needy_dep\n" + textwrap.dedent(TRIPLE)
+    )
+    out = run(
+        f"""
+        import subprocess, sys, torch
+        {pip_install(needy, site)}
+        sys.path.append({str(site)!r})
+        import cuvil as cu
+        print(cu.reload_plugins()["errors"])
+        (site := __import__("pathlib").Path({str(site)!r}) / "cuvil_needy_dep.py").write_text("")
+        found = cu.reload_plugins()
+        print(found["errors"], "hot::triple" in found["ops"])
+        """
+    )
+    first, second = out.splitlines()[:2]
+    assert "needy_ops (cuvil-ops-needy): ModuleNotFoundError" in first, out
+    assert second == "[] True", out

@@ -208,8 +208,9 @@ class Registry:
 
     def load_plugins(self, *, rescan: bool = False) -> None:
         """Import the modules named by ``cuvil.ops`` entry points (once; ``rescan``: also
-        those of distributions installed since). One that raises is recorded in
-        :meth:`plugin_errors` with its distribution, and the others still load."""
+        those of distributions installed since, and those that failed before). One that
+        raises is recorded in :meth:`plugin_errors` with its distribution, and the others
+        still load."""
         if self._plugins_loaded and not rescan:
             return
         with _LOAD_LOCK:
@@ -220,13 +221,16 @@ class Registry:
             for ep in sorted(entry_points(group="cuvil.ops"), key=lambda e: e.name):
                 dist = ep.dist.name if ep.dist is not None else "<unknown distribution>"
                 key = (dist, ep.name, ep.value)
-                if key in self._loaded:
-                    continue
+                failed = ep.name in self._errors
+                if key in self._loaded and not (rescan and failed):
+                    continue  # loaded, or failed and not asked to try again
                 self._loaded.add(key)
                 try:
                     ep.load()
                 except Exception as e:  # reported by `cuvil ops`; the other plugins load
                     self._errors[ep.name] = (dist, f"{type(e).__name__}: {e}")
+                else:
+                    self._errors.pop(ep.name, None)
             self._plugins_loaded = True
             self._by_torch = None
 
