@@ -127,7 +127,7 @@ def test_onnx_export_of_a_custom_op(tmp_path):
     torch.testing.assert_close(torch.from_numpy(out), softmax_chain(x, b))
 
 
-def test_declaring_again_from_the_same_place_replaces_the_definition():
+def test_declaring_again_from_the_same_place_replaces_the_definition(tmp_path):
     """A module or cell run again: the compiled function reads the op as a global, its
     guard fails, and the new definition is compiled (the old artifact's graph had the
     old region, so nothing stale is reused)."""
@@ -144,19 +144,24 @@ def test_declaring_again_from_the_same_place_replaces_the_definition():
         def f(x):
             return scale(x) + 1
 
+        def g(x):  # through torch.ops: no global of its own changes
+            return torch.ops.again.scale(x) + 1
+
         declare(2.0)
-        cf = cu.compile(f, target="reference", fallback="error")
-        print(cf(torch.ones(2)).tolist())
+        cf, cg = (cu.compile(h, target="reference", fallback="error") for h in (f, g))
+        print(cf(torch.ones(2)).tolist(), cg(torch.ones(2)).tolist())
         declare(3.0)
-        print(cf(torch.ones(2)).tolist())
-        print(cf.stats.compiles, cf.graphs[0].text != cf.graphs[1].text)
-        print(cf.stats.recompile_reasons[-1])
+        print(cf(torch.ones(2)).tolist(), cg(torch.ones(2)).tolist())
+        print(cf.stats.compiles, cg.stats.compiles, cf.graphs[0].text != cf.graphs[1].text)
+        print(cg.stats.recompile_reasons[-1])
         """
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    script = tmp_path / "again.py"  # a file: its functions are converted, as user code is
+    script.write_text(code)
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, check=True).stdout
     lines = out.splitlines()
-    assert lines[:3] == ["[3.0, 3.0]", "[4.0, 4.0]", "2 True"], out
-    assert "scale" in lines[3], out
+    assert lines[:3] == ["[3.0, 3.0] [3.0, 3.0]", "[4.0, 4.0] [4.0, 4.0]", "2 2 True"], out
+    assert "custom op again::scale" in lines[3], out
 
 
 def test_bad_declarations_are_located_errors():

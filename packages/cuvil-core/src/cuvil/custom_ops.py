@@ -31,6 +31,7 @@ both places.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import threading
 import typing
@@ -351,7 +352,13 @@ def _declare(op: CustomOp, *, replace: bool) -> None:
         op.compiled = True
 
     rule = capture_rule(
-        op.name, op.reference, op.bind, dict(op.lowerings), captured=op.shape is None, used=used
+        op.name,
+        op.reference,
+        op.bind,
+        dict(op.lowerings),
+        captured=op.shape is None,
+        used=used,
+        current=functools.partial(_CURRENT.get, op.name),
     )
     declare_custom_op(
         op.name,

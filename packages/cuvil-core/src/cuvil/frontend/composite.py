@@ -35,15 +35,21 @@ def capture_rule(
     *,
     captured: bool = True,
     used: Callable[[], None] = lambda: None,
+    current: Callable[[], Any] | None = None,
 ) -> Callable[..., Any]:
     """The capture rule of custom op ``name``: ``bind(*args, **kwargs)`` splits a call
     into its tensor operands and its attributes (the declaration's signature); the
     node also carries each native lowering, as attribute ``lower_<target>``. Not
     ``captured`` (an op declared with a shape function): a node without a region,
-    typed by the op's shape rule. ``used()`` is called at each capture."""
+    typed by the op's shape rule. ``used()`` is called at each capture; ``current()``
+    returns the op's declaration, guarded by identity: a call through
+    ``torch.ops.<ns>.<name>`` reads no global that would change when the op is
+    declared again, so the guard is what recompiles it then."""
 
     def rule(b: Tracer, *args: Any, **kwargs: Any) -> Any:
         used()
+        if current is not None:
+            b.reads.read(f"custom op {name}", name, name.replace("::", "."), current, current())
         try:
             tensors, attrs = bind(*args, **kwargs)
         except TypeError as e:
