@@ -7,6 +7,7 @@ import inspect
 import threading
 import warnings
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +20,7 @@ from cuvil.errors import CompileError
 from cuvil.frontend import hooks
 from cuvil.frontend.capture import Captured, capture, module_state
 from cuvil.guards import describe_leaf, explain_structure, leaf_key
+from cuvil.submit import SerialQueue
 from cuvil_ir.symbolic import expr_str, symbol
 from cuvil_runtime.cache import CompileCache
 from cuvil_runtime.target import CompileOptions, Executable, TargetError
@@ -128,6 +130,8 @@ class CompiledFunction:
         self._last: _Artifact | None = None
         #: serializes compiles (re-entrant: capture may call this function again)
         self._compile_lock = threading.RLock()
+        #: ``submit``'s calls of this function, in order
+        self._queue = SerialQueue()
         self.__name__ = getattr(fn, "__name__", type(fn).__name__)
         self.__qualname__ = getattr(fn, "__qualname__", self.__name__)
         self.__doc__ = getattr(fn, "__doc__", None)
@@ -212,6 +216,19 @@ class CompiledFunction:
         return (flags, state)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        art, leaves, hit = self._prepare(args, kwargs)
+        return self._serve(art, leaves, args, kwargs, hit=hit)
+
+    def submit(self, *args: Any, **kwargs: Any) -> Future[Any]:
+        """Call asynchronously: arguments, guards and any compile on this thread, the
+        run on the runtime's pool, in submission order per function; returns a
+        ``concurrent.futures.Future`` (see :mod:`cuvil.submit`)."""
+        art, leaves, hit = self._prepare(args, kwargs)
+        return self._queue.submit(functools.partial(self._serve, art, leaves, args, kwargs, hit))
+
+    def _prepare(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[_Artifact, list[Any], bool]:
+        """The artifact for this call (found, or compiled now), its argument leaves, and
+        whether it was a cache hit."""
         # Fast path: plain positional tensors, bound and flattened like this before
         # (no defaults filled in, no containers), reuse the remembered tree spec.
         spec = None if kwargs else self._flat_specs.get(len(args))
@@ -232,7 +249,7 @@ class CompiledFunction:
         extra = self._extra_key()
         art = self._find(key, extra, leaves, self.artifacts)
         if art is not None:
-            return self._serve(art, leaves, args, kwargs, hit=True)
+            return art, leaves, True
         names = self._leaf_names(bargs, bkwargs)
         self._check_types(key, names)
         # One compile per key: threads missing at once queue here, and each looks again
@@ -240,13 +257,13 @@ class CompiledFunction:
         with self._compile_lock:
             art = self._find(key, extra, leaves, self.artifacts)  # with what others just compiled
             if art is not None:
-                return self._serve(art, leaves, args, kwargs, hit=True)
+                return art, leaves, True
             if self.artifacts:
                 self._note_recompile(self._why_miss(key, extra, leaves, names))
             art = self._compile(key, extra, leaves, names, spec)
             # a new list, not an in-place change: other threads may be scanning the old one
             self.artifacts = [*self.artifacts[-(MAX_ARTIFACTS - 1) :], art]
-        return self._serve(art, leaves, args, kwargs, hit=False)
+        return art, leaves, False
 
     def _note_recompile(self, reason: str) -> None:
         reasons = self.stats.recompile_reasons
