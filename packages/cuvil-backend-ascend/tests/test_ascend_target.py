@@ -18,6 +18,7 @@ import torch.nn.functional as F
 import cuvil as cu
 from cuvil.errors import CompileError
 from cuvil.testing import golden
+from cuvil.testing.kernels import KERNEL_CASES, bias_gelu, softmax_dropout
 from cuvil_backend_ascend.launch import AscendLauncher
 from cuvil_backend_ascend.policy import POLICY, AscendPolicy
 from cuvil_backend_ascend.rules import OPTIONS, LaunchRuleError, check_launch, needed_bytes
@@ -34,28 +35,7 @@ UPDATE_CMD = (
 )
 
 
-def softmax_dropout(x):
-    return F.dropout(torch.softmax(x, dim=-1), p=0.1, training=False)
-
-
-def layer_norm(x, w, b):
-    return F.layer_norm(x, (x.shape[-1],), w, b, 1e-5)
-
-
-def bias_gelu(x, b):
-    return F.gelu(x + b)
-
-
-def column_sum(x):
-    return x.sum(0)
-
-
-GOLDEN_CASES = {
-    "softmax_dropout": (softmax_dropout, lambda n: (torch.randn(n, 8),)),
-    "layer_norm": (layer_norm, lambda n: (torch.randn(n, 16), torch.randn(16), torch.randn(16))),
-    "bias_gelu": (bias_gelu, lambda n: (torch.randn(n, 3, 4), torch.randn(4))),
-    "column_sum": (column_sum, lambda n: (torch.randn(n, 5),)),
-}
+GOLDEN_CASES = KERNEL_CASES
 
 
 def executable(cf: Any) -> Any:

@@ -24,6 +24,7 @@ never breaks the other plugins.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -213,6 +214,8 @@ class Registry:
         still load."""
         if self._plugins_loaded and not rescan:
             return
+        if rescan:
+            _installed_packages.cache_clear()  # distributions installed since
         with _LOAD_LOCK:
             if self._plugins_loaded and not rescan:
                 return
@@ -248,20 +251,34 @@ def distribution_of(module: str) -> str | None:
     """The installed distribution that provides the top-level package of ``module``:
     from the installed files, else (an editable install lists none) a distribution
     whose ``cuvil.*`` entry points name that package, else one named after it."""
-    from importlib.metadata import PackageNotFoundError, distribution, entry_points, packages_distributions
+    from importlib.metadata import PackageNotFoundError, distribution
 
     top = module.split(".", 1)[0]
-    names = packages_distributions().get(top)
-    if names:
-        return names[0]
-    for group in ("cuvil.ops", "cuvil.backends"):
-        for ep in entry_points(group=group):
-            if ep.module.split(".", 1)[0] == top and ep.dist is not None:
-                return str(ep.dist.name)
+    found = _installed_packages().get(top)
+    if found is not None:
+        return found
     try:
         return str(distribution(top.replace("_", "-")).metadata["Name"])
     except PackageNotFoundError:
         return None
+
+
+@functools.cache
+def _installed_packages() -> dict[str, str]:
+    """Top-level package -> distribution, read once (every distribution's files and
+    entry points: a scan of site-packages); :meth:`Registry.load_plugins` with
+    ``rescan`` reads it again."""
+    from importlib.metadata import entry_points, packages_distributions
+
+    out: dict[str, str] = {}
+    for group in ("cuvil.ops", "cuvil.backends"):
+        for ep in entry_points(group=group):
+            if ep.dist is not None:
+                out.setdefault(ep.module.split(".", 1)[0], str(ep.dist.name))
+    for top, names in packages_distributions().items():
+        if names:
+            out[top] = names[0]
+    return out
 
 
 def describe_origin(module: str) -> str:
