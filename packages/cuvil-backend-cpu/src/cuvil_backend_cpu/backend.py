@@ -21,6 +21,12 @@ def _factory() -> Any:
     return CpuTarget()
 
 
+def _loader() -> Any:
+    from cuvil_backend_cpu.aot import CpuLoader
+
+    return CpuLoader()
+
+
 def _check() -> str | None:
     from cuvil_backend_cpu.toolchain import check
 
@@ -36,6 +42,7 @@ BACKEND = BackendSpec(
     priority=10,
     capabilities=CAPABILITIES,
     stages=STAGES,
+    loader=_loader,
 )
 
 __all__ = ["BACKEND", "CAPABILITIES", "STAGES"]

@@ -327,17 +327,37 @@ class KernelCache:
             if self._load_dir is None:
                 self._load_dir = trust.private_dir("load", parent=self.root)
             folder = self._load_dir
-        copy = folder / f"{so.stem}-{secrets.token_hex(4)}.so"
-        fd = os.open(copy, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o700)
+        return load_library(data, folder, so.stem, f"the cached kernel {so}")
+
+    def verified_bytes(self, path: Path | str) -> bytes:
+        """The bytes of the entry at ``path`` (from :meth:`build_all`), checked against its signature."""
+        data = self._verified(Path(path))
+        if data is None:
+            raise KernelLoadError(f"the cached kernel {path} is missing or does not match its signature")
+        return data
+
+
+def load_library(data: bytes, folder: Path, stem: str, what: str) -> ctypes.CDLL:
+    """``dlopen`` a copy of ``data`` (already verified) written into ``folder`` (a folder only
+    this process uses), removed once mapped: nothing is left on disk to swap."""
+    copy = folder / f"{stem}-{secrets.token_hex(4)}.so"
+    fd = os.open(copy, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o700)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
         try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            try:
-                return ctypes.CDLL(str(copy))
-            except OSError as e:
-                raise KernelLoadError(f"the cached kernel {so} cannot be loaded: {e}") from e
-        finally:
-            copy.unlink(missing_ok=True)  # the mapping stays; nothing is left to swap
+            return ctypes.CDLL(str(copy))
+        except OSError as e:
+            raise KernelLoadError(f"{what} cannot be loaded: {e}") from e
+    finally:
+        copy.unlink(missing_ok=True)
 
 
-__all__ = ["CacheStats", "KernelBuildError", "KernelCache", "KernelLoadError", "default_kernel_cache_dir"]
+__all__ = [
+    "CacheStats",
+    "KernelBuildError",
+    "KernelCache",
+    "KernelLoadError",
+    "default_kernel_cache_dir",
+    "load_library",
+]

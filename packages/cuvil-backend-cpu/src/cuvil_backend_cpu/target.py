@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
+import platform
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -25,11 +26,12 @@ from cuvil_backend_cpu.kernel_cache import KernelCache
 from cuvil_backend_cpu.loop_ir.nodes import Accumulate, Let, Loop, LoopFunc, Param, Store
 from cuvil_backend_cpu.loop_ir.schedule import schedule_kernel
 from cuvil_backend_cpu.policy import FUSION, schedule_policy
+from cuvil_backend_cpu.toolchain import export_cpu_flags, export_toolchain
 from cuvil_ir.graph_ir.nodes import Graph
 from cuvil_ir.tensor_ir.lower import FusionPolicy
 from cuvil_ir.tensor_ir.program import Kernel, TensorProgram
-from cuvil_runtime.pipeline import ProgramExecutable, compile_program, package_hash
-from cuvil_runtime.target import CompileOptions, Launch
+from cuvil_runtime.pipeline import ProgramExecutable, compile_program, export_program, package_hash
+from cuvil_runtime.target import CompileOptions, Exported, Launch
 
 _CTYPES = {
     "float": ctypes.c_float,
@@ -42,13 +44,28 @@ _CTYPES = {
 }
 
 
-class CpuTarget:
+class CpuHooks:
+    """The ``cpu`` hooks that need no C compiler: shared by the target and by the
+    loader of its ahead-of-time artifacts (:mod:`cuvil_backend_cpu.aot`)."""
+
     name = "cpu"
     capabilities = CAPABILITIES
     stages = STAGES
     #: what a cached program's kernels are made of (plain data for the program cache)
     codec_classes = (CKernel, LoopFunc, Loop, Let, Accumulate, Store, Param)
 
+    def kernel_texts(self, code: CKernel) -> dict[str, str]:
+        assert code.func is not None
+        return {"loop_ir": code.func.text, "c": code.source}
+
+    def extern(self, op: str, reference: Callable[..., Any], channels_last: bool) -> Callable[..., Any]:
+        return externs.implementation(op, reference, channels_last)
+
+    def out_variant(self, op: str) -> Callable[..., Any]:
+        return externs.OUT_VARIANTS[op]
+
+
+class CpuTarget(CpuHooks):
     def __init__(self, cache: KernelCache | None = None) -> None:
         self.cache = cache if cache is not None else KernelCache()
 
@@ -78,19 +95,29 @@ class CpuTarget:
             restrict=not in_place,
         )
 
-    def kernel_texts(self, code: CKernel) -> dict[str, str]:
-        assert code.func is not None
-        return {"loop_ir": code.func.text, "c": code.source}
-
     def build(self, codes: Sequence[tuple[str, CKernel]], label: str) -> list[Launch]:
         paths = self.cache.build_all([(n, ck.source) for n, ck in codes], label=label)
         return [launch(self.cache.load(path, ck.source, n), ck) for (n, ck), path in zip(codes, paths)]
 
-    def extern(self, op: str, reference: Callable[..., Any], channels_last: bool) -> Callable[..., Any]:
-        return externs.implementation(op, reference, channels_last)
+    # -- ahead-of-time artifacts (the Exporter contract) ------------------------------------
+    def export(self, graph: Graph, options: CompileOptions) -> Exported:
+        """The program with kernels built for a named ISA level (:func:`export_toolchain`),
+        so the artifact runs on any CPU of that level, not only this one."""
+        tc = export_toolchain()
+        exporter = self if self.cache.toolchain == tc else CpuTarget(KernelCache(tc, self.cache.root))
+        return export_program(exporter, graph, options)
 
-    def out_variant(self, op: str) -> Callable[..., Any]:
-        return externs.OUT_VARIANTS[op]
+    def binaries(self, codes: Sequence[tuple[str, CKernel]], label: str) -> tuple[list[bytes], dict[str, Any]]:
+        paths = self.cache.build_all([(n, ck.source) for n, ck in codes], label=label)
+        tc = self.cache.toolchain
+        requires = {
+            "machine": platform.machine().lower(),
+            "isa": tc.isa,
+            "cpu_flags": list(export_cpu_flags(tc.isa)),
+            # libmvec and libm come with glibc, libgomp with the OpenMP runtime package
+            "libraries": [lib.removeprefix("-l") for lib in tc.libs] + ["gomp"],
+        }
+        return [self.cache.verified_bytes(p) for p in paths], requires
 
 
 @functools.cache
@@ -119,4 +146,4 @@ def launch(lib: ctypes.CDLL, ck: CKernel) -> Launch:
     )
 
 
-__all__ = ["CpuTarget", "launch"]
+__all__ = ["CpuHooks", "CpuTarget", "launch"]

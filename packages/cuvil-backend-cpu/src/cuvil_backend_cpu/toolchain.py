@@ -84,6 +84,17 @@ _ISA_CPU_FLAGS = {
     "avx2": ("avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "abm", "movbe", "xsave"),
 }
 _X86 = ("x86_64", "amd64")
+#: How kernels of an ahead-of-time artifact (``cu.save``) are built: for a named ISA level,
+#: never ``-march=native``, whose code may use features of this exact CPU only. Each level's
+#: ``-march`` and the /proc/cpuinfo flags a host needs to run it (x86-64-v4: AVX-512 F, BW,
+#: CD, DQ and VL on top of v3).
+EXPORT_LEVELS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "avx512": (
+        ("-march=x86-64-v4",),
+        (*_ISA_CPU_FLAGS["avx2"], "avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"),
+    ),
+    "avx2": (("-march=x86-64-v3",), _ISA_CPU_FLAGS["avx2"]),
+}
 
 
 class ToolchainError(RuntimeError):
@@ -393,13 +404,33 @@ _lock = threading.Lock()
 _toolchain: Toolchain | None = None
 
 
-def _detect(requested: str, use_record: bool) -> Toolchain:
+def export_isa(requested: str, info: dict[str, str]) -> tuple[str, tuple[str, ...]]:
+    """The named ISA level an ahead-of-time artifact is built for, and its ``-march``:
+    ``requested`` (``$CUVIL_CPU_ISA``) when it names one, else the best level this
+    CPU runs (see :data:`EXPORT_LEVELS`); ``portable`` everywhere else."""
+    isa, _ = isa_flags(requested, info)  # a level this CPU cannot run is refused here
+    if isa == "avx512":
+        have = set(info.get("flags", "").split())
+        isa = "avx512" if set(EXPORT_LEVELS["avx512"][1]) <= have else "avx2"
+    if isa in EXPORT_LEVELS:
+        return isa, EXPORT_LEVELS[isa][0]
+    return isa_flags("portable", info)
+
+
+def export_cpu_flags(isa: str) -> tuple[str, ...]:
+    """The /proc/cpuinfo flags a host needs to run kernels exported for ``isa``."""
+    return EXPORT_LEVELS[isa][1] if isa in EXPORT_LEVELS else ()
+
+
+def _detect(requested: str, use_record: bool, export: bool = False) -> Toolchain:
     info = cpuinfo()
-    isa, march = isa_flags(requested, info)  # before the compiler: a wrong ISA is the clearer error
+    # the ISA before the compiler: a wrong ISA is the clearer error
+    isa, march = export_isa(requested, info) if export else isa_flags(requested, info)
     flags = (BASE_FLAGS[0], *march, *BASE_FLAGS[1:])  # -O3 -march=... -fopenmp ...
     cc = _find_compiler()
     version = _compiler_version(cc)
-    cpu = _cpu_model(info)
+    # exported kernels run on any CPU of their level: not keyed by this one
+    cpu = f"any {platform.machine().lower()} with {isa}" if export else _cpu_model(info)
     record = _record_path(cc, version, isa, cpu, flags)
     simd_math = _read_record(record) if use_record else None
     if simd_math is None:
@@ -445,6 +476,20 @@ def find_toolchain(refresh: bool = False) -> Toolchain:
         return _toolchain
 
 
+_exporters: dict[str, Toolchain] = {}
+
+
+def export_toolchain() -> Toolchain:
+    """The toolchain that builds ahead-of-time artifacts' kernels (:func:`export_isa`),
+    found once per ``$CUVIL_CPU_ISA`` value. Raises :class:`ToolchainError`."""
+    with _lock:
+        requested = requested_isa()
+        tc = _exporters.get(requested)
+        if tc is None:
+            tc = _exporters[requested] = _detect(requested, use_record=True, export=True)
+        return tc
+
+
 def check() -> str | None:
     """``None`` when kernels can be built here, else why not (for the backend's availability check)."""
     try:
@@ -464,8 +509,12 @@ __all__ = [
     "SIMD_MATH_FUNCTIONS",
     "Toolchain",
     "ToolchainError",
+    "EXPORT_LEVELS",
     "check",
     "default_kernel_cache_dir",
+    "export_cpu_flags",
+    "export_isa",
+    "export_toolchain",
     "find_toolchain",
     "isa_flags",
     "requested_isa",

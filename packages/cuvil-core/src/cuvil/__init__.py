@@ -47,6 +47,22 @@ def warmup() -> float:
     return time.perf_counter() - t0
 
 
+def save(f: Any, path: Any, *example_args: Any, **example_kwargs: Any) -> Any:
+    """Write an ahead-of-time artifact of ``f`` compiled for these example arguments
+    (see :func:`cuvil.aot.save`; ``weights=False`` leaves a module's parameters out)."""
+    from cuvil.aot import save as _save
+
+    return _save(f, path, *example_args, **example_kwargs)
+
+
+def load(path: Any, *, module: Any = None) -> Any:
+    """The function saved at ``path`` by :func:`save`, runnable without its source or a
+    C compiler (see :func:`cuvil.aot.load`)."""
+    from cuvil.aot import load as _load
+
+    return _load(path, module=module)
+
+
 def backends() -> list[Any]:
     """Every discovered target: name, available, reason (and where it comes from)."""
     from cuvil_runtime.registry import discover
@@ -68,8 +84,10 @@ __all__ = [
     "custom_op",
     "explain",
     "export_onnx",
+    "load",
     "reload_plugins",
     "run_mlir",
+    "save",
     "to_mlir",
     "warmup",
 ]

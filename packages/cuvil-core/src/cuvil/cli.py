@@ -7,6 +7,12 @@ every op plugin that failed to load.
 ``cuvil audit module:function --args-spec "f32[8,16], f32[16,4]"`` compiles the
 function for those arguments and prints every stage's hash (``--out DIR`` writes
 the stage texts); see :mod:`cuvil.audit`.
+``cuvil cache info|clear|verify`` shows the on-disk caches (stores, entries,
+sizes), empties them, or checks every entry's signature
+(:mod:`cuvil_runtime.cache_admin`).
+``cuvil aot save module:function --args-spec ... --out path`` writes an
+ahead-of-time artifact; ``cuvil aot inspect path`` verifies one and prints its
+manifest, saved call and graph (:mod:`cuvil.aot`).
 """
 
 from __future__ import annotations
@@ -185,6 +191,96 @@ def _audit(args: argparse.Namespace) -> int:
     return 0
 
 
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    raise AssertionError
+
+
+def _cache(args: argparse.Namespace) -> int:
+    from cuvil_runtime import cache_admin
+    from cuvil_runtime.cache import default_cache_dir
+
+    root = default_cache_dir()
+    if args.action == "clear":
+        freed = cache_admin.clear(root)
+        print(f"cleared {root} ({_size(freed)} freed)")
+        return 0
+    infos = cache_admin.verify(root, delete=args.delete) if args.action == "verify" else cache_admin.stores(root)
+    print(f"cache: {root}" + ("" if root.is_dir() else " (empty: not created yet)"))
+    rows = [(i.path.name, str(i.entries), _size(i.bytes)) for i in infos]
+    header = ("STORE", "ENTRIES", "SIZE")
+    if args.action == "verify":
+        rows = [(*r, str(len(i.damaged))) for r, i in zip(rows, infos)]
+        header = (*header, "DAMAGED")  # type: ignore[assignment]
+    rows.append(("total", str(sum(i.entries for i in infos)), _size(sum(i.bytes for i in infos)), *([""] if args.action == "verify" else [])))  # type: ignore[arg-type]
+    _table(header, rows)
+    damaged = [d for i in infos for d in i.damaged]
+    for d in damaged:
+        print(f"damaged{' (deleted)' if args.delete else ''}: {d}")
+    if damaged and not args.delete:
+        print("(run `cuvil cache verify --delete` to remove them; they are rebuilt when next needed)")
+    return 1 if damaged and not args.delete else 0
+
+
+def _aot(args: argparse.Namespace) -> int:
+    import json
+
+    from cuvil.aot import ArtifactError, inspect_artifact, save
+
+    if args.action == "inspect":
+        try:
+            info = inspect_artifact(args.path)
+        except ArtifactError as e:
+            print(f"cuvil aot inspect: {e}", file=sys.stderr)
+            return 1
+        if args.json:
+            print(json.dumps(info, indent=1, sort_keys=True))
+            return 0
+        m = info["manifest"]
+        print(f"{args.path}: {m['name']}, target {m['target']}, format {m['format']} v{m['version']}")
+        print(f"  runs here: {'yes' if info['runs_here'] else 'no: ' + str(info['why_not'])}")
+        print(f"  requires:  {json.dumps(m['requires'], sort_keys=True)}")
+        print(f"  versions:  {', '.join(f'{k} {v}' for k, v in sorted(m['versions'].items()))}")
+        print(f"  weights:   {m['weights']}")
+        for stage, h in m.get("audit", {}).items():
+            print(f"  {stage}: {h}")
+        call = info["call"]
+        for leaf in call["leaves"]:
+            print(f"  argument {leaf['name']}: {_leaf_text(leaf)}")
+        for fact in call["reasons"]:
+            print(f"  size guard {fact[0]}    <- {fact[1]}")
+        for frozen in call["frozen"]:
+            print(f"  frozen read: {frozen}")
+        total = sum(info["sizes"].values())
+        print(f"  members: {len(info['sizes'])}, {_size(total)} (every sha256 verified)")
+        print("graph:")
+        print("  " + info["graph"].rstrip("\n").replace("\n", "\n  "))
+        return 0
+    try:
+        fn = load_callable(args.function)
+        example = parse_args_spec(args.args_spec, seed=args.seed)
+    except (ValueError, ImportError, AttributeError) as e:
+        print(f"cuvil aot save: {e}", file=sys.stderr)
+        return 2
+    import cuvil
+
+    if args.target is not None:
+        fn = cuvil.compile(fn, target=args.target, fallback="error")
+    path = save(fn, args.out, *example, weights=not args.no_weights)
+    print(f"wrote {path} ({_size(path.stat().st_size)})")
+    return 0
+
+
+def _leaf_text(leaf: dict[str, Any]) -> str:
+    if leaf["kind"] == "tensor":
+        shape = "any sizes" if leaf["shape"] is None else f"shape {leaf['shape']}"
+        return f"{leaf['dtype']} tensor of rank {leaf['rank']} on {leaf['device']} ({shape})"
+    return f"{leaf.get('type', leaf['kind'])} {leaf['value']!r}"
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="cuvil", description="Cuvil: a Python-native compiler for PyTorch inference"
@@ -211,6 +307,24 @@ def _parser() -> argparse.ArgumentParser:
     aud.add_argument("--out", default=None, help="write each stage's text and hashes.json to this folder")
     aud.add_argument("--seed", type=int, default=0, help="seed of the example tensors")
     aud.set_defaults(run=_audit)
+    cache = sub.add_parser("cache", help="show, verify or clear the on-disk compile caches")
+    cache.add_argument("action", choices=("info", "clear", "verify"))
+    cache.add_argument("--delete", action="store_true", help="verify: remove the damaged entries")
+    cache.set_defaults(run=_cache)
+    aot = sub.add_parser("aot", help="write (save) or inspect an ahead-of-time artifact")
+    aot_sub = aot.add_subparsers(dest="action", metavar="ACTION", required=True)
+    aot_save = aot_sub.add_parser("save", help="compile a function for example arguments into an artifact")
+    aot_save.add_argument("function", help="module:function (a dotted module or a path to a .py file)")
+    aot_save.add_argument("--args-spec", required=True, help='example arguments, e.g. "f32[8,16], f32[16,4]"')
+    aot_save.add_argument("--out", required=True, help="the artifact file to write")
+    aot_save.add_argument("--target", default=None, help="the target (default: the best available)")
+    aot_save.add_argument("--no-weights", action="store_true", help="leave a module's parameters out")
+    aot_save.add_argument("--seed", type=int, default=0, help="seed of the example tensors")
+    aot_save.set_defaults(run=_aot)
+    aot_inspect = aot_sub.add_parser("inspect", help="verify an artifact and print what it holds")
+    aot_inspect.add_argument("path")
+    aot_inspect.add_argument("--json", action="store_true", help="everything, as JSON")
+    aot_inspect.set_defaults(run=_aot)
     return parser
 
 

@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import functools
 import hashlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from dataclasses import replace as dc_replace
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, Protocol
 
 from cuvil_ir.graph_ir.nodes import Graph
 from cuvil_ir.serial import Codec, SerialError
@@ -35,7 +35,7 @@ from cuvil_ir.tensor_ir.lower import lower
 from cuvil_ir.tensor_ir.program import Control, Extern, Kernel, TensorProgram
 from cuvil_runtime.cache import DiskCache
 from cuvil_runtime.runner import ProgramRunner, wrappers
-from cuvil_runtime.target import CompileOptions, KernelBackend
+from cuvil_runtime.target import CompileOptions, Exported, KernelBackend, Launch
 
 
 @dataclass
@@ -55,21 +55,26 @@ class CompileReport:
 
 class ProgramExecutable:
     """Runs a compiled program; ``stages`` holds the text of every stage in the
-    backend's order (for ``cu.audit`` and dumps)."""
+    backend's order (for ``cu.audit`` and dumps).
+
+    The texts and the report are made when first asked for: printing a program
+    (sympy) costs more than loading it, and a warm start asks for neither."""
 
     def __init__(
         self,
+        graph: Graph,
         program: TensorProgram,
         runner: ProgramRunner,
-        stages: dict[str, str],
-        kernel_texts: dict[str, dict[str, str]],
-        report: CompileReport,
+        backend: KernelBackend,
+        codes: dict[str, Any],
+        program_cache_hit: bool,
     ) -> None:
+        self.graph = graph
         self.program = program
         self._runner = runner
-        self.stages = stages
-        self.kernel_texts = kernel_texts
-        self.report = report
+        self._backend = backend
+        self._codes = codes
+        self._hit = program_cache_hit
 
     def __call__(self, *inputs: Any) -> tuple[Any, ...]:
         # inference: results carry no autograd history (kernels could not record one
@@ -78,6 +83,45 @@ class ProgramExecutable:
 
         with torch.no_grad():
             return self._runner(*inputs)
+
+    @functools.cached_property
+    def kernel_texts(self) -> dict[str, dict[str, str]]:
+        return {n: self._backend.kernel_texts(code) for n, code in self._codes.items()}
+
+    @functools.cached_property
+    def stages(self) -> dict[str, str]:
+        stages: dict[str, str] = {}
+        for stage in self._backend.stages:
+            if stage.name == "graph_ir":
+                stages[stage.name] = self.graph.text
+            elif stage.name == "tensor_ir":
+                stages[stage.name] = self.program.text
+            elif stage.name == "wrapper":
+                stages[stage.name] = wrappers(self._runner)
+            elif stage.per_kernel:
+                texts = self._stage_texts(stage.name)
+                stages[stage.name] = "\n\n".join(texts.values())
+        return stages
+
+    def _stage_texts(self, name: str) -> dict[str, str]:
+        return {n: t[name] for n, t in self.kernel_texts.items() if name in t}
+
+    @functools.cached_property
+    def report(self) -> CompileReport:
+        program = self.program
+        return CompileReport(
+            graph_hash=self.graph.hash,
+            tensor_ir_hash=program.hash,
+            kernel_hashes={
+                st.name: {n: _sha(t) for n, t in self._stage_texts(st.name).items()}
+                for st in self._backend.stages
+                if st.per_kernel
+            },
+            kernels=len(self._codes),
+            externs=sum(1 for _ in _externs(program)),
+            peak_arena_bytes=str(program.plan.peak),
+            program_cache_hit=self._hit,
+        )
 
 
 def package_hash(*packages: ModuleType) -> str:
@@ -166,35 +210,77 @@ def compile_program(
     program, codes, hit = _lower_and_generate(backend, graph, options, store)
     names = list(codes)
     launches = backend.build([(n, codes[n]) for n in names], f"compiling {graph.name}")
-    runner = ProgramRunner(program, dict(zip(names, launches)), backend)
-    per_kernel = {n: backend.kernel_texts(codes[n]) for n in names}
-    stages: dict[str, str] = {}
-    hashes: dict[str, dict[str, str]] = {}
-    for stage in backend.stages:
-        if stage.name == "graph_ir":
-            stages[stage.name] = graph.text
-        elif stage.name == "tensor_ir":
-            stages[stage.name] = program.text
-        elif stage.name == "wrapper":
-            stages[stage.name] = wrappers(runner)
-        elif stage.per_kernel:
-            texts = {n: t[stage.name] for n, t in per_kernel.items() if stage.name in t}
-            stages[stage.name] = "\n\n".join(texts.values())
-            hashes[stage.name] = {n: _sha(t) for n, t in texts.items()}
-    report = CompileReport(
-        graph_hash=graph.hash,
-        tensor_ir_hash=program.hash,
-        kernel_hashes=hashes,
-        kernels=len(names),
-        externs=sum(1 for _ in _externs(program)),
-        peak_arena_bytes=str(program.plan.peak),
-        program_cache_hit=hit,
+    return _executable(backend, graph, program, codes, dict(zip(names, launches)), hit)
+
+
+def _executable(
+    backend: KernelBackend,
+    graph: Graph,
+    program: TensorProgram,
+    codes: dict[str, Any],
+    launches: dict[str, Launch],
+    hit: bool,
+) -> ProgramExecutable:
+    """The executable of a lowered program whose kernels are loaded."""
+    return ProgramExecutable(graph, program, ProgramRunner(program, launches, backend), backend, codes, hit)
+
+
+# -- ahead-of-time artifacts ------------------------------------------------------------
+# [Note: exported programs]
+# An exported program is the program cache's entry (the Tensor IR without its graph,
+# and each kernel's generated code, as codec JSON) plus one binary per kernel, built
+# by the backend for a named ISA rather than this exact CPU. Loading decodes the entry
+# (plain data: nothing in it runs), reattaches the artifact's graph, and asks the
+# loader for each kernel's Launch from its binary; the runner, stages and report are
+# the ones a compile makes, so a loaded program runs exactly as a compiled one.
+
+
+class ExportingBackend(KernelBackend, Protocol):
+    def binaries(
+        self, codes: Sequence[tuple[str, Any]], label: str
+    ) -> tuple[list[bytes], dict[str, Any]]:
+        """Each kernel's binary for an exported artifact, and what a host needs to run them."""
+        ...
+
+
+class ProgramLoader(KernelBackend, Protocol):
+    def launches(self, kernels: Sequence[tuple[str, Any, bytes]]) -> list[Launch]:
+        """A Launch per (kernel name, generated code, binary), loading the binaries."""
+        ...
+
+
+def export_program(backend: ExportingBackend, graph: Graph, options: CompileOptions) -> Exported:
+    """``graph`` compiled by ``backend`` as an :class:`Exported` (see [Note: exported programs])."""
+    program, codes, _ = _lower_and_generate(backend, graph, options, None)
+    names = list(codes)
+    blobs, requires = backend.binaries([(n, codes[n]) for n in names], f"exporting {graph.name}")
+    data = program_codec(tuple(backend.codec_classes)).dumps((dc_replace(program, graph=None), codes))  # type: ignore[arg-type]
+    return Exported(
+        data=data,
+        files={f"{n}.bin": b for n, b in zip(names, blobs)},
+        requires=requires,
     )
-    return ProgramExecutable(program, runner, stages, per_kernel, report)
+
+
+def load_program(loader: ProgramLoader, graph: Graph, exported: Exported) -> ProgramExecutable:
+    """The executable of an exported program (see [Note: exported programs])."""
+    slim, codes = program_codec(tuple(loader.codec_classes)).loads(exported.data)
+    codes = dict(codes)
+    program = dc_replace(slim, graph=graph)
+    names = list(codes)
+    missing = [n for n in names if f"{n}.bin" not in exported.files]
+    if missing:
+        raise SerialError(f"the artifact has no binary for kernel(s) {missing}")
+    launches = loader.launches([(n, codes[n], exported.files[f"{n}.bin"]) for n in names])
+    return _executable(loader, graph, program, codes, dict(zip(names, launches)), True)
 
 
 __all__ = [
     "CompileReport",
+    "ExportingBackend",
+    "ProgramLoader",
+    "export_program",
+    "load_program",
     "ProgramExecutable",
     "compile_program",
     "generate_all",

@@ -9,9 +9,18 @@ heavy; the executor (and torch) are imported when a graph is compiled.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
+from typing import Any
 
 from cuvil_ir.graph_ir.nodes import Graph
-from cuvil_runtime.target import GRAPH_STAGE, BackendSpec, Capabilities, CompileOptions, Executable
+from cuvil_runtime.target import (
+    GRAPH_STAGE,
+    BackendSpec,
+    Capabilities,
+    CompileOptions,
+    Executable,
+    Exported,
+)
 
 CAPABILITIES = Capabilities(
     # Reference kernels are plain torch calls, so they run wherever torch does.
@@ -43,6 +52,21 @@ class ReferenceTarget:
 
         return Interpreter(graph)
 
+    def export(self, graph: Graph, options: CompileOptions) -> Exported:
+        return Exported(data=b"", files={}, requires={})
+
+
+class ReferenceLoader:
+    """The graph is the whole artifact: nothing to check, nothing to load."""
+
+    def check(self, requires: Mapping[str, Any]) -> str | None:
+        return None
+
+    def load(self, graph: Graph, exported: Exported) -> Executable:
+        from cuvil_runtime.executor import Interpreter
+
+        return Interpreter(graph)
+
 
 BACKEND = BackendSpec(
     name="reference",
@@ -51,6 +75,7 @@ BACKEND = BackendSpec(
     priority=0,
     capabilities=CAPABILITIES,
     stages=STAGES,
+    loader=ReferenceLoader,
 )
 
 __all__ = ["BACKEND", "CAPABILITIES", "ReferenceTarget"]

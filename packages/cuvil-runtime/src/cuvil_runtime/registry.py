@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
-from cuvil_runtime.target import GRAPH_STAGE, BackendSpec, Capabilities, Stage, Target
+from cuvil_runtime.target import GRAPH_STAGE, BackendSpec, Capabilities, Loader, Stage, Target
 
 GROUP = "cuvil.backends"
 
@@ -92,6 +92,7 @@ class Registry:
         self._explicit = list(entry_points) if entry_points is not None else None
         self._entries: dict[str, _Entry] | None = None
         self._targets: dict[str, Target] = {}
+        self._loaders: dict[str, Loader] = {}
         # Plugin imports and factories may be slow; the lock makes concurrent first
         # requests build one target, not two.
         self._lock = threading.RLock()
@@ -101,6 +102,7 @@ class Registry:
         with self._lock:
             self._entries = None
             self._targets.clear()
+            self._loaders.clear()
 
     # -- metadata scan (no imports) ----------------------------------------
     def _scan(self) -> dict[str, _Entry]:
@@ -206,6 +208,41 @@ class Registry:
                     )
                 self._targets[name] = target
             return target
+
+    def loader(self, name: str) -> Loader:
+        """The loader of target ``name``'s ahead-of-time artifacts, built once.
+
+        Without the availability check: a host serving an artifact may lack what
+        the target needs to compile (a C compiler), and the loader needs none of it.
+        Raises :class:`TargetUnavailableError` when the plugin cannot be imported or
+        writes no artifacts.
+        """
+        entry = self._entry(name)
+        with self._lock:
+            known = self._loaders.get(name)
+            if known is not None:
+                return known
+            spec = entry.spec
+            if spec is None:
+                try:
+                    obj = entry.entry_point.load()
+                except Exception as e:
+                    raise TargetUnavailableError(
+                        name, f"cannot import {entry.entry_point.value}: {type(e).__name__}: {e}", None
+                    ) from e
+                spec = obj if isinstance(obj, BackendSpec) and obj.name == name else None
+            if spec is None or spec.loader is None:
+                raise TargetUnavailableError(
+                    name, "it does not load ahead-of-time artifacts", spec.install if spec else None
+                )
+            try:
+                loader = spec.loader()
+            except Exception as e:
+                raise TargetUnavailableError(
+                    name, f"its artifact loader failed: {type(e).__name__}: {e}", spec.install, installed=True
+                ) from e
+            self._loaders[name] = loader
+            return loader
 
     def default_target(self, device_type: str) -> str:
         """The available target with the highest priority that runs on ``device_type``.

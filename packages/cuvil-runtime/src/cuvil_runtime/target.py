@@ -186,6 +186,40 @@ class KernelBackend(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
+class Exported:
+    """One compiled graph as a target writes it into an ahead-of-time artifact
+    (``cu.save``, docs/runtime.md): everything its :class:`Loader` needs to run the
+    graph again in another process, with no compiler."""
+
+    #: the target's own plain data (JSON, :mod:`cuvil_ir.serial`: never a pickle)
+    data: bytes
+    #: binaries by file name (``cpu``: one shared object per kernel)
+    files: Mapping[str, bytes]
+    #: what a host needs to run ``files`` (``cpu``: the ISA and the CPU flags it
+    #: needs), checked by :meth:`Loader.check` before anything is loaded
+    requires: Mapping[str, Any]
+
+
+class Exporter(Protocol):
+    """A target that can write ahead-of-time artifacts (an optional part of :class:`Target`)."""
+
+    def export(self, graph: Graph, options: CompileOptions) -> Exported: ...
+
+
+class Loader(Protocol):
+    """Runs exported graphs again: made by ``BackendSpec.loader``, which must not need
+    the target's compiler (a served model has none)."""
+
+    def check(self, requires: Mapping[str, Any]) -> str | None:
+        """Why this host cannot run binaries with these requirements, or ``None``."""
+        ...
+
+    def load(self, graph: Graph, exported: Exported) -> Executable:
+        """The executable; ``exported.files`` were verified against the artifact's hashes."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
 class BackendSpec:
     """The object a ``cuvil.backends`` entry point resolves to."""
 
@@ -202,3 +236,6 @@ class BackendSpec:
     capabilities: Capabilities = field(default_factory=Capabilities)
     #: the target's pipeline, in order (the same as its ``Target.stages``)
     stages: tuple[Stage, ...] = (GRAPH_STAGE,)
+    #: builds the :class:`Loader` of this target's ahead-of-time artifacts (``None``:
+    #: the target writes none); called only by ``cu.load``, and must not need ``check``
+    loader: Callable[[], Loader] | None = None

@@ -97,6 +97,36 @@ def check_dir(path: Path) -> str | None:
     return None
 
 
+def check_file(path: Path) -> str | None:
+    """Why ``path`` (a file of code a user chose, such as an ahead-of-time artifact) could
+    have been written by someone other than its owner, or ``None``: it must be a regular
+    file owned by you or root, not group- or world-writable, in folders that pass the
+    rule for the folders above a cache (owned by you or root, not writable by others
+    unless sticky). A symbolic link is judged by what it points to."""
+    me = _euid()
+    try:
+        real = path.resolve(strict=True)
+        st = os.stat(real)
+    except OSError as e:
+        return f"cannot open {path}: {e.strerror or e}"
+    if me < 0:  # pragma: no cover - not POSIX
+        return None
+    if not stat.S_ISREG(st.st_mode):
+        return f"{path} is not a regular file"
+    if st.st_uid not in (me, 0):
+        return f"{path} is owned by uid {st.st_uid}, neither you (uid {me}) nor root"
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"{path} is writable by {'others' if st.st_mode & stat.S_IWOTH else 'its group'} (mode {stat.S_IMODE(st.st_mode):04o}); chmod go-w it"
+    for parent in real.parents:
+        try:
+            problem = _problem(parent, os.stat(parent), leaf=False)
+        except OSError as e:
+            return f"cannot inspect {parent}: {e.strerror or e}"
+        if problem:
+            return problem
+    return None
+
+
 def make_dirs(path: Path) -> None:
     """``mkdir -p`` whose new folders are mode 0700 (whatever the umask)."""
     missing = []
@@ -233,6 +263,7 @@ __all__ = [
     "UntrustedCacheWarning",
     "cache_secret",
     "check_dir",
+    "check_file",
     "make_dirs",
     "private_dir",
     "read_private_file",

@@ -1,0 +1,635 @@
+"""Ahead-of-time artifacts: ``cu.save(f, path, *example_args)`` and ``cu.load(path)``.
+
+An artifact is one zip file that runs without the source code that defined the
+function and without the target's compiler (see docs/runtime.md, "Ahead-of-time
+artifacts", for the format and its versioning). Its members:
+
+* ``manifest.json``: the format version, the function's name, the target with its
+  options and the host requirements of its binaries (the ISA on ``cpu``), the
+  versions that wrote it, the audit hashes (graph, Tensor IR, kernels), where the
+  parameters are, and the sha256 of every other member;
+* ``graph.json`` (the Graph IR as plain data, :mod:`cuvil_ir.serial`) and
+  ``graph.txt`` (its text, for people; its hash is the graph hash);
+* ``call.json``: how a call becomes graph inputs: the signature, the argument
+  tree, what each argument leaf must be (dtype, device, rank; a Python value),
+  the size symbols with the size assumptions, which graph input is a parameter
+  or a frozen constant, and how the outputs are rebuilt;
+* ``target.json`` and ``files/*``: the target's :class:`~cuvil_runtime.target.Exported`
+  (on ``cpu``: the Tensor IR and kernel code, one shared object per kernel);
+* ``tensors/*.bin``: raw bytes of the module's parameters and buffers (unless
+  bound at load) and of the tensors the function read from globals or closures.
+
+Loading reads the file once, from a place only its owner (or root) can write,
+checks the manifest (format, torch version, the target's loader, this host
+against the binaries' requirements), verifies every member's sha256, and only
+then decodes anything or loads a binary. Nothing is unpickled and nothing is
+evaluated: plain JSON, raw tensor bytes, and shared objects that are verified.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import io
+import json
+import os
+import platform
+import sys
+import tempfile
+import threading
+import zipfile
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+from cuvil.errors import CompileError
+from cuvil.guards import AssumptionCheck, SymbolSlot, describe_leaf
+from cuvil.submit import SerialQueue
+
+FORMAT = "cuvil-aot"
+#: bumped whenever a member's layout changes; an artifact of another version is refused
+VERSION = 1
+#: types of a Python leaf a loaded artifact checks by value (JSON has the rest)
+_VALUE_TYPES: dict[str, type] = {"bool": bool, "int": int, "float": float, "str": str, "NoneType": type(None)}
+
+
+class ArtifactError(ValueError):
+    """An artifact that cannot be loaded here: damaged, foreign, or for another host;
+    the message says which and what to do."""
+
+
+# -- saving -------------------------------------------------------------------------------
+
+
+def save(f: Any, path: str | os.PathLike[str], *example_args: Any, weights: bool = True, **example_kwargs: Any) -> Path:
+    """Compile ``f`` (a ``cu.compile`` result, a function or an ``nn.Module``) for
+    these example arguments and write the artifact to ``path`` (one file; written
+    to a temporary name and renamed, so a reader never sees half a file).
+
+    The artifact serves every call the compiled variant serves: every size the
+    symbolic shapes and size assumptions admit, the same dtypes, devices, ranks and
+    Python argument values. ``weights=False`` leaves a module's parameters and
+    buffers out (``cu.load(path, module=m)`` binds them). Values the function read
+    from globals, closures and attributes are frozen in: the artifact is a
+    snapshot (``cuvil aot inspect`` lists them). Returns the path written.
+    """
+    from cuvil.api import CompiledFunction, graph_inputs
+    from cuvil.api import compile as cu_compile
+
+    cf = f if isinstance(f, CompiledFunction) else cu_compile(f, fallback="error")
+    with torch.no_grad():  # an artifact is for inference: no grad-mode warning, no autograd key
+        art, leaves, _ = cf._prepare(example_args, example_kwargs)
+    if art.captured is None:
+        raise CompileError(f"cannot save {cf.__qualname__}: it does not compile: {art.reason}")
+    c = art.captured
+    assert art.target is not None
+    from cuvil_runtime.registry import get_target
+    from cuvil_runtime.target import CompileOptions
+
+    target = get_target(art.target)
+    if not hasattr(target, "export"):
+        raise CompileError(f"target {art.target!r} cannot write ahead-of-time artifacts (it has no export)")
+    if not weights and cf.module is None:
+        raise ValueError("weights=False is for modules: a function has no parameters to bind at load")
+    options = CompileOptions(opt_level=cf.opt_level, extra=cf.options)
+    exported = target.export(c.graph, options)
+
+    from cuvil_ir.serial import Codec
+
+    members: dict[str, bytes] = {}
+    members["graph.json"] = Codec().dumps(c.graph)
+    members["graph.txt"] = c.graph.text.encode()
+    members["target.json"] = bytes(exported.data)
+    for name, blob in exported.files.items():
+        members[f"files/{name}"] = bytes(blob)
+
+    inputs_now = graph_inputs(c, leaves)
+    names = [v.name for v in c.graph.inputs]
+    inputs: list[dict[str, Any]] = []
+    tensors: dict[str, Any] = {}
+    for j, (kind, where) in enumerate(c.inputs):
+        if kind == "leaf":
+            inputs.append({"kind": "leaf", "leaf": where})
+            continue
+        t = inputs_now[j]
+        meta = _tensor_meta(t, names[j])
+        if kind == "state" and not weights:
+            inputs.append({"kind": "parameter", "name": names[j].removeprefix("self."), **meta})
+            continue
+        file = f"tensors/{len(tensors)}.bin"
+        tensors[file] = t
+        inputs.append({"kind": "parameter" if kind == "state" else "constant", "name": names[j], "file": file, **meta})
+    for file, t in tensors.items():
+        members[file] = _tensor_bytes(t)
+
+    bargs, bkwargs = cf._bind(example_args, example_kwargs)
+    _, spec = pytree.tree_flatten((bargs, bkwargs))
+    call = {
+        "signature": _signature(cf),
+        "arguments": _spec_text(spec, "the argument tree"),
+        "leaves": [_leaf_json(k, n) for k, n in zip(art.key[1], cf._leaf_names(bargs, bkwargs))],
+        "symbols": [{"symbol": s.symbol.name, "leaf": s.leaf, "axis": s.axis, "name": s.leaf_name} for s in c.check.slots],
+        "reasons": [[_expr_text(a), why] for a, why in c.check.reasons.items() if a in c.graph.assumptions],
+        "inputs": inputs,
+        "outputs": [_output_json(kind, v) for kind, v in c.outputs],
+        "result": _spec_text(c.out_spec, "the result's tree"),
+        "frozen": [f"{g.what} = {g.shown}" for g in c.guards.guards],
+    }
+    members["call.json"] = _json(call)
+    # the graph's hash (checked at load) and the exporting target's (its code, compiler, flags)
+    audit = {"graph_ir": c.graph.hash, "target": target.hash()}
+    manifest = {
+        "format": FORMAT,
+        "version": VERSION,
+        "name": cf.__qualname__,
+        "target": art.target,
+        "options": {"opt_level": options.opt_level, "extra": [list(kv) for kv in options.extra]},
+        "requires": dict(exported.requires),
+        "versions": _versions(),
+        "host": {"machine": platform.machine().lower(), "python": platform.python_version()},
+        "weights": "saved" if weights or cf.module is None else "bound at load",
+        "audit": audit,
+        "hashes": {name: _sha(data) for name, data in sorted(members.items())},
+    }
+    try:
+        _json(manifest)
+    except (TypeError, ValueError) as e:  # an option value JSON cannot hold
+        raise CompileError(f"cannot save {cf.__qualname__}: {e}") from e
+    return _write(Path(path), manifest, members)
+
+
+def _json(obj: Any) -> bytes:
+    return (json.dumps(obj, indent=1, sort_keys=True, allow_nan=True) + "\n").encode()
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {"torch": torch.__version__}
+    for dist in ("cuvil", "cuvil-ir", "cuvil-runtime"):
+        try:
+            out[dist] = version(dist)
+        except PackageNotFoundError:
+            out[dist] = "unknown"
+    return out
+
+
+def _write(path: Path, manifest: dict[str, Any], members: dict[str, bytes]) -> Path:
+    path = path.absolute()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as raw, zipfile.ZipFile(raw, "w", zipfile.ZIP_STORED) as z:
+            z.writestr(_info("manifest.json"), _json(manifest))
+            for name in sorted(members):
+                z.writestr(_info(name), members[name])
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def _info(name: str) -> zipfile.ZipInfo:
+    # a fixed timestamp: the same program saves the same bytes (determinism)
+    info = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))
+    info.external_attr = 0o644 << 16
+    return info
+
+
+def _signature(cf: Any) -> list[dict[str, Any]] | None:
+    sig = cf._sig
+    if sig is None:
+        return None
+    out = []
+    for p in sig.parameters.values():
+        entry: dict[str, Any] = {"name": p.name, "kind": p.kind.name}
+        if p.default is not p.empty:
+            if isinstance(p.default, (bool, int, float, str, type(None))):
+                entry["default"] = p.default
+            else:  # not representable: callers of the loaded artifact pass it
+                entry["default_not_saved"] = type(p.default).__name__
+        out.append(entry)
+    return out
+
+
+def _spec_text(spec: Any, what: str) -> str:
+    try:
+        return pytree.treespec_dumps(spec)  # type: ignore[no-any-return]
+    except Exception as e:
+        raise CompileError(f"cannot save {what}: {e} (only tuples, lists, dicts, namedtuples and registered pytree types)") from e
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _leaf_json(key: tuple[Any, ...], name: str) -> dict[str, Any]:
+    if key[0] == "tensor":
+        if len(key) == 7:  # sparse or nested: such calls never compile
+            raise CompileError(f"cannot save: argument {name} is {describe_leaf(key)}")
+        return {
+            "kind": "tensor",
+            "name": name,
+            "dtype": _dtype_name(key[1]),
+            "device": str(key[2]),
+            "rank": key[3],
+            "shape": None if key[4] is None else list(key[4]),
+        }
+    if key[0] == "value" and key[1].__name__ in _VALUE_TYPES:
+        return {"kind": "value", "name": name, "type": key[1].__name__, "value": key[2]}
+    if key[0] == "value" and key[1] in (torch.dtype, torch.device):
+        return {"kind": key[1].__name__, "name": name, "value": str(key[2])}
+    raise CompileError(
+        f"cannot save: argument {name} is {describe_leaf(key)}, which an artifact cannot hold; "
+        "pass tensors and Python numbers, strings, bools, dtypes or devices"
+    )
+
+
+def _output_json(kind: str, value: Any) -> dict[str, Any]:
+    if kind == "graph":
+        return {"kind": "graph", "index": value}
+    if isinstance(value, (bool, int, float, str, type(None))):
+        return {"kind": "const", "value": value}
+    raise CompileError(f"cannot save: the function returns a {type(value).__name__}, which an artifact cannot hold")
+
+
+def _expr_text(expr: Any) -> str:
+    from cuvil_ir.symbolic import expr_str
+
+    return expr_str(expr)
+
+
+def _tensor_meta(t: Any, name: str) -> dict[str, Any]:
+    if not isinstance(t, torch.Tensor) or t.layout is not torch.strided:
+        raise CompileError(f"cannot save: {name} is not a dense tensor")
+    return {"dtype": _dtype_name(t.dtype), "shape": list(t.shape), "device": str(t.device)}
+
+
+def _tensor_bytes(t: torch.Tensor) -> bytes:
+    flat = t.detach().to("cpu").contiguous().reshape(-1)
+    return flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b""
+
+
+# -- loading -------------------------------------------------------------------------------
+
+
+def load(path: str | os.PathLike[str], *, module: torch.nn.Module | None = None) -> LoadedFunction:
+    """The function saved at ``path`` by :func:`save`, ready to call (see the module doc).
+
+    ``module`` binds a module's parameters and buffers by name instead of the saved
+    ones (required when the artifact was saved with ``weights=False``); they are
+    read on every call, so in-place updates are seen. Raises :class:`ArtifactError`
+    for a damaged or foreign artifact, or one this host cannot run.
+    """
+    path = Path(path)
+    manifest, members = _open(path)
+    return LoadedFunction(path, manifest, members, module)
+
+
+def _open(path: Path) -> tuple[dict[str, Any], dict[str, bytes]]:
+    """The manifest, checked, and every member, verified against its sha256."""
+    blob = _read_trusted(path)
+    try:
+        z = zipfile.ZipFile(io.BytesIO(blob))
+        names = set(z.namelist())
+    except zipfile.BadZipFile as e:
+        raise ArtifactError(f"{path} is not a cuvil artifact (not a zip file: {e}); write one with cu.save") from None
+    if "manifest.json" not in names:
+        raise ArtifactError(f"{path} is not a cuvil artifact: it has no manifest.json")
+    manifest = _parse_json(z.read("manifest.json"), path, "manifest.json")
+    _check_manifest(manifest, path)
+    hashes = manifest["hashes"]
+    members: dict[str, bytes] = {}
+    for name, digest in hashes.items():
+        if name not in names:
+            raise ArtifactError(f"{path} is damaged: the manifest lists {name}, which is missing")
+        try:
+            data = z.read(name)
+        except (zipfile.BadZipFile, OSError, ValueError) as e:
+            raise ArtifactError(f"{path} is damaged: {name} cannot be read ({e})") from None
+        if _sha(data) != digest:
+            raise ArtifactError(
+                f"{path} is damaged: {name} does not match its sha256 in the manifest; "
+                "nothing was loaded. Copy or save it again"
+            )
+        members[name] = data
+    extra = sorted(names - set(hashes) - {"manifest.json"})
+    if extra:
+        raise ArtifactError(f"{path} is damaged: members not in the manifest: {extra}")
+    for needed in ("graph.json", "graph.txt", "call.json", "target.json"):
+        if needed not in members:
+            raise ArtifactError(f"{path} is damaged: it has no {needed}")
+    return manifest, members
+
+
+def _read_trusted(path: Path) -> bytes:
+    """The file's bytes, read once, if no one but its owner (you or root) can change it."""
+    from cuvil_runtime import trust
+
+    problem = trust.check_file(path)
+    if problem is not None:
+        raise ArtifactError(f"not loading {path}: {problem}. An artifact runs code (its kernels)")
+    try:
+        return path.read_bytes()
+    except OSError as e:
+        raise ArtifactError(f"cannot read {path}: {e.strerror or e}") from None
+
+
+def _parse_json(data: bytes, path: Path, what: str) -> Any:
+    try:
+        return json.loads(data)
+    except ValueError as e:
+        raise ArtifactError(f"{path} is damaged: {what} is not valid JSON ({e})") from None
+
+
+def _check_manifest(m: Any, path: Path) -> None:
+    if not isinstance(m, dict) or m.get("format") != FORMAT:
+        raise ArtifactError(f"{path} is not a cuvil artifact (its manifest names no {FORMAT!r} format)")
+    if m.get("version") != VERSION:
+        raise ArtifactError(
+            f"{path} is a version {m.get('version')} cuvil artifact; this cuvil reads version {VERSION}: "
+            "save it again with this version"
+        )
+    for key in ("target", "requires", "versions", "hashes", "name"):
+        if key not in m:
+            raise ArtifactError(f"{path} is damaged: its manifest has no {key!r}")
+    saved = str(m["versions"].get("torch", "?"))
+    if _torch_release(saved) != _torch_release(torch.__version__):
+        raise ArtifactError(
+            f"{path} was saved with torch {saved}, and this process runs torch {torch.__version__}: "
+            "its extern calls and tensor layouts are torch's, so save it again under this torch"
+        )
+
+
+def _torch_release(v: str) -> str:
+    return ".".join(v.split("+")[0].split(".")[:2])
+
+
+class LoadedFunction:
+    """A loaded artifact: call it as the saved function (``f(*args)``, ``f.submit(...)``)."""
+
+    def __init__(
+        self, path: Path, manifest: dict[str, Any], members: dict[str, bytes], module: torch.nn.Module | None
+    ) -> None:
+        self.path = path
+        self.manifest = manifest
+        self.__name__ = self.__qualname__ = str(manifest["name"])
+        target = str(manifest["target"])
+        from cuvil_runtime.registry import REGISTRY, TargetUnavailableError, UnknownTargetError
+        from cuvil_runtime.target import Exported
+
+        try:
+            loader = REGISTRY.loader(target)
+        except (TargetUnavailableError, UnknownTargetError) as e:
+            raise ArtifactError(f"{path} is for target {target!r}, which cannot load it here: {e}") from None
+        problem = loader.check(manifest["requires"])
+        if problem is not None:
+            raise ArtifactError(f"{path} cannot run on this host: {problem}")
+        call = _parse_json(members["call.json"], path, "call.json")
+        graph = self._graph(members)
+        if graph.hash != manifest.get("audit", {}).get("graph_ir"):
+            raise ArtifactError(f"{path} is damaged: its graph does not match the graph hash of its manifest")
+        files = {n.removeprefix("files/"): b for n, b in members.items() if n.startswith("files/")}
+        exported = Exported(members["target.json"], files, manifest["requires"])
+        try:
+            self.executable = loader.load(graph, exported)
+        except ArtifactError:
+            raise
+        except Exception as e:
+            raise ArtifactError(
+                f"{path}: target {target!r} could not load its program ({type(e).__name__}: {e}); "
+                "it may have been written by another cuvil build: save it again"
+            ) from e
+        self.graph = graph
+        self._call = _CallPlan(call, members, module, path, graph)
+        self._queue = SerialQueue()
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def _graph(members: Mapping[str, bytes]) -> Any:
+        from cuvil_ir.serial import Codec, SerialError
+
+        try:
+            return Codec().loads(members["graph.json"])
+        except (SerialError, TypeError, ValueError, KeyError) as e:
+            raise ArtifactError(
+                f"its graph cannot be read by this cuvil ({e}): a custom op whose plugin is not installed, "
+                "or an artifact of another cuvil build (save it again)"
+            ) from None
+
+    def __repr__(self) -> str:
+        return f"<cuvil artifact {self.__qualname__} target={self.manifest['target']} from {self.path}>"
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._run(self._call.inputs(args, kwargs))
+
+    def submit(self, *args: Any, **kwargs: Any) -> Future[Any]:
+        """As ``CompiledFunction.submit``: arguments checked here, the run on the runtime's
+        pool, in submission order (see :mod:`cuvil.submit`)."""
+        inputs = self._call.inputs(args, kwargs)
+        return self._queue.submit(lambda: self._run(inputs))
+
+    def _run(self, inputs: list[Any]) -> Any:
+        with torch.no_grad():
+            results = self.executable(*inputs)
+        return self._call.result(results)
+
+
+class _CallPlan:
+    """``call.json``: arguments -> graph inputs, graph outputs -> the result."""
+
+    def __init__(
+        self,
+        call: dict[str, Any],
+        members: Mapping[str, bytes],
+        module: torch.nn.Module | None,
+        path: Path,
+        graph: Any,
+    ) -> None:
+        self.path = path
+        params = call["signature"]
+        self.sig = None if params is None else _rebuild_signature(params)
+        self.spec = pytree.treespec_loads(call["arguments"])
+        self.result_spec = pytree.treespec_loads(call["result"])
+        self.leaves = call["leaves"]
+        self.outputs = [(o["kind"], o.get("index", o.get("value"))) for o in call["outputs"]]
+        self.frozen = call.get("frozen", [])
+        graph_syms = {}
+        slots = []
+        from cuvil_ir.symbolic import symbol
+
+        for s in call["symbols"]:
+            sym = graph_syms.setdefault(s["symbol"], symbol(s["symbol"]))
+            slots.append(SymbolSlot(sym, int(s["leaf"]), int(s["axis"]), str(s["name"])))
+        from cuvil_ir.symbolic import expr_str
+
+        saved = {text: why for text, why in call.get("reasons", [])}
+        reasons = {a: saved[expr_str(a)] for a in graph.assumptions if expr_str(a) in saved}
+        self.check = AssumptionCheck(graph.assumptions, slots, reasons)
+        self._getters: list[Callable[[list[Any]], Any]] = []
+        for entry in call["inputs"]:
+            self._getters.append(self._getter(entry, members, module))
+        if module is not None and not any(e["kind"] == "parameter" for e in call["inputs"]):
+            raise TypeError(f"{path}: the artifact has no module parameters to bind (module= is for modules)")
+
+    def _getter(self, entry: dict[str, Any], members: Mapping[str, bytes], module: torch.nn.Module | None) -> Callable[[list[Any]], Any]:
+        if entry["kind"] == "leaf":
+            i = int(entry["leaf"])
+            return lambda leaves: leaves[i]
+        dtype = _dtype(entry["dtype"])
+        shape = tuple(entry["shape"])
+        name = str(entry["name"])
+        if entry["kind"] == "parameter" and module is not None:
+            owner, key = _slot(module, name.removeprefix("self."), self.path)
+            t = owner[key]
+            if t.dtype != dtype or tuple(t.shape) != shape:
+                raise TypeError(
+                    f"{self.path}: module tensor {name} is {_dtype_name(t.dtype)}{list(t.shape)}, and the "
+                    f"artifact was saved for {_dtype_name(dtype)}{list(shape)}"
+                )
+            return lambda leaves: owner[key]
+        if "file" not in entry:
+            raise TypeError(
+                f"{self.path} was saved without its weights (weights=False): pass the module, "
+                "cu.load(path, module=m)"
+            )
+        data = members[entry["file"]]
+        t = _tensor_from(data, dtype, shape, self.path, name)
+        return lambda leaves: t
+
+    def inputs(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
+        if self.sig is not None:
+            try:
+                bound = self.sig.bind(*args, **kwargs)
+            except TypeError as e:
+                raise TypeError(f"{self.path.name}: {e}") from None
+            bound.apply_defaults()
+            args, kwargs = bound.args, bound.kwargs
+        leaves, spec = pytree.tree_flatten((args, kwargs))
+        if spec != self.spec:
+            raise TypeError(
+                f"{self.path.name}: the arguments' structure differs from the saved call's "
+                f"({len(leaves)} leaves, {len(self.leaves)} saved): an artifact serves the call it was saved for"
+            )
+        for leaf, want in zip(leaves, self.leaves):
+            problem = _leaf_problem(leaf, want)
+            if problem is not None:
+                raise TypeError(f"{self.path.name}: argument {want['name']}: {problem}")
+        if not self.check.holds(leaves):
+            raise ValueError(f"{self.path.name}: {self.check.explain(leaves)}; the artifact serves only sizes it was compiled for")
+        return [g(leaves) for g in self._getters]
+
+    def result(self, results: tuple[Any, ...]) -> Any:
+        out = [results[v] if kind == "graph" else v for kind, v in self.outputs]
+        if self.result_spec.is_leaf():
+            return out[0]
+        return pytree.tree_unflatten(out, self.result_spec)
+
+
+def _rebuild_signature(params: list[dict[str, Any]]) -> inspect.Signature:
+    out = []
+    for p in params:
+        kind = getattr(inspect.Parameter, str(p["kind"]), None)
+        if not isinstance(kind, inspect._ParameterKind):
+            raise ArtifactError(f"the artifact's signature has an unknown parameter kind {p['kind']!r}")
+        default = p["default"] if "default" in p else inspect.Parameter.empty
+        out.append(inspect.Parameter(p["name"], kind, default=default))
+    return inspect.Signature(out)
+
+
+def _dtype(name: str) -> torch.dtype:
+    dtype = getattr(torch, str(name), None)
+    if not isinstance(dtype, torch.dtype):
+        raise ArtifactError(f"the artifact names an unknown dtype {name!r}")
+    return dtype
+
+
+def _leaf_problem(leaf: Any, want: dict[str, Any]) -> str | None:
+    kind = want["kind"]
+    if kind == "tensor":
+        if not isinstance(leaf, torch.Tensor):
+            return f"expected a tensor, got {type(leaf).__name__}"
+        dtype = _dtype_name(leaf.dtype)
+        if dtype != want["dtype"] or str(leaf.device) != want["device"] or leaf.dim() != want["rank"]:
+            return (
+                f"expected a {want['dtype']} tensor of rank {want['rank']} on {want['device']}, got a {dtype} "
+                f"tensor of rank {leaf.dim()} on {leaf.device}"
+            )
+        if leaf.layout is not torch.strided or leaf.is_nested:
+            return "expected a dense (strided) tensor"
+        if want["shape"] is not None and list(leaf.shape) != want["shape"]:
+            return f"expected shape {want['shape']} (saved with dynamic=False), got {list(leaf.shape)}"
+        if leaf.requires_grad and torch.is_grad_enabled():
+            return "requires grad with grad mode on: an artifact runs inference only (use torch.no_grad())"
+        return None
+    if kind == "value":
+        t = _VALUE_TYPES[want["type"]]
+        if type(leaf) is not t or leaf != want["value"]:
+            return f"the artifact was saved for {want['type']} {want['value']!r}, got {leaf!r}; save one per value"
+        return None
+    expected = want["value"]
+    if str(leaf) != expected or type(leaf).__name__ != kind:
+        return f"the artifact was saved for {kind} {expected}, got {leaf!r}"
+    return None
+
+
+def _slot(module: torch.nn.Module, name: str, path: Path) -> tuple[dict[str, Any], str]:
+    owner_path, _, key = name.rpartition(".")
+    try:
+        owner = module.get_submodule(owner_path) if owner_path else module
+    except AttributeError:
+        raise TypeError(f"{path}: the module has no submodule {owner_path!r} (for {name})") from None
+    for d in (owner._parameters, owner._buffers):
+        if d.get(key) is not None:
+            return d, key
+    raise TypeError(f"{path}: the module has no parameter or buffer {name!r}")
+
+
+def _tensor_from(data: bytes, dtype: torch.dtype, shape: tuple[int, ...], path: Path, name: str) -> torch.Tensor:
+    numel = 1
+    for d in shape:
+        numel *= int(d)
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    if len(data) != numel * itemsize:
+        raise ArtifactError(f"{path} is damaged: tensor {name} has {len(data)} bytes, expected {numel * itemsize}")
+    if numel == 0:
+        return torch.empty(shape, dtype=dtype)
+    raw = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    return raw.view(dtype).reshape(shape)
+
+
+# -- inspecting ------------------------------------------------------------------------
+
+
+def inspect_artifact(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """What ``cuvil aot inspect`` shows: the manifest and the saved call (every member
+    verified first), member sizes, and whether this host can run it (and if not, why)."""
+    path = Path(path)
+    manifest, members = _open(path)
+    from cuvil_runtime.registry import REGISTRY, TargetUnavailableError, UnknownTargetError
+
+    try:
+        why_not = REGISTRY.loader(str(manifest["target"])).check(manifest["requires"])
+    except (TargetUnavailableError, UnknownTargetError) as e:
+        why_not = str(e)
+    return {
+        "manifest": manifest,
+        "call": _parse_json(members["call.json"], path, "call.json"),
+        "graph": members["graph.txt"].decode(),
+        "sizes": {name: len(data) for name, data in sorted(members.items())},
+        "runs_here": why_not is None,
+        "why_not": why_not,
+    }
+
+
+__all__ = ["ArtifactError", "LoadedFunction", "inspect_artifact", "load", "save"]
