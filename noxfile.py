@@ -9,7 +9,8 @@
     nox -s tests_plugins      the example plugin distributions (examples/), installed and tested
     nox -s tests_pkg          each package alone, with only what it depends on
     nox -s tests_isa          the cpu target's corpus built for avx2 and portable ($CUVIL_CPU_ISA)
-    nox -s slow               the tests marked slow
+    nox -s slow               the tests marked slow (the Ray Serve example's included)
+    nox -s serve_example      examples/serve on Ray Serve, on loopback
     nox -s lint typecheck     ruff and the import-cycle check; mypy (strict on cuvil_ir)
     nox -s demo               examples/demo.py
     nox -s wheels             build wheels, install cuvil[cpu] into a fresh venv, smoke-test
@@ -242,20 +243,33 @@ def tests_isa(session: nox.Session) -> None:
     run_isas(session, *session.posargs)
 
 
+#: the Ray Serve example's own dependency (examples/serve): never a dependency of a package
+RAY_SERVE = "ray[serve]"
+
+
 @nox.session
 def slow(session: nox.Session) -> None:
-    """The tests marked slow (device tests stay off: no accelerator here)."""
-    install(session, ALL, PYTEST)
+    """The tests marked slow (device tests stay off: no accelerator here), the Ray Serve
+    example's included."""
+    install(session, ALL, PYTEST, RAY_SERVE)
     # Exit code 5 (every test deselected) only means nothing is marked slow yet.
     session.run(
         "pytest",
         *tests_dirs(session, ALL),
+        "examples/serve/tests",
         "-q",
         "-m",
         "slow and not device",
         *session.posargs,
         success_codes=[0, 5],
     )
+
+
+@nox.session
+def serve_example(session: nox.Session) -> None:
+    """examples/serve: a Cuvil artifact served by Ray Serve on loopback, checked against eager."""
+    install(session, ALL, PYTEST, RAY_SERVE)
+    session.run("pytest", "examples/serve/tests", "-q", "-m", "slow", *session.posargs)
 
 
 @nox.session
@@ -295,6 +309,8 @@ def bench(session: nox.Session) -> None:
     """eager vs torch.compile vs Cuvil (benchmarks/README.md); ``nox -s bench -- --quick --workloads head``."""
     install(session, ALL, "matplotlib", "psutil", "onnx", "onnxruntime")
     session.run("python", "-m", "benchmarks.run", *session.posargs)
+    # QPS of a serving loop (sync vs submit, against onnxruntime) and warm starts
+    session.run("python", "-m", "benchmarks.serve", "--out", "benchmarks/results/serve.json")
 
 
 SMOKE = """
