@@ -282,7 +282,9 @@ def test_cache_verify_finds_and_deletes_damage(tmp_path: Path, cache: Path) -> N
     assert all(not i.damaged for i in infos) and all(i.entries for i in infos)
     so = next((cache / "cpu-kernels").rglob("*.so"))
     so.write_bytes(so.read_bytes()[:-8])
-    program = next(p for p in (cache / "cpu-programs").rglob("*") if p.is_file() and not p.name.startswith("."))
+    program = next(
+        p for p in (cache / "cpu-programs").rglob("*") if p.is_file() and not p.name.startswith(".")
+    )
     program.write_bytes(program.read_bytes() + b"x")
     damaged = {d for i in cache_admin.verify(cache) for d in i.damaged}
     assert damaged == {so, program}

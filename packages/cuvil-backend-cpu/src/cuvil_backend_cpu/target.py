@@ -107,7 +107,9 @@ class CpuTarget(CpuHooks):
         exporter = self if self.cache.toolchain == tc else CpuTarget(KernelCache(tc, self.cache.root))
         return export_program(exporter, graph, options)
 
-    def binaries(self, codes: Sequence[tuple[str, CKernel]], label: str) -> tuple[list[bytes], dict[str, Any]]:
+    def binaries(
+        self, codes: Sequence[tuple[str, CKernel]], label: str
+    ) -> tuple[list[bytes], dict[str, Any]]:
         paths = self.cache.build_all([(n, ck.source) for n, ck in codes], label=label)
         tc = self.cache.toolchain
         requires = {

@@ -29,12 +29,10 @@ evaluated: plain JSON, raw tensor bytes, and shared objects that are verified.
 from __future__ import annotations
 
 import hashlib
-import inspect
 import io
 import json
 import os
 import platform
-import sys
 import tempfile
 import threading
 import zipfile
@@ -46,15 +44,24 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
+from cuvil.call_plan import (
+    VALUE_TYPES,
+    PlanError,
+    decode_check,
+    decode_outputs,
+    decode_spec,
+    dtype_name,
+    dtype_of,
+    encode_call,
+    rebuild_signature,
+    state_slot,
+)
 from cuvil.errors import CompileError
-from cuvil.guards import AssumptionCheck, SymbolSlot, describe_leaf
 from cuvil.submit import SerialQueue
 
 FORMAT = "cuvil-aot"
 #: bumped whenever a member's layout changes; an artifact of another version is refused
 VERSION = 1
-#: types of a Python leaf a loaded artifact checks by value (JSON has the rest)
-_VALUE_TYPES: dict[str, type] = {"bool": bool, "int": int, "float": float, "str": str, "NoneType": type(None)}
 
 
 class ArtifactError(ValueError):
@@ -65,7 +72,9 @@ class ArtifactError(ValueError):
 # -- saving -------------------------------------------------------------------------------
 
 
-def save(f: Any, path: str | os.PathLike[str], *example_args: Any, weights: bool = True, **example_kwargs: Any) -> Path:
+def save(
+    f: Any, path: str | os.PathLike[str], *example_args: Any, weights: bool = True, **example_kwargs: Any
+) -> Path:
     """Compile ``f`` (a ``cu.compile`` result, a function or an ``nn.Module``) for
     these example arguments and write the artifact to ``path`` (one file; written
     to a temporary name and renamed, so a reader never sees half a file).
@@ -122,23 +131,15 @@ def save(f: Any, path: str | os.PathLike[str], *example_args: Any, weights: bool
             continue
         file = f"tensors/{len(tensors)}.bin"
         tensors[file] = t
-        inputs.append({"kind": "parameter" if kind == "state" else "constant", "name": names[j], "file": file, **meta})
+        inputs.append(
+            {"kind": "parameter" if kind == "state" else "constant", "name": names[j], "file": file, **meta}
+        )
     for file, t in tensors.items():
         members[file] = _tensor_bytes(t)
 
     bargs, bkwargs = cf._bind(example_args, example_kwargs)
-    _, spec = pytree.tree_flatten((bargs, bkwargs))
-    call = {
-        "signature": _signature(cf),
-        "arguments": _spec_text(spec, "the argument tree"),
-        "leaves": [_leaf_json(k, n) for k, n in zip(art.key[1], cf._leaf_names(bargs, bkwargs))],
-        "symbols": [{"symbol": s.symbol.name, "leaf": s.leaf, "axis": s.axis, "name": s.leaf_name} for s in c.check.slots],
-        "reasons": [[_expr_text(a), why] for a, why in c.check.reasons.items() if a in c.graph.assumptions],
-        "inputs": inputs,
-        "outputs": [_output_json(kind, v) for kind, v in c.outputs],
-        "result": _spec_text(c.out_spec, "the result's tree"),
-        "frozen": [f"{g.what} = {g.shown}" for g in c.guards.guards],
-    }
+    call = encode_call(cf, c, art.key, bargs, bkwargs)
+    call["inputs"] = inputs
     members["call.json"] = _json(call)
     # the graph's hash (checked at load) and the exporting target's (its code, compiler, flags)
     audit = {"graph_ir": c.graph.hash, "target": target.hash()}
@@ -206,73 +207,10 @@ def _info(name: str) -> zipfile.ZipInfo:
     return info
 
 
-def _signature(cf: Any) -> list[dict[str, Any]] | None:
-    sig = cf._sig
-    if sig is None:
-        return None
-    out = []
-    for p in sig.parameters.values():
-        entry: dict[str, Any] = {"name": p.name, "kind": p.kind.name}
-        if p.default is not p.empty:
-            if isinstance(p.default, (bool, int, float, str, type(None))):
-                entry["default"] = p.default
-            else:  # not representable: callers of the loaded artifact pass it
-                entry["default_not_saved"] = type(p.default).__name__
-        out.append(entry)
-    return out
-
-
-def _spec_text(spec: Any, what: str) -> str:
-    try:
-        return pytree.treespec_dumps(spec)  # type: ignore[no-any-return]
-    except Exception as e:
-        raise CompileError(f"cannot save {what}: {e} (only tuples, lists, dicts, namedtuples and registered pytree types)") from e
-
-
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
-def _leaf_json(key: tuple[Any, ...], name: str) -> dict[str, Any]:
-    if key[0] == "tensor":
-        if len(key) == 7:  # sparse or nested: such calls never compile
-            raise CompileError(f"cannot save: argument {name} is {describe_leaf(key)}")
-        return {
-            "kind": "tensor",
-            "name": name,
-            "dtype": _dtype_name(key[1]),
-            "device": str(key[2]),
-            "rank": key[3],
-            "shape": None if key[4] is None else list(key[4]),
-        }
-    if key[0] == "value" and key[1].__name__ in _VALUE_TYPES:
-        return {"kind": "value", "name": name, "type": key[1].__name__, "value": key[2]}
-    if key[0] == "value" and key[1] in (torch.dtype, torch.device):
-        return {"kind": key[1].__name__, "name": name, "value": str(key[2])}
-    raise CompileError(
-        f"cannot save: argument {name} is {describe_leaf(key)}, which an artifact cannot hold; "
-        "pass tensors and Python numbers, strings, bools, dtypes or devices"
-    )
-
-
-def _output_json(kind: str, value: Any) -> dict[str, Any]:
-    if kind == "graph":
-        return {"kind": "graph", "index": value}
-    if isinstance(value, (bool, int, float, str, type(None))):
-        return {"kind": "const", "value": value}
-    raise CompileError(f"cannot save: the function returns a {type(value).__name__}, which an artifact cannot hold")
-
-
-def _expr_text(expr: Any) -> str:
-    from cuvil_ir.symbolic import expr_str
-
-    return expr_str(expr)
-
-
 def _tensor_meta(t: Any, name: str) -> dict[str, Any]:
     if not isinstance(t, torch.Tensor) or t.layout is not torch.strided:
         raise CompileError(f"cannot save: {name} is not a dense tensor")
-    return {"dtype": _dtype_name(t.dtype), "shape": list(t.shape), "device": str(t.device)}
+    return {"dtype": dtype_name(t.dtype), "shape": list(t.shape), "device": str(t.device)}
 
 
 def _tensor_bytes(t: torch.Tensor) -> bytes:
@@ -303,7 +241,9 @@ def _open(path: Path) -> tuple[dict[str, Any], dict[str, bytes]]:
         z = zipfile.ZipFile(io.BytesIO(blob))
         names = set(z.namelist())
     except zipfile.BadZipFile as e:
-        raise ArtifactError(f"{path} is not a cuvil artifact (not a zip file: {e}); write one with cu.save") from None
+        raise ArtifactError(
+            f"{path} is not a cuvil artifact (not a zip file: {e}); write one with cu.save"
+        ) from None
     if "manifest.json" not in names:
         raise ArtifactError(f"{path} is not a cuvil artifact: it has no manifest.json")
     manifest = _parse_json(z.read("manifest.json"), path, "manifest.json")
@@ -411,7 +351,12 @@ class LoadedFunction:
                 "it may have been written by another cuvil build: save it again"
             ) from e
         self.graph = graph
-        self._call = _CallPlan(call, members, module, path, graph)
+        try:
+            self._call = _CallPlan(call, members, module, path, graph)
+        except (PlanError, KeyError, ValueError) as e:
+            if isinstance(e, ArtifactError):
+                raise
+            raise ArtifactError(f"{path} is damaged: its call.json cannot be read ({e})") from None
         self._queue = SerialQueue()
         self._lock = threading.Lock()
 
@@ -458,44 +403,35 @@ class _CallPlan:
     ) -> None:
         self.path = path
         params = call["signature"]
-        self.sig = None if params is None else _rebuild_signature(params)
-        self.spec = pytree.treespec_loads(call["arguments"])
-        self.result_spec = pytree.treespec_loads(call["result"])
+        self.sig = None if params is None else rebuild_signature(params)
+        self.spec = decode_spec(call["arguments"])
+        self.result_spec = decode_spec(call["result"])
         self.leaves = call["leaves"]
-        self.outputs = [(o["kind"], o.get("index", o.get("value"))) for o in call["outputs"]]
+        self.outputs = decode_outputs(call)
         self.frozen = call.get("frozen", [])
-        graph_syms = {}
-        slots = []
-        from cuvil_ir.symbolic import symbol
-
-        for s in call["symbols"]:
-            sym = graph_syms.setdefault(s["symbol"], symbol(s["symbol"]))
-            slots.append(SymbolSlot(sym, int(s["leaf"]), int(s["axis"]), str(s["name"])))
-        from cuvil_ir.symbolic import expr_str
-
-        saved = {text: why for text, why in call.get("reasons", [])}
-        reasons = {a: saved[expr_str(a)] for a in graph.assumptions if expr_str(a) in saved}
-        self.check = AssumptionCheck(graph.assumptions, slots, reasons)
+        self.check = decode_check(call, graph)
         self._getters: list[Callable[[list[Any]], Any]] = []
         for entry in call["inputs"]:
             self._getters.append(self._getter(entry, members, module))
         if module is not None and not any(e["kind"] == "parameter" for e in call["inputs"]):
             raise TypeError(f"{path}: the artifact has no module parameters to bind (module= is for modules)")
 
-    def _getter(self, entry: dict[str, Any], members: Mapping[str, bytes], module: torch.nn.Module | None) -> Callable[[list[Any]], Any]:
+    def _getter(
+        self, entry: dict[str, Any], members: Mapping[str, bytes], module: torch.nn.Module | None
+    ) -> Callable[[list[Any]], Any]:
         if entry["kind"] == "leaf":
             i = int(entry["leaf"])
             return lambda leaves: leaves[i]
-        dtype = _dtype(entry["dtype"])
+        dtype = dtype_of(entry["dtype"])
         shape = tuple(entry["shape"])
         name = str(entry["name"])
         if entry["kind"] == "parameter" and module is not None:
-            owner, key = _slot(module, name.removeprefix("self."), self.path)
+            owner, key = state_slot(module, name.removeprefix("self."), self.path)
             t = owner[key]
             if t.dtype != dtype or tuple(t.shape) != shape:
                 raise TypeError(
-                    f"{self.path}: module tensor {name} is {_dtype_name(t.dtype)}{list(t.shape)}, and the "
-                    f"artifact was saved for {_dtype_name(dtype)}{list(shape)}"
+                    f"{self.path}: module tensor {name} is {dtype_name(t.dtype)}{list(t.shape)}, and the "
+                    f"artifact was saved for {dtype_name(dtype)}{list(shape)}"
                 )
             return lambda leaves: owner[key]
         if "file" not in entry:
@@ -526,7 +462,9 @@ class _CallPlan:
             if problem is not None:
                 raise TypeError(f"{self.path.name}: argument {want['name']}: {problem}")
         if not self.check.holds(leaves):
-            raise ValueError(f"{self.path.name}: {self.check.explain(leaves)}; the artifact serves only sizes it was compiled for")
+            raise ValueError(
+                f"{self.path.name}: {self.check.explain(leaves)}; the artifact serves only sizes it was compiled for"
+            )
         return [g(leaves) for g in self._getters]
 
     def result(self, results: tuple[Any, ...]) -> Any:
@@ -536,30 +474,12 @@ class _CallPlan:
         return pytree.tree_unflatten(out, self.result_spec)
 
 
-def _rebuild_signature(params: list[dict[str, Any]]) -> inspect.Signature:
-    out = []
-    for p in params:
-        kind = getattr(inspect.Parameter, str(p["kind"]), None)
-        if not isinstance(kind, inspect._ParameterKind):
-            raise ArtifactError(f"the artifact's signature has an unknown parameter kind {p['kind']!r}")
-        default = p["default"] if "default" in p else inspect.Parameter.empty
-        out.append(inspect.Parameter(p["name"], kind, default=default))
-    return inspect.Signature(out)
-
-
-def _dtype(name: str) -> torch.dtype:
-    dtype = getattr(torch, str(name), None)
-    if not isinstance(dtype, torch.dtype):
-        raise ArtifactError(f"the artifact names an unknown dtype {name!r}")
-    return dtype
-
-
 def _leaf_problem(leaf: Any, want: dict[str, Any]) -> str | None:
     kind = want["kind"]
     if kind == "tensor":
         if not isinstance(leaf, torch.Tensor):
             return f"expected a tensor, got {type(leaf).__name__}"
-        dtype = _dtype_name(leaf.dtype)
+        dtype = dtype_name(leaf.dtype)
         if dtype != want["dtype"] or str(leaf.device) != want["device"] or leaf.dim() != want["rank"]:
             return (
                 f"expected a {want['dtype']} tensor of rank {want['rank']} on {want['device']}, got a {dtype} "
@@ -573,7 +493,7 @@ def _leaf_problem(leaf: Any, want: dict[str, Any]) -> str | None:
             return "requires grad with grad mode on: an artifact runs inference only (use torch.no_grad())"
         return None
     if kind == "value":
-        t = _VALUE_TYPES[want["type"]]
+        t = VALUE_TYPES[want["type"]]
         if type(leaf) is not t or leaf != want["value"]:
             return f"the artifact was saved for {want['type']} {want['value']!r}, got {leaf!r}; save one per value"
         return None
@@ -583,25 +503,17 @@ def _leaf_problem(leaf: Any, want: dict[str, Any]) -> str | None:
     return None
 
 
-def _slot(module: torch.nn.Module, name: str, path: Path) -> tuple[dict[str, Any], str]:
-    owner_path, _, key = name.rpartition(".")
-    try:
-        owner = module.get_submodule(owner_path) if owner_path else module
-    except AttributeError:
-        raise TypeError(f"{path}: the module has no submodule {owner_path!r} (for {name})") from None
-    for d in (owner._parameters, owner._buffers):
-        if d.get(key) is not None:
-            return d, key
-    raise TypeError(f"{path}: the module has no parameter or buffer {name!r}")
-
-
-def _tensor_from(data: bytes, dtype: torch.dtype, shape: tuple[int, ...], path: Path, name: str) -> torch.Tensor:
+def _tensor_from(
+    data: bytes, dtype: torch.dtype, shape: tuple[int, ...], path: Path, name: str
+) -> torch.Tensor:
     numel = 1
     for d in shape:
         numel *= int(d)
     itemsize = torch.empty((), dtype=dtype).element_size()
     if len(data) != numel * itemsize:
-        raise ArtifactError(f"{path} is damaged: tensor {name} has {len(data)} bytes, expected {numel * itemsize}")
+        raise ArtifactError(
+            f"{path} is damaged: tensor {name} has {len(data)} bytes, expected {numel * itemsize}"
+        )
     if numel == 0:
         return torch.empty(shape, dtype=dtype)
     raw = torch.frombuffer(bytearray(data), dtype=torch.uint8)

@@ -208,14 +208,23 @@ def _cache(args: argparse.Namespace) -> int:
         freed = cache_admin.clear(root)
         print(f"cleared {root} ({_size(freed)} freed)")
         return 0
-    infos = cache_admin.verify(root, delete=args.delete) if args.action == "verify" else cache_admin.stores(root)
+    infos = (
+        cache_admin.verify(root, delete=args.delete) if args.action == "verify" else cache_admin.stores(root)
+    )
     print(f"cache: {root}" + ("" if root.is_dir() else " (empty: not created yet)"))
     rows = [(i.path.name, str(i.entries), _size(i.bytes)) for i in infos]
     header = ("STORE", "ENTRIES", "SIZE")
     if args.action == "verify":
         rows = [(*r, str(len(i.damaged))) for r, i in zip(rows, infos)]
         header = (*header, "DAMAGED")  # type: ignore[assignment]
-    rows.append(("total", str(sum(i.entries for i in infos)), _size(sum(i.bytes for i in infos)), *([""] if args.action == "verify" else [])))  # type: ignore[arg-type]
+    rows.append(
+        (
+            "total",
+            str(sum(i.entries for i in infos)),
+            _size(sum(i.bytes for i in infos)),
+            *([""] if args.action == "verify" else []),
+        )
+    )  # type: ignore[arg-type]
     _table(header, rows)
     damaged = [d for i in infos for d in i.damaged]
     for d in damaged:

@@ -31,6 +31,18 @@ from cuvil_ir.symbolic import exact_function
 
 _SCALARS = (bool, int, float, str, type(None), torch.dtype, torch.device)
 
+# [Note: places]
+# A place says where a value lives in terms another process can follow, so a
+# compiled variant saved in the cache can re-create its guards there (cuvil/warm.py):
+#   ("module", name)             sys.modules[name]
+#   ("global", module, name)     a variable of that module
+#   ("closure", name)            a closure cell of the compiled (root) function
+#   ("self", path)               the compiled module, or its submodule at path ("" for itself)
+#   ("attr", place, name)        an attribute of the object at place
+# Reads of anything else (an object argument, a closure cell of a helper) have none,
+# and a variant with such a read is kept in this process only.
+Place = tuple[Any, ...]
+
 
 def leaf_key(leaf: Any, dynamic: bool) -> tuple[Any, ...]:
     """What a compiled artifact depends on for one argument leaf."""
@@ -207,6 +219,8 @@ class ReadGuard:
     kind: str  # "value" | "identity" | "contents" | "tensor" | "method"
     expected: Any
     shown: str  # the value at capture, for messages
+    #: how another process finds the same place (see [Note: places]), or None
+    place: Place | None = None
 
     def current(self) -> Any:
         try:

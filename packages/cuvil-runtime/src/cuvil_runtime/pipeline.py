@@ -236,9 +236,7 @@ def _executable(
 
 
 class ExportingBackend(KernelBackend, Protocol):
-    def binaries(
-        self, codes: Sequence[tuple[str, Any]], label: str
-    ) -> tuple[list[bytes], dict[str, Any]]:
+    def binaries(self, codes: Sequence[tuple[str, Any]], label: str) -> tuple[list[bytes], dict[str, Any]]:
         """Each kernel's binary for an exported artifact, and what a host needs to run them."""
         ...
 

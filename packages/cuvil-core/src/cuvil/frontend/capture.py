@@ -23,6 +23,7 @@ from cuvil.errors import CompileError
 from cuvil.frontend import hooks
 from cuvil.frontend.convert import ConversionError, convert, is_user_function
 from cuvil.frontend.proxy import TensorProxy
+from cuvil.frontend.reads import LiftSource
 from cuvil.frontend.regions import Undefined
 from cuvil.frontend.tracer import Lifted, Tracer, trace_entry
 from cuvil.guards import _SCALARS, AssumptionCheck, ReadGuards, SymbolSlot
@@ -76,11 +77,11 @@ def _all_state_slots(module: torch.nn.Module) -> list[tuple[dict[str, Any], str]
     return slots
 
 
-def _lift_sources(fn: Any, module: torch.nn.Module | None) -> dict[int, tuple[str, Callable[[], Any]]]:
+def _lift_sources(fn: Any, module: torch.nn.Module | None) -> dict[int, LiftSource]:
     """Names and getters for tensors the function may reach besides its arguments:
     closure cells of the root function and tensor attributes of the module (globals
     of any user frame are found when lifting, see ``Tracer.lift``)."""
-    out: dict[int, tuple[str, Callable[[], Any]]] = {}
+    out: dict[int, LiftSource] = {}
     raw = getattr(fn, "__func__", fn)
     code = getattr(raw, "__code__", None)
     if code is not None:
@@ -90,13 +91,18 @@ def _lift_sources(fn: Any, module: torch.nn.Module | None) -> dict[int, tuple[st
             except ValueError:
                 continue
             if isinstance(v, torch.Tensor):
-                out.setdefault(id(v), (f"closure.{name}", functools.partial(getattr, cell, "cell_contents")))
+                out.setdefault(
+                    id(v),
+                    (f"closure.{name}", functools.partial(getattr, cell, "cell_contents"), ("closure", name)),
+                )
     if module is not None:
         for path, m in module.named_modules():
             for attr, v in vars(m).items():
                 if isinstance(v, torch.Tensor) and not attr.startswith("_"):
                     full = f"self.{path + '.' if path else ''}{attr}"
-                    out.setdefault(id(v), (full, functools.partial(getattr, m, attr)))
+                    out.setdefault(
+                        id(v), (full, functools.partial(getattr, m, attr), ("attr", ("self", path), attr))
+                    )
     return out
 
 
@@ -130,6 +136,10 @@ def capture(
     dims: dict[str, dict[int, str]] | None = None,
 ) -> Captured:
     tracer = Tracer(name, _lift_sources(fn, module))
+    raw = getattr(fn, "__func__", fn)
+    code = getattr(raw, "__code__", None)
+    if code is not None and module is None:
+        tracer.reads.root_cells = {id(c): n for n, c in zip(code.co_freevars, raw.__closure__ or ())}
     plan: InputPlan = []
     slots: list[SymbolSlot] = []
     traced_leaves: list[Any] = []
@@ -158,9 +168,13 @@ def capture(
                 owner[key] = by_id[id(owner[key])]
         args, kwargs = pytree.tree_unflatten(traced_leaves, spec)
         target = root_callable(fn, module)
+        tracer.reads.add_file(getattr(getattr(target, "__func__", target), "__code__", None))
+        if module is not None:
+            for sub in module.modules():  # library modules' code runs as is: its files count too
+                tracer.reads.add_file(getattr(type(sub).forward, "__code__", None))
         if module is not None:  # its submodule links are guarded by the module snapshot
             for path, sub in module.named_modules():
-                tracer.reads.long_lived(sub, f"self.{path}" if path else "self")
+                tracer.reads.long_lived(sub, f"self.{path}" if path else "self", place=("self", path))
                 tracer.reads.snapshotted.add(id(sub))
         elif target is fn:  # not converted (a lambda, no source): guard what its code names
             tracer.reads.code(getattr(fn, "__func__", fn))

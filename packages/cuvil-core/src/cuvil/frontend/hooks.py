@@ -103,6 +103,7 @@ def call(site: int, fn: Any, *args: Any, **kwargs: Any) -> Any:
     code = getattr(getattr(target, "__func__", target), "__code__", None)
     if tracer is None or code is None:
         return target(*args, **kwargs)
+    tracer.reads.add_file(code)
     depth = tracer.depth.get(code, 0)
     if depth >= RECURSION_LIMIT:
         raise CompileError(

@@ -19,6 +19,7 @@ here. What a read becomes depends on the value (see [Note: reads are guarded] in
 from __future__ import annotations
 
 import functools
+import sys
 import types
 from collections.abc import Callable
 from typing import Any
@@ -28,7 +29,10 @@ import torch
 from cuvil.errors import CompileError, SourceLoc
 from cuvil.frontend.convert import is_user_file
 from cuvil.frontend.proxy import TensorProxy
-from cuvil.guards import _SCALARS, MISSING, ReadGuard, Same, contents_key, show, tensor_key
+from cuvil.guards import _SCALARS, MISSING, Place, ReadGuard, Same, contents_key, show, tensor_key
+
+#: a tensor the traced code may reach: (graph input name, getter, place or None)
+LiftSource = tuple[str, Callable[[], Any], Place | None]
 
 _CONTAINERS = (list, tuple, dict, set, frozenset)
 MUTATORS = frozenset(
@@ -54,6 +58,19 @@ MUTATORS = frozenset(
 )
 
 
+def global_place(globals_: dict[str, Any], name: str) -> Place | None:
+    """The place of global ``name`` when ``globals_`` is an imported module's namespace."""
+    modname = globals_.get("__name__")
+    mod = sys.modules.get(modname) if isinstance(modname, str) else None
+    if mod is None or getattr(mod, "__dict__", None) is not globals_:
+        return None
+    return ("global", modname, name)
+
+
+def _sub(place: Place | None, name: str) -> Place | None:
+    return None if place is None else ("attr", place, name)
+
+
 def _library_module(value: Any) -> bool:
     return isinstance(value, types.ModuleType) and not is_user_file(getattr(value, "__file__", None) or "")
 
@@ -61,37 +78,53 @@ def _library_module(value: Any) -> bool:
 class Reads:
     """The read guards and the long-lived objects of one capture."""
 
-    def __init__(self, lift_sources: dict[int, tuple[str, Callable[[], Any]]]) -> None:
+    def __init__(self, lift_sources: dict[int, LiftSource]) -> None:
         self.guards: list[ReadGuard] = []
         self._seen: set[tuple[str, int]] = set()
-        #: id -> (object, how user code names it, graph input name prefix) of objects
-        #: whose identity is guarded
-        self.stable: dict[int, tuple[Any, str, str]] = {}
+        #: id -> (object, how user code names it, graph input name prefix, its place) of
+        #: objects whose identity is guarded
+        self.stable: dict[int, tuple[Any, str, str, Place | None]] = {}
+        #: id of a closure cell of the root function -> its variable name
+        self.root_cells: dict[int, str] = {}
+        #: source files of the code the capture ran (converted or not): a cached variant
+        #: is reused by another process only while these files are unchanged (cuvil/warm.py)
+        self.files: set[str] = set()
         #: ids of the compiled module's submodules, whose submodule/parameter/buffer slots
         #: the module snapshot in cuvil/api.py already checks on every call
         self.snapshotted: set[int] = set()
         self._lift_sources = lift_sources
 
-    def long_lived(self, obj: Any, path: str, input_name: str | None = None) -> None:
+    def long_lived(
+        self, obj: Any, path: str, input_name: str | None = None, place: Place | None = None
+    ) -> None:
         """``obj`` (named ``path`` in user code) is the same object on every call that
         passes the guards: an argument guarded by identity, the compiled module, a read."""
-        self.stable.setdefault(id(obj), (obj, path, input_name or path))
+        self.stable.setdefault(id(obj), (obj, path, input_name or path, place))
 
-    def read(self, what: str, path: str, iname: str, getter: Callable[[], Any], value: Any) -> None:
+    def read(
+        self,
+        what: str,
+        path: str,
+        iname: str,
+        getter: Callable[[], Any],
+        value: Any,
+        place: Place | None = None,
+    ) -> None:
         """``value`` was read from the place ``what`` (named ``path`` in user code, ``iname``
-        as a graph input); ``getter`` reads it again."""
+        as a graph input); ``getter`` reads it again; ``place`` is how another process
+        finds it ([Note: places])."""
         if isinstance(value, TensorProxy) or _library_module(value):
             return  # parameters and buffers (module snapshot), constant library modules
         if (what, id(value)) in self._seen:
             return
         self._seen.add((what, id(value)))
         if isinstance(value, torch.Tensor):
-            self._lift_sources.setdefault(id(value), (iname, getter))
-            self._add(what, getter, "tensor", tensor_key(value), value)
+            self._lift_sources.setdefault(id(value), (iname, getter, place))
+            self._add(what, getter, "tensor", tensor_key(value), value, place)
         elif isinstance(value, _SCALARS) or value is MISSING:
-            self._add(what, getter, "value", value, value)
+            self._add(what, getter, "value", value, value, place)
         elif type(value) in _CONTAINERS:
-            self._add(what, getter, "contents", contents_key(value), value)
+            self._add(what, getter, "contents", contents_key(value), value, place)
             self.long_lived(value, path, iname)
             items = value.items() if isinstance(value, dict) else enumerate(value)
             if not isinstance(value, (set, frozenset)):
@@ -99,17 +132,19 @@ class Reads:
                     if not isinstance(v, _SCALARS):
                         self.long_lived(v, f"{path}[{k!r}]", f"{iname}.{_key_name(k)}")
         elif isinstance(value, types.MethodType):
-            self._add(what, getter, "method", (Same(value.__func__), Same(value.__self__)), value)
+            self._add(what, getter, "method", (Same(value.__func__), Same(value.__self__)), value, place)
         elif isinstance(value, types.BuiltinMethodType) and not isinstance(
             getattr(value, "__self__", None), (types.ModuleType, type(None))
         ):
             return  # a method of a guarded object, e.g. ``lst.index``: a new object per read
         else:
-            self._add(what, getter, "identity", value, value)
-            self.long_lived(value, path, iname)
+            self._add(what, getter, "identity", value, value, place)
+            self.long_lived(value, path, iname, place)
 
-    def _add(self, what: str, getter: Callable[[], Any], kind: str, expected: Any, value: Any) -> None:
-        self.guards.append(ReadGuard(what, getter, kind, expected, show(value)))
+    def _add(
+        self, what: str, getter: Callable[[], Any], kind: str, expected: Any, value: Any, place: Place | None
+    ) -> None:
+        self.guards.append(ReadGuard(what, getter, kind, expected, show(value), place))
 
     # -- the reads converted code makes --------------------------------------------
     def glob(self, globals_: dict[str, Any], name: str, value: Any) -> None:
@@ -120,6 +155,7 @@ class Reads:
                 f"global.{name}",
                 functools.partial(globals_.get, name, MISSING),
                 value,
+                global_place(globals_, name),
             )
 
     def free(self, cell: types.CellType, name: str, value: Any) -> None:
@@ -129,13 +165,14 @@ class Reads:
             f"closure.{name}",
             functools.partial(getattr, cell, "cell_contents"),
             value,
+            ("closure", name) if self.root_cells.get(id(cell)) == name else None,
         )
 
     def attr(self, obj: Any, name: str, value: Any, loc: SourceLoc | None) -> None:
         entry = self.stable.get(id(obj))
         if entry is None or entry[0] is not obj or _library_module(obj):
             return
-        path, iname = entry[1], entry[2]
+        path, iname, owner_place = entry[1], entry[2], entry[3]
         if name in MUTATORS and isinstance(obj, (list, dict, set)):
             raise CompileError(
                 f"`{path}.{name}(...)` changes a {type(obj).__name__} that lives outside the compiled function",
@@ -152,7 +189,14 @@ class Reads:
             getter: Callable[[], Any] = functools.partial(inst.get, name, MISSING)
         else:
             getter = functools.partial(getattr, obj, name)
-        self.read(f"attribute '{path}.{name}'", f"{path}.{name}", f"{iname}.{name}", getter, value)
+        self.read(
+            f"attribute '{path}.{name}'",
+            f"{path}.{name}",
+            f"{iname}.{name}",
+            getter,
+            value,
+            _sub(owner_place, name),
+        )
 
     def store(self, obj: Any, kind: str, loc: SourceLoc | None) -> None:
         entry = self.stable.get(id(obj))
@@ -165,6 +209,10 @@ class Reads:
             "return the value instead (or keep the state in a tensor argument)",
         )
 
+    def add_file(self, code: Any) -> None:
+        if isinstance(code, types.CodeType):
+            self.files.add(code.co_filename)
+
     # -- functions that are not converted -----------------------------------------
     def code(self, fn: Any) -> None:
         """Guard everything ``fn`` may read from outside (a lambda, code without source):
@@ -172,6 +220,7 @@ class Reads:
         code = getattr(fn, "__code__", None)
         if not isinstance(code, types.CodeType) or not isinstance(fn, types.FunctionType):
             return
+        self.add_file(code)
         globals_ = fn.__globals__
         for name in sorted(_names(code)):
             if name in globals_:
@@ -197,4 +246,4 @@ def _names(code: types.CodeType) -> set[str]:
     return names
 
 
-__all__ = ["MUTATORS", "Reads"]
+__all__ = ["MUTATORS", "LiftSource", "Reads", "global_place"]

@@ -26,7 +26,7 @@ from torch.utils import _pytree as pytree
 from cuvil.errors import CompileError, SourceLoc
 from cuvil.frontend.convert import is_user_frame
 from cuvil.frontend.proxy import TensorProxy
-from cuvil.frontend.reads import Reads
+from cuvil.frontend.reads import LiftSource, Reads, global_place
 from cuvil_ir.graph_ir.fake import FakeInferenceError, SymMirror, fake_call
 from cuvil_ir.graph_ir.nodes import KV, AttrValue, Block, Graph, Loc, Node, Ref, Value
 from cuvil_ir.graph_ir.ops import ShapeError
@@ -99,6 +99,8 @@ class Lifted:
     value: Value
     name: str
     getter: Callable[[], Any]
+    #: where another process finds it ([Note: places] in cuvil/guards.py), or None
+    place: tuple[Any, ...] | None = None
 
 
 class _Mode(TorchFunctionMode):
@@ -116,9 +118,7 @@ class Tracer:
     #: the tracer of the capture in progress (hooks in converted code consult it)
     active: Tracer | None = None
 
-    def __init__(
-        self, name: str, lift_sources: dict[int, tuple[str, Callable[[], Any]]] | None = None
-    ) -> None:
+    def __init__(self, name: str, lift_sources: dict[int, LiftSource] | None = None) -> None:
         self.name = name
         self.ctx = ShapeContext(hints={})
         self.mirror = SymMirror(self.ctx)
@@ -206,18 +206,18 @@ class Tracer:
         if proxy is not None:
             return proxy
         source = self._lift_sources.get(id(t)) or self._global_source(t)
-        name, getter = source or (f"const{len(self.lifted)}", functools.partial(_identity, t))
+        name, getter, place = source or (f"const{len(self.lifted)}", functools.partial(_identity, t), None)
         base, n = name, 1
         while name in self._names:  # two helpers' closure variables of the same name
             n += 1
             name = f"{base}_{n}"
         proxy = self.add_input(name, t, symbolic=False)
-        self.lifted.append(Lifted(proxy._cuvil_value, name, getter))
+        self.lifted.append(Lifted(proxy._cuvil_value, name, getter, place))
         self._lifted_ids[id(t)] = proxy
         self._keepalive.append(t)
         return proxy
 
-    def _global_source(self, t: torch.Tensor) -> tuple[str, Callable[[], Any]] | None:
+    def _global_source(self, t: torch.Tensor) -> LiftSource | None:
         """A module-level variable of user code (any frame of the trace) holding ``t``."""
         f = sys._getframe(1)
         while f is not None:
@@ -225,7 +225,7 @@ class Tracer:
                 g = f.f_globals
                 for name in f.f_code.co_names:
                     if g.get(name) is t:
-                        return f"global.{name}", functools.partial(g.__getitem__, name)
+                        return f"global.{name}", functools.partial(g.__getitem__, name), global_place(g, name)
             f = f.f_back  # type: ignore[assignment]
         return None
 
