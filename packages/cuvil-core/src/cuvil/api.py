@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
+from cuvil import warm
 from cuvil.arguments import check_tensors
 from cuvil.capabilities import check_capabilities
 from cuvil.errors import CompileError
@@ -53,6 +54,8 @@ class Stats:
 
     compiles: int = 0
     cache_hits: int = 0
+    #: compiles whose capture came from the cache of captured variants (no tracing)
+    warm_starts: int = 0
     fallbacks: int = 0
     recompile_reasons: list[str] = field(default_factory=list)
     fallback_reasons: list[str] = field(default_factory=list)
@@ -351,11 +354,19 @@ class CompiledFunction:
             _check_options(dict(self.options), target.capabilities, target_name)
             if self.module is not None and torch.is_grad_enabled():
                 self._warn_parameters_need_no_grad()
-            captured = capture(
-                self.__name__, self.fn, self.module, leaves, names, spec, self.dynamic, self.dims
-            )
-            check_capabilities(captured.graph, target.capabilities, target_name)
             options = CompileOptions(opt_level=self.opt_level, extra=self.options)
+            # a variant another process captured, when all it read is as it was (cuvil/warm.py)
+            wkey = warm.key(self, key, target, options) if warm.enabled() else None
+            captured = warm.lookup(self, wkey) if wkey is not None else None
+            if captured is not None:
+                self.stats.warm_starts += 1
+            else:
+                captured = capture(
+                    self.__name__, self.fn, self.module, leaves, names, spec, self.dynamic, self.dims
+                )
+                if wkey is not None:
+                    warm.store(self, wkey, captured, leaves, key)
+            check_capabilities(captured.graph, target.capabilities, target_name)
             executable = _EXECUTABLES.get_or_compile(captured.graph, target, options)
             for note in getattr(executable, "notes", ()):
                 if note not in self.stats.notes:

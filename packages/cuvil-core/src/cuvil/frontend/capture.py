@@ -47,6 +47,8 @@ class Captured:
     lifted: list[Lifted]
     #: the globals, closure variables and attributes the traced code read
     guards: ReadGuards
+    #: the source files of the code the capture ran (cuvil/warm.py)
+    files: frozenset[str] = frozenset()
 
 
 def module_state(module: torch.nn.Module) -> list[tuple[str, dict[str, Any], str]]:
@@ -210,4 +212,13 @@ def capture(
     except Exception as e:
         raise CompileError(f"internal error: the captured graph does not verify: {e}") from e
     check = AssumptionCheck(graph.assumptions, slots, tracer.ctx.reasons)
-    return Captured(graph, plan, check, out_spec, out_plan, tracer.lifted, ReadGuards(tracer.reads.guards))
+    return Captured(
+        graph,
+        plan,
+        check,
+        out_spec,
+        out_plan,
+        tracer.lifted,
+        ReadGuards(tracer.reads.guards),
+        frozenset(tracer.reads.files),
+    )
