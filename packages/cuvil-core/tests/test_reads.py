@@ -374,3 +374,26 @@ def test_two_helpers_closing_over_tensors_of_the_same_name(target):
     cf = compiled(f, target)
     x = torch.randn(3)
     close(cf(x), f(x))
+
+
+class _Scaler:
+    def __init__(self) -> None:
+        self.k = 2.0
+        self.offset = torch.zeros(3)
+
+    def apply(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.k + self.offset
+
+
+def test_a_compiled_bound_method_guards_what_it_reads_from_its_object() -> None:
+    """``cu.compile(obj.method)`` used to run the method unconverted, so ``self.k`` was read
+    once, at capture, and never guarded: a stale value after ``obj.k = 5``."""
+    obj = _Scaler()
+    f = cu.compile(obj.apply, target="reference", fallback="error")
+    x = torch.ones(3)
+    close(f(x), x * 2.0)
+    obj.k = 5.0
+    close(f(x), x * 5.0)
+    assert f.stats.compiles == 2 and "self.k" in f.stats.recompile_reasons[-1]
+    obj.offset.add_(1.0)  # a tensor attribute: read on every call
+    close(f(x), x * 5.0 + 1.0)

@@ -128,3 +128,23 @@ def test_a_damaged_entry_is_a_miss(project: Path) -> None:
 def test_off_switch(project: Path) -> None:
     _run(project)
     assert _run(project, CUVIL_WARM="0")["fn"] == 0
+
+
+def test_two_lambdas_on_one_line_are_two_variants(tmp_path: Path) -> None:
+    """Same file, same line, same qualified name (``<lambda>``): the key has the code's
+    fingerprint, so the second process never serves one lambda's graph for the other."""
+    script = tmp_path / "lambdas.py"
+    script.write_text(
+        "import sys, torch, cuvil as cu\n"
+        "x = torch.ones(3)\n"
+        "a, b = cu.compile(lambda x: x + 1, target='reference', fallback='error'), cu.compile(lambda x: x * 5, target='reference', fallback='error')\n"
+        "torch.testing.assert_close(a(x), x + 1); torch.testing.assert_close(b(x), x * 5)\n"
+        "print(a.stats.warm_starts + b.stats.warm_starts)\n"
+    )
+    env = dict(os.environ, CUVIL_CACHE_DIR=str(tmp_path / "cache"))
+    runs = [
+        subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
+        for _ in range(2)
+    ]
+    assert all(r.returncode == 0 for r in runs), runs[-1].stderr[-3000:]
+    assert [r.stdout.split()[-1] for r in runs] == ["0", "2"]

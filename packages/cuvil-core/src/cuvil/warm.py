@@ -97,18 +97,39 @@ def _code_of(obj: Any) -> Any:
     return getattr(getattr(obj, "__func__", obj), "__code__", None)
 
 
+def fingerprint(code: types.CodeType) -> str:
+    """A digest of what a code object does: two lambdas on one line differ here."""
+    h = hashlib.sha256()
+
+    def feed(c: types.CodeType) -> None:
+        for part in (c.co_qualname, c.co_filename, str(c.co_firstlineno), c.co_code.hex()):
+            h.update(part.encode() + b"\0")
+        for names in (c.co_names, c.co_varnames, c.co_freevars, c.co_cellvars):
+            h.update(repr(names).encode() + b"\0")
+        h.update(repr((c.co_argcount, c.co_kwonlyargcount, c.co_posonlyargcount, c.co_flags)).encode())
+        for const in c.co_consts:
+            if isinstance(const, types.CodeType):
+                feed(const)
+            else:
+                h.update(f"{type(const).__name__}:{const!r}".encode() + b"\0")
+
+    feed(code)
+    return h.hexdigest()
+
+
 def _identity(fn: Any, module: torch.nn.Module | None) -> list[Any]:
     if module is not None:
         out = []
         for path, sub in module.named_modules():
             cls = type(sub)
             code = _code_of(cls.forward)
-            out.append([path, cls.__module__, cls.__qualname__, getattr(code, "co_filename", None), sub.training])
+            where = fingerprint(code) if isinstance(code, types.CodeType) else None
+            out.append([path, cls.__module__, cls.__qualname__, where, sub.training])
         return out
     code = _code_of(fn)
     if not isinstance(code, types.CodeType) or isinstance(fn, functools.partial):
         raise NotStorable("not a plain function")
-    return [getattr(fn, "__module__", None), fn.__qualname__, code.co_filename, code.co_firstlineno]
+    return [getattr(fn, "__module__", None), fn.__qualname__, fingerprint(code)]
 
 
 def key(cf: Any, structure: tuple[Any, ...], target: Any, options: Any) -> str | None:

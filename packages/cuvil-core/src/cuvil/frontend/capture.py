@@ -123,6 +123,12 @@ def root_callable(fn: Any, module: torch.nn.Module | None) -> Callable[..., Any]
             return convert(fn, hooks)
         except ConversionError:
             return fn  # type: ignore[no-any-return]
+    if isinstance(fn, types.MethodType) and is_user_function(fn.__func__):
+        # converted, so its reads of the object (self.k) go through the guarded hooks
+        try:
+            return types.MethodType(convert(fn.__func__, hooks), fn.__self__)
+        except ConversionError:
+            return fn
     return fn  # type: ignore[no-any-return]
 
 
@@ -178,9 +184,12 @@ def capture(
             for path, sub in module.named_modules():
                 tracer.reads.long_lived(sub, f"self.{path}" if path else "self", place=("self", path))
                 tracer.reads.snapshotted.add(id(sub))
-        elif target is fn:  # not converted (a lambda, no source): guard what its code names
-            tracer.reads.code(getattr(fn, "__func__", fn))
+        else:
+            if target is fn:  # not converted (a lambda, no source): guard what its code names
+                tracer.reads.code(getattr(fn, "__func__", fn))
             if isinstance(fn, types.MethodType):
+                # a bound method's object is the same on every call: what the method reads
+                # from it is guarded (converted code reads self.k through the attribute hook)
                 tracer.reads.long_lived(fn.__self__, "self")
         previous, Tracer.active = Tracer.active, tracer
         try:
