@@ -52,7 +52,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"saved {artifact} ({artifact.stat().st_size / 1e3:.0f} kB)")
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    ray.init(num_cpus=max(a.replicas, 2), include_dashboard=False, log_to_driver=False, configure_logging=False)
+    ray.init(
+        num_cpus=max(a.replicas, 2), include_dashboard=False, log_to_driver=False, configure_logging=False
+    )
     try:
         import app as app_def
 

@@ -174,7 +174,7 @@ def _sha(data: bytes) -> str:
 def _versions() -> dict[str, str]:
     from importlib.metadata import PackageNotFoundError, version
 
-    out = {"torch": torch.__version__}
+    out: dict[str, str] = {"torch": str(torch.__version__)}
     for dist in ("cuvil", "cuvil-ir", "cuvil-runtime"):
         try:
             out[dist] = version(dist)

@@ -212,19 +212,14 @@ def _cache(args: argparse.Namespace) -> int:
         cache_admin.verify(root, delete=args.delete) if args.action == "verify" else cache_admin.stores(root)
     )
     print(f"cache: {root}" + ("" if root.is_dir() else " (empty: not created yet)"))
-    rows = [(i.path.name, str(i.entries), _size(i.bytes)) for i in infos]
-    header = ("STORE", "ENTRIES", "SIZE")
-    if args.action == "verify":
-        rows = [(*r, str(len(i.damaged))) for r, i in zip(rows, infos)]
-        header = (*header, "DAMAGED")  # type: ignore[assignment]
-    rows.append(
-        (
-            "total",
-            str(sum(i.entries for i in infos)),
-            _size(sum(i.bytes for i in infos)),
-            *([""] if args.action == "verify" else []),
-        )
-    )  # type: ignore[arg-type]
+    verifying = args.action == "verify"
+    rows: list[tuple[str, ...]] = [
+        (i.path.name, str(i.entries), _size(i.bytes), *([str(len(i.damaged))] if verifying else []))
+        for i in infos
+    ]
+    header: tuple[str, ...] = ("STORE", "ENTRIES", "SIZE", *(["DAMAGED"] if verifying else []))
+    total = (str(sum(i.entries for i in infos)), _size(sum(i.bytes for i in infos)))
+    rows.append(("total", *total, *([""] if verifying else [])))
     _table(header, rows)
     damaged = [d for i in infos for d in i.damaged]
     for d in damaged:

@@ -76,12 +76,12 @@ def enabled() -> bool:
 
 @functools.cache
 def _compiler_code() -> str:
-    import cuvil
     import cuvil_ir
     import cuvil_runtime
     from cuvil_runtime.pipeline import package_hash
 
-    return package_hash(cuvil, cuvil_ir, cuvil_runtime)
+    # this package by its entry in sys.modules: importing it here would be a cycle
+    return package_hash(sys.modules[__name__.partition(".")[0]], cuvil_ir, cuvil_runtime)
 
 
 def _store() -> Any:
@@ -316,7 +316,10 @@ def _holds(kind: str, expected: Any, value: Any) -> tuple[Any, bool]:
     if kind == "contents":
         return contents_key(value), _same_container(value, expected)
     if kind == "tensor":
-        ok = isinstance(value, torch.Tensor) and [dtype_name(value.dtype), str(value.device), list(value.shape)] == expected
+        ok = (
+            isinstance(value, torch.Tensor)
+            and [dtype_name(value.dtype), str(value.device), list(value.shape)] == expected
+        )
         return tensor_key(value), ok
     try:
         return value, _describe(value) == expected

@@ -35,7 +35,7 @@ from cuvil_ir.tensor_ir.lower import lower
 from cuvil_ir.tensor_ir.program import Control, Extern, Kernel, TensorProgram
 from cuvil_runtime.cache import DiskCache
 from cuvil_runtime.runner import ProgramRunner, wrappers
-from cuvil_runtime.target import CompileOptions, Exported, KernelBackend, Launch
+from cuvil_runtime.target import CompileOptions, Exported, KernelBackend, Launch, ProgramHooks
 
 
 @dataclass
@@ -65,7 +65,7 @@ class ProgramExecutable:
         graph: Graph,
         program: TensorProgram,
         runner: ProgramRunner,
-        backend: KernelBackend,
+        backend: ProgramHooks,
         codes: dict[str, Any],
         program_cache_hit: bool,
     ) -> None:
@@ -214,7 +214,7 @@ def compile_program(
 
 
 def _executable(
-    backend: KernelBackend,
+    backend: ProgramHooks,
     graph: Graph,
     program: TensorProgram,
     codes: dict[str, Any],
@@ -241,7 +241,7 @@ class ExportingBackend(KernelBackend, Protocol):
         ...
 
 
-class ProgramLoader(KernelBackend, Protocol):
+class ProgramLoader(ProgramHooks, Protocol):
     def launches(self, kernels: Sequence[tuple[str, Any, bytes]]) -> list[Launch]:
         """A Launch per (kernel name, generated code, binary), loading the binaries."""
         ...

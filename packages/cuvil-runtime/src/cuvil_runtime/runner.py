@@ -31,7 +31,7 @@ from cuvil_ir.tensor_ir import expr as E
 from cuvil_ir.tensor_ir.memory import ALIGN
 from cuvil_ir.tensor_ir.program import Control, Extern, Kernel, ScalarRef, TensorProgram, View
 from cuvil_runtime.executor import evaluate_attr
-from cuvil_runtime.target import KernelBackend, Launch
+from cuvil_runtime.target import Launch, ProgramHooks
 
 #: size bindings whose plans are kept per thread and program
 _PLANS_KEPT = 32
@@ -52,7 +52,7 @@ class ProgramRunner:
     """A compiled :class:`TensorProgram`: call it with the graph inputs (and, for a loop
     body, the loop index binding) to get the flat outputs."""
 
-    def __init__(self, program: TensorProgram, launches: dict[str, Launch], backend: KernelBackend) -> None:
+    def __init__(self, program: TensorProgram, launches: dict[str, Launch], backend: ProgramHooks) -> None:
         """``launches`` holds every kernel of ``program`` and of its regions, by name."""
         self.program = program
         self.backend = backend

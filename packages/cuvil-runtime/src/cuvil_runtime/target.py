@@ -138,11 +138,10 @@ class Launch:
     tensors: bool = False
 
 
-class KernelBackend(Protocol):
-    """What a target that compiles through Tensor IR supplies to the shared pipeline
-    (:func:`cuvil_runtime.pipeline.compile_program`); everything else (lowering with
-    its policy, the program cache, regions, stages, dumps, the per-call runner with
-    its arena, extern calls and control flow) is shared."""
+class ProgramHooks(Protocol):
+    """What the program runner and a program's executable need of a backend: shared by
+    :class:`KernelBackend` (which compiles) and the loaders of its exported programs
+    (which need no compiler)."""
 
     name: str
 
@@ -157,6 +156,26 @@ class KernelBackend(Protocol):
         them (plain dataclasses and enums: see :class:`cuvil_ir.serial.Codec`)."""
         ...
 
+    def kernel_texts(self, code: Any) -> dict[str, str]:
+        """The text of each ``per_kernel`` stage for one ``generate`` result."""
+        ...
+
+    def extern(self, op: str, reference: Callable[..., Any], channels_last: bool) -> Callable[..., Any]:
+        """What an extern call of ``op`` runs (``reference``, or a faster equivalent)."""
+        ...
+
+    def out_variant(self, op: str) -> Callable[..., Any]:
+        """``fn(out, *inputs, **attrs)`` for an extern lowered to write into its planned
+        buffer (the ops in ``fusion_policy(...).out_variants``)."""
+        ...
+
+
+class KernelBackend(ProgramHooks, Protocol):
+    """What a target that compiles through Tensor IR supplies to the shared pipeline
+    (:func:`cuvil_runtime.pipeline.compile_program`); everything else (lowering with
+    its policy, the program cache, regions, stages, dumps, the per-call runner with
+    its arena, extern calls and control flow) is shared."""
+
     def hash(self) -> str: ...
 
     def fusion_policy(self, options: CompileOptions) -> FusionPolicy:
@@ -167,21 +186,8 @@ class KernelBackend(Protocol):
         """The backend's code for one kernel (plain data, cached with the program)."""
         ...
 
-    def kernel_texts(self, code: Any) -> dict[str, str]:
-        """The text of each ``per_kernel`` stage for one ``generate`` result."""
-        ...
-
     def build(self, codes: Sequence[tuple[str, Any]], label: str) -> list[Launch]:
         """Compile and load (kernel name, code) pairs; one :class:`Launch` each, in order."""
-        ...
-
-    def extern(self, op: str, reference: Callable[..., Any], channels_last: bool) -> Callable[..., Any]:
-        """What an extern call of ``op`` runs (``reference``, or a faster equivalent)."""
-        ...
-
-    def out_variant(self, op: str) -> Callable[..., Any]:
-        """``fn(out, *inputs, **attrs)`` for an extern lowered to write into its planned
-        buffer (the ops in ``fusion_policy(...).out_variants``)."""
         ...
 
 
