@@ -357,7 +357,7 @@ class CompiledFunction:
             options = CompileOptions(opt_level=self.opt_level, extra=self.options)
             # a variant another process captured, when all it read is as it was (cuvil/warm.py)
             wkey = warm.key(self, key, target, options) if warm.enabled() else None
-            captured = warm.lookup(self, wkey) if wkey is not None else None
+            captured = warm.lookup(self, wkey, leaves) if wkey is not None else None
             if captured is not None:
                 self.stats.warm_starts += 1
             else:

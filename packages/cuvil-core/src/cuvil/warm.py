@@ -62,6 +62,8 @@ from cuvil.guards import MISSING, Place, ReadGuard, ReadGuards, contents_key, sh
 
 #: bumped when an entry's layout changes (old entries then miss)
 VERSION = 1
+#: variants kept per key (the newest)
+MAX_VARIANTS = 8
 #: ``CUVIL_WARM=0`` turns the cache of captured variants off (every process captures)
 ENV = "CUVIL_WARM"
 
@@ -341,6 +343,8 @@ def store(cf: Any, entry_key: str, c: Any, leaves: list[Any], structure: tuple[A
 
 
 def _store_entry(cf: Any, entry_key: str, c: Any, leaves: list[Any], structure: tuple[Any, ...]) -> bool:
+    if not c.storable:
+        return False
     try:
         guards = [_encode_guard(g, g.current()) for g in c.guards.guards]
         files_needed = set(c.files) | {
@@ -375,12 +379,32 @@ def _store_entry(cf: Any, entry_key: str, c: Any, leaves: list[Any], structure: 
         graph = Codec().dumps(c.graph).decode()
     except SerialError:
         return False
-    entry = {"version": VERSION, "graph": graph, "call": call, "guards": guards, "files": files}
+    variant = {"graph": graph, "call": call, "guards": guards, "files": files}
+    # One key, several variants: the same structure compiled for sizes that other size
+    # assumptions hold for (x[-3:] of 2 rows clamps, of 5 rows does not), or for other
+    # guarded values. Newest first; a variant stored again replaces itself. Two processes
+    # storing at once may lose one variant: it is only captured again.
+    store = _store()
+    variants = [v for v in _variants(store.get(entry_key)) if v != variant]
+    entry = {"version": VERSION, "variants": [variant, *variants][:MAX_VARIANTS]}
     try:
-        _store().put(entry_key, json.dumps(entry, sort_keys=True).encode())
+        store.put(entry_key, json.dumps(entry, sort_keys=True).encode())
     except OSError:
         return False
     return True
+
+
+def _variants(blob: bytes | None) -> list[dict[str, Any]]:
+    if blob is None:
+        return []
+    try:
+        entry = json.loads(blob)
+    except ValueError:
+        return []
+    if not isinstance(entry, dict) or entry.get("version") != VERSION:
+        return []
+    variants = entry.get("variants")
+    return [v for v in variants if isinstance(v, dict)] if isinstance(variants, list) else []
 
 
 _hashes: dict[tuple[str, int, int], str] = {}
@@ -402,16 +426,19 @@ def _file_hash(path: str) -> str | None:
     return h
 
 
-def lookup(cf: Any, entry_key: str) -> Any:
-    """The stored variant as a :class:`~cuvil.frontend.capture.Captured`, or ``None``
-    (no entry, a changed file, a guard that no longer holds, an unreadable entry)."""
-    blob = _store().get(entry_key)
-    if blob is None:
-        return None
+def lookup(cf: Any, entry_key: str, leaves: list[Any]) -> Any:
+    """The newest stored variant that serves this call (its files unchanged, its guards
+    and its size assumptions holding for ``leaves``) as a
+    :class:`~cuvil.frontend.capture.Captured`, or ``None``."""
+    for variant in _variants(_store().get(entry_key)):
+        c = _use(cf, variant)
+        if c is not None and c.check.holds(leaves):
+            return c
+    return None
+
+
+def _use(cf: Any, entry: dict[str, Any]) -> Any:
     try:
-        entry = json.loads(blob)
-        if entry.get("version") != VERSION:
-            return None
         for f, h in entry["files"].items():
             if _file_hash(f) != h:
                 return None

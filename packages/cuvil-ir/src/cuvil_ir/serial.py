@@ -116,29 +116,35 @@ class Codec:
     def dumps(self, obj: Any) -> bytes:
         """``obj`` as compact JSON bytes (deterministic for the same object graph)."""
         table: list[Any] = []
-        memo: dict[int, Any] = {}
+        memo: dict[Any, Any] = {}
         keep: list[Any] = []  # ids stay unique while the objects they name are alive
         root = self._enc(obj, table, memo, keep)
         return json.dumps({"format": FORMAT, "table": table, "root": root}, separators=(",", ":")).encode()
 
-    def _enc(self, obj: Any, table: list[Any], memo: dict[int, Any], keep: list[Any]) -> Any:
+    def _enc(self, obj: Any, table: list[Any], memo: dict[Any, Any], keep: list[Any]) -> Any:
         if obj is None or isinstance(obj, (bool, str)):
             return obj
         if isinstance(obj, int) and not isinstance(obj, enum.Enum):
             return int(obj)
         if isinstance(obj, float):
             return float(obj)
-        ref = memo.get(id(obj))
+        # Symbols by value: two equal ones (same name and assumptions, one made by the
+        # capture, one decoded from a cache) are interchangeable, and one entry for both
+        # keeps the encoding the same whichever objects the tree happens to hold
+        key: Any = (
+            ("Y", obj.name, tuple(sorted(obj.assumptions0.items()))) if type(obj) is sympy.Symbol else id(obj)
+        )
+        ref = memo.get(key)
         if ref is not None:
             return ref
         entry = self._entry(obj, table, memo, keep)
         table.append(entry)
         ref = ["@", len(table) - 1]
-        memo[id(obj)] = ref
+        memo[key] = ref
         keep.append(obj)
         return ref
 
-    def _entry(self, obj: Any, table: list[Any], memo: dict[int, Any], keep: list[Any]) -> Any:
+    def _entry(self, obj: Any, table: list[Any], memo: dict[Any, Any], keep: list[Any]) -> Any:
         def enc(x: Any) -> Any:
             return self._enc(x, table, memo, keep)
 

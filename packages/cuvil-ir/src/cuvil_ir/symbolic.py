@@ -24,6 +24,10 @@ from fractions import Fraction
 from typing import Any, Union
 
 import sympy
+
+# sympy's Add imports sympy.tensor.tensor the first time it flattens a sum (~70 ms):
+# imported with this module, so a warm start's first call does not pay for it mid-request
+import sympy.tensor.tensor  # noqa: F401, E402
 from sympy.printing.precedence import precedence
 from sympy.printing.pycode import PythonCodePrinter
 from sympy.printing.str import StrPrinter
@@ -176,6 +180,15 @@ def _identifiers(text: str) -> list[str]:
 
 
 class _ExactPrinter(PythonCodePrinter):  # type: ignore[misc]
+    def __init__(self, settings: dict[str, Any], names: Mapping[sympy.Symbol, str]) -> None:
+        super().__init__(settings)
+        self._names = names
+
+    def _print_Symbol(self, e: sympy.Symbol) -> str:
+        # symbols are printed under their variable names, not renamed in the tree: an
+        # xreplace rebuilds every relation (evaluating it, importing sympy modules lazily)
+        return self._names.get(e) or str(super()._print_Symbol(e))
+
     def _print_Rational(self, e: sympy.Rational) -> str:
         return f"Fraction({e.p}, {e.q})"
 
@@ -206,8 +219,10 @@ def exact_code(expr: sympy.Basic, names: Mapping[sympy.Symbol, str]) -> str:
     """Python source computing ``expr`` exactly (see [Note: exact size arithmetic]),
     each symbol read from the variable ``names[symbol]``."""
     e = sympy.sympify(expr)
-    renamed = e.xreplace({s: sympy.Symbol(names[s], **s.assumptions0) for s in e.free_symbols})
-    return str(_ExactPrinter({"fully_qualified_modules": True}).doprint(renamed))
+    missing = [s for s in e.free_symbols if s not in names]
+    if missing:
+        raise KeyError(f"no variable name for {sorted(map(str, missing))}")
+    return str(_ExactPrinter({"fully_qualified_modules": True}, names).doprint(e))
 
 
 def exact_function(symbols: Iterable[sympy.Symbol], expr: sympy.Basic) -> Callable[..., Any]:

@@ -49,6 +49,8 @@ class Captured:
     guards: ReadGuards
     #: the source files of the code the capture ran (cuvil/warm.py)
     files: frozenset[str] = frozenset()
+    #: whether another process may reuse this capture (no side effect such as a print)
+    storable: bool = True
 
 
 def module_state(module: torch.nn.Module) -> list[tuple[str, dict[str, Any], str]]:
@@ -230,4 +232,5 @@ def capture(
         tracer.lifted,
         ReadGuards(tracer.reads.guards),
         frozenset(tracer.reads.files),
+        tracer.reads.storable,
     )

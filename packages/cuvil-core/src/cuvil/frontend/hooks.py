@@ -195,6 +195,9 @@ def _print(tracer: Any, site: int, args: tuple[Any, ...], kwargs: dict[str, Any]
         loc.line,
     )
     builtins.print(*(shown(a) for a in args), **kwargs)
+    # a side effect of capturing: a variant that prints is captured (and prints) in each
+    # process, never served from the cache of captured variants
+    tracer.reads.storable = False
 
 
 # -- structured control flow (statements rewritten by control_flow.py) -------------

@@ -89,6 +89,8 @@ class Reads:
         #: source files of the code the capture ran (converted or not): a cached variant
         #: is reused by another process only while these files are unchanged (cuvil/warm.py)
         self.files: set[str] = set()
+        #: False when the capture did something a cached variant would not redo (a print)
+        self.storable = True
         #: ids of the compiled module's submodules, whose submodule/parameter/buffer slots
         #: the module snapshot in cuvil/api.py already checks on every call
         self.snapshotted: set[int] = set()
