@@ -280,7 +280,9 @@ def test_cache_verify_finds_and_deletes_damage(tmp_path: Path, cache: Path) -> N
     infos = cache_admin.verify(cache)
     assert {i.path.name for i in infos} >= {"cpu-kernels", "cpu-programs"}
     assert all(not i.damaged for i in infos)
-    assert all(i.entries for i in infos if i.path.name.startswith("cpu-"))  # (-c code has no file: no "calls")
+    assert all(
+        i.entries for i in infos if i.path.name.startswith("cpu-")
+    )  # (-c code has no file: no "calls")
     so = next((cache / "cpu-kernels").rglob("*.so"))
     so.write_bytes(so.read_bytes()[:-8])
     program = next(

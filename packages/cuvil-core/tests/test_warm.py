@@ -148,3 +148,44 @@ def test_two_lambdas_on_one_line_are_two_variants(tmp_path: Path) -> None:
     ]
     assert all(r.returncode == 0 for r in runs), runs[-1].stderr[-3000:]
     assert [r.stdout.split()[-1] for r in runs] == ["0", "2"]
+
+
+def test_an_object_with_native_behaviour_is_not_matched_by_class(tmp_path: Path) -> None:
+    """``len(CFG)`` runs ``Cfg.__len__`` natively: the state it reads is guarded by no read
+    guard, so a variant that read ``CFG`` is kept in its process; a second process with
+    another ``CFG`` captures again and matches eager."""
+    (tmp_path / "cfgdef.py").write_text(
+        textwrap.dedent(
+            """
+            import os, torch
+
+            class Cfg:
+                def __init__(self):
+                    self._n = int(os.environ.get("CFG_N", "2"))
+
+                def __len__(self):
+                    return self._n
+
+            CFG = Cfg()
+
+            def f(x):
+                for _ in range(len(CFG)):
+                    x = x * 2
+                return x
+            """
+        )
+    )
+    script = (
+        "import sys, torch, cuvil as cu; sys.path.insert(0, sys.argv[1]); import cfgdef;"
+        "g = cu.compile(cfgdef.f, target='reference', fallback='error'); x = torch.ones(2);"
+        "torch.testing.assert_close(g(x), cfgdef.f(x)); print(g.stats.warm_starts)"
+    )
+    outs = []
+    for n in ("2", "3"):
+        env = dict(os.environ, CUVIL_CACHE_DIR=str(tmp_path / "cache"), CFG_N=n)
+        r = subprocess.run(
+            [sys.executable, "-c", script, str(tmp_path)], env=env, capture_output=True, text=True, timeout=300
+        )
+        assert r.returncode == 0, r.stderr[-3000:]
+        outs.append(r.stdout.split()[-1])
+    assert outs == ["0", "0"]

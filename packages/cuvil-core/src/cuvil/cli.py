@@ -173,15 +173,22 @@ def load_callable(ref: str) -> Any:
     return obj
 
 
+def _function_and_example(args: argparse.Namespace, command: str) -> tuple[Any, list[Any]] | None:
+    """``args.function`` loaded and ``args.args_spec`` built, or ``None`` after saying why."""
+    try:
+        return load_callable(args.function), parse_args_spec(args.args_spec, seed=args.seed)
+    except (ValueError, ImportError, AttributeError) as e:
+        print(f"cuvil {command}: {e}", file=sys.stderr)
+        return None
+
+
 def _audit(args: argparse.Namespace) -> int:
     from cuvil.audit import audit
 
-    try:
-        fn = load_callable(args.function)
-        example = parse_args_spec(args.args_spec, seed=args.seed)
-    except (ValueError, ImportError, AttributeError) as e:
-        print(f"cuvil audit: {e}", file=sys.stderr)
+    loaded = _function_and_example(args, "audit")
+    if loaded is None:
         return 2
+    fn, example = loaded
     hashes = audit(fn, *example, target=args.target, out_dir=args.out)
     width = max(len(k) for k in hashes)
     for name, h in hashes.items():
@@ -263,12 +270,10 @@ def _aot(args: argparse.Namespace) -> int:
         print("graph:")
         print("  " + info["graph"].rstrip("\n").replace("\n", "\n  "))
         return 0
-    try:
-        fn = load_callable(args.function)
-        example = parse_args_spec(args.args_spec, seed=args.seed)
-    except (ValueError, ImportError, AttributeError) as e:
-        print(f"cuvil aot save: {e}", file=sys.stderr)
+    loaded = _function_and_example(args, "aot save")
+    if loaded is None:
         return 2
+    fn, example = loaded
     import cuvil
 
     if args.target is not None:

@@ -235,11 +235,30 @@ def _describe(value: Any) -> dict[str, Any]:
     raise NotStorable(cls.__name__)
 
 
+#: special methods a class matched by class alone may define: none that Python calls
+#: natively on the object during a capture (``len(obj)``, ``obj[i]``, iteration, ``bool``),
+#: whose reads of the object's state no guard would see
+_PLAIN_DUNDERS = frozenset(
+    {"__init__", "__post_init__", "__repr__", "__str__", "__eq__", "__hash__", "__init_subclass__"}
+)
+
+
 def _user_class(cls: type) -> bool:
+    """A user-defined class whose behaviour during capture is its attributes (read and
+    guarded one by one) and its methods (converted when called): its own classes define
+    no other special methods, and its only library bases are ``object`` and ``nn.Module``."""
     from cuvil.frontend.convert import is_user_file
 
-    mod = sys.modules.get(cls.__module__)
-    return is_user_file(getattr(mod, "__file__", None) or "")
+    for base in cls.__mro__:
+        if base in (object, torch.nn.Module):
+            continue
+        mod = sys.modules.get(base.__module__)
+        if not is_user_file(getattr(mod, "__file__", None) or ""):
+            return False
+        for name, attr in vars(base).items():
+            if name.startswith("__") and name.endswith("__") and callable(attr) and name not in _PLAIN_DUNDERS:
+                return False
+    return True
 
 
 def _encode_guard(g: ReadGuard, value: Any) -> dict[str, Any]:
