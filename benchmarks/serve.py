@@ -18,9 +18,12 @@ normalised, turned into a list of floats). Four loops, same requests, same model
 Each loop is timed ``repeats`` times, interleaved; the median QPS is reported.
 
 **Warm start**: in fresh child processes with a populated cache, the seconds from
-``import cuvil`` finishing to the first result, for a compiled function (the cache
-has its program and kernels; capture still runs) and for a ``cu.load``-ed artifact
-(no capture, no ``ShapeEnv``), for the ``head`` and ``resnet18_b1`` workloads.
+``import cuvil`` finishing to the first result (``cu.compile(...)`` and the first
+call, or ``cu.load`` and the first call; building the workload is not timed), for
+a compiled function (the cache of captured variants: no capture, no ``ShapeEnv``)
+and for a ``cu.load``-ed artifact, for the ``head`` and ``resnet18_b1`` workloads.
+The children run with bytecode caching on (``PYTHONDONTWRITEBYTECODE`` unset), as
+an installed package does.
 """
 
 from __future__ import annotations
@@ -183,6 +186,10 @@ def measure_warm(workloads: list[str], repeats: int, threads: int) -> dict[str, 
     root = Path(__file__).resolve().parent.parent
     with tempfile.TemporaryDirectory(prefix="cuvil-warm-") as tmp:
         env = dict(os.environ, CUVIL_CACHE_DIR=str(Path(tmp) / "cache"), OMP_NUM_THREADS=str(threads))
+        # with bytecode caching, as an installed package has it (pip compiles .pyc files);
+        # a PYTHONDONTWRITEBYTECODE=1 environment would recompile every lazily imported
+        # module of the first call from source (~0.1 s here), in every process
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
         env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")])
         for name in workloads:
             art = str(Path(tmp) / f"{name}.cuvil")

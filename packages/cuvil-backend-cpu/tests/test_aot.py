@@ -60,8 +60,15 @@ def test_module_round_trip_serves_every_batch(tmp_path: Path, cache: Path) -> No
         x = torch.randn(b, 16)
         _close(f(x), m(x))
         _close(f.submit(x).result(), m(x))
-    manifest = json.loads(zipfile.ZipFile(path).read("manifest.json"))
+    z = zipfile.ZipFile(path)
+    manifest = json.loads(z.read("manifest.json"))
     assert manifest["target"] == "cpu" and manifest["weights"] == "saved"
+    # every member's data is 64-byte aligned in the file: tensors are used in place
+    for info in z.infolist():
+        with open(path, "rb") as f:
+            f.seek(info.header_offset + 26)
+            n, e = int.from_bytes(f.read(2), "little"), int.from_bytes(f.read(2), "little")
+        assert (info.header_offset + 30 + n + e) % 64 == 0, info.filename
     assert manifest["requires"]["isa"] in ("avx512", "avx2", "portable")
 
 

@@ -44,8 +44,8 @@ def test_every_corpus_program_round_trips():
         assert {k: ck.source for k, ck in back_gen.items()} == {
             k: ck.source for k, ck in generated.items()
         }, name
-        assert {k: ck.func.text for k, ck in back_gen.items()} == {
-            k: ck.func.text for k, ck in generated.items()
+        assert {k: ck.loop_ir for k, ck in back_gen.items()} == {
+            k: ck.loop_ir for k, ck in generated.items()
         }, name
         count += 1
     assert count >= len(PROGRAMS) // 2

@@ -184,7 +184,11 @@ def test_an_object_with_native_behaviour_is_not_matched_by_class(tmp_path: Path)
     for n in ("2", "3"):
         env = dict(os.environ, CUVIL_CACHE_DIR=str(tmp_path / "cache"), CFG_N=n)
         r = subprocess.run(
-            [sys.executable, "-c", script, str(tmp_path)], env=env, capture_output=True, text=True, timeout=300
+            [sys.executable, "-c", script, str(tmp_path)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
         )
         assert r.returncode == 0, r.stderr[-3000:]
         outs.append(r.stdout.split()[-1])

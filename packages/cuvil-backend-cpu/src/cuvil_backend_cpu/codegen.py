@@ -14,7 +14,7 @@ vector variants.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import sympy
@@ -149,9 +149,15 @@ class CKernel:
     #: derived arguments (size expressions the wrapper evaluates per binding), after the sizes:
     #: (expression, C type: "int64_t", or "double" for a float-valued one such as ``x_2**-0.5``)
     derived: list[tuple[sympy.Expr, str]] = field(default_factory=list)
+    #: the kernel's signature (buffers, sizes, scalar arguments) as a Loop IR function
+    #: without its body: what a launch needs. The body's text is ``loop_ir``; the body
+    #: itself is not kept, so a program cache entry (or an artifact) decodes no loop
+    #: nest's index expressions on a warm start (the bulk of its sympy)
     func: LoopFunc | None = None
     #: returns nonzero when an integer division met a zero divisor
     may_fail: bool = False
+    #: the Loop IR text of the whole function (``cu.audit``'s ``loop_ir`` stage)
+    loop_ir: str = ""
 
 
 class _Gen(IndexPrinter):
@@ -381,7 +387,8 @@ class _Gen(IndexPrinter):
 
             head.append(SIMD_MATH_DECLARATIONS)
         head.extend(self.natives.values())
-        head.append(f"/* Loop IR:\n{_comment(self.func.text)}\n*/")
+        loop_ir = self.func.text
+        head.append(f"/* Loop IR:\n{_comment(loop_ir)}\n*/")
         if self.may_fail:
             head.append(f"int {self.func.name}({', '.join(params) or 'void'}) {{")
             head.append("  int cu_err = 0;")
@@ -389,7 +396,8 @@ class _Gen(IndexPrinter):
         else:
             head.append(f"void {self.func.name}({', '.join(params) or 'void'}) {{")
         source = "\n".join(head + body_lines + ["}", ""])
-        return CKernel(self.func.name, source, derived, self.func, self.may_fail)
+        signature = replace(self.func, body=())
+        return CKernel(self.func.name, source, derived, signature, self.may_fail, loop_ir)
 
 
 def _comment(text: str) -> str:

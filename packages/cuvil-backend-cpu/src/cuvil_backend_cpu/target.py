@@ -55,8 +55,7 @@ class CpuHooks:
     codec_classes = (CKernel, LoopFunc, Loop, Let, Accumulate, Store, Param)
 
     def kernel_texts(self, code: CKernel) -> dict[str, str]:
-        assert code.func is not None
-        return {"loop_ir": code.func.text, "c": code.source}
+        return {"loop_ir": code.loop_ir, "c": code.source}
 
     def extern(self, op: str, reference: Callable[..., Any], channels_last: bool) -> Callable[..., Any]:
         return externs.implementation(op, reference, channels_last)

@@ -33,6 +33,7 @@ import io
 import json
 import os
 import platform
+import struct
 import tempfile
 import threading
 import zipfile
@@ -189,9 +190,9 @@ def _write(path: Path, manifest: dict[str, Any], members: dict[str, bytes]) -> P
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as raw, zipfile.ZipFile(raw, "w", zipfile.ZIP_STORED) as z:
-            z.writestr(_info("manifest.json"), _json(manifest))
+            z.writestr(_info("manifest.json", raw.tell()), _json(manifest))
             for name in sorted(members):
-                z.writestr(_info(name), members[name])
+                z.writestr(_info(name, raw.tell()), members[name])
         os.chmod(tmp, 0o644)
         os.replace(tmp, path)
     except BaseException:
@@ -200,10 +201,19 @@ def _write(path: Path, manifest: dict[str, Any], members: dict[str, bytes]) -> P
     return path
 
 
-def _info(name: str) -> zipfile.ZipInfo:
+#: members' data starts at a multiple of this in the file, so tensors are used in place
+ALIGN = 64
+_PAD_ID = 0xD935  # the extra-field id zipalign uses for padding
+
+
+def _info(name: str, offset: int) -> zipfile.ZipInfo:
     # a fixed timestamp: the same program saves the same bytes (determinism)
     info = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))
     info.external_attr = 0o644 << 16
+    # padding in the local header's extra field puts the data at a multiple of ALIGN
+    start = offset + _LOCAL_HEADER + len(name.encode()) + 4
+    pad = -start % ALIGN
+    info.extra = struct.pack("<HH", _PAD_ID, pad) + bytes(pad)
     return info
 
 
@@ -234,36 +244,35 @@ def load(path: str | os.PathLike[str], *, module: torch.nn.Module | None = None)
     return LoadedFunction(path, manifest, members, module)
 
 
-def _open(path: Path) -> tuple[dict[str, Any], dict[str, bytes]]:
-    """The manifest, checked, and every member, verified against its sha256."""
+def _open(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The manifest, checked, and every member, verified against its sha256: small
+    members as bytes, tensors as views of the file's bytes (read once, used in place)."""
     blob = _read_trusted(path)
     try:
-        z = zipfile.ZipFile(io.BytesIO(blob))
-        names = set(z.namelist())
+        z = zipfile.ZipFile(io.BytesIO(blob))  # the central directory: names and offsets
+        infos = {i.filename: i for i in z.infolist()}
     except zipfile.BadZipFile as e:
         raise ArtifactError(
             f"{path} is not a cuvil artifact (not a zip file: {e}); write one with cu.save"
         ) from None
-    if "manifest.json" not in names:
+    if "manifest.json" not in infos:
         raise ArtifactError(f"{path} is not a cuvil artifact: it has no manifest.json")
-    manifest = _parse_json(z.read("manifest.json"), path, "manifest.json")
+    view = memoryview(blob)
+    manifest = _parse_json(bytes(_member(view, infos["manifest.json"], path)), path, "manifest.json")
     _check_manifest(manifest, path)
     hashes = manifest["hashes"]
-    members: dict[str, bytes] = {}
+    members: dict[str, Any] = {}
     for name, digest in hashes.items():
-        if name not in names:
+        if name not in infos:
             raise ArtifactError(f"{path} is damaged: the manifest lists {name}, which is missing")
-        try:
-            data = z.read(name)
-        except (zipfile.BadZipFile, OSError, ValueError) as e:
-            raise ArtifactError(f"{path} is damaged: {name} cannot be read ({e})") from None
-        if _sha(data) != digest:
+        data = _member(view, infos[name], path)
+        if hashlib.sha256(data).hexdigest() != digest:
             raise ArtifactError(
                 f"{path} is damaged: {name} does not match its sha256 in the manifest; "
                 "nothing was loaded. Copy or save it again"
             )
-        members[name] = data
-    extra = sorted(names - set(hashes) - {"manifest.json"})
+        members[name] = data if name.startswith("tensors/") else bytes(data)
+    extra = sorted(set(infos) - set(hashes) - {"manifest.json"})
     if extra:
         raise ArtifactError(f"{path} is damaged: members not in the manifest: {extra}")
     for needed in ("graph.json", "graph.txt", "call.json", "target.json"):
@@ -272,7 +281,27 @@ def _open(path: Path) -> tuple[dict[str, Any], dict[str, bytes]]:
     return manifest, members
 
 
-def _read_trusted(path: Path) -> bytes:
+#: a zip local file header's fixed part; the name and extra field follow
+_LOCAL_HEADER = 30
+
+
+def _member(view: memoryview, info: zipfile.ZipInfo, path: Path) -> memoryview:
+    """A stored member's bytes, in place (their sha256 is checked by the caller)."""
+    off = info.header_offset
+    if info.compress_type != zipfile.ZIP_STORED:
+        raise ArtifactError(f"{path}: {info.filename} is compressed; cu.save stores members uncompressed")
+    head = view[off : off + _LOCAL_HEADER]
+    if len(head) < _LOCAL_HEADER or bytes(head[:4]) != b"PK\x03\x04":
+        raise ArtifactError(f"{path} is damaged: no local header for {info.filename}")
+    name_len, extra_len = struct.unpack("<HH", head[26:30])
+    start = off + _LOCAL_HEADER + name_len + extra_len
+    data = view[start : start + info.compress_size]
+    if len(data) != info.compress_size:
+        raise ArtifactError(f"{path} is damaged: {info.filename} is cut short")
+    return data
+
+
+def _read_trusted(path: Path) -> bytearray:
     """The file's bytes, read once, if no one but its owner (you or root) can change it."""
     from cuvil_runtime import trust
 
@@ -280,9 +309,13 @@ def _read_trusted(path: Path) -> bytes:
     if problem is not None:
         raise ArtifactError(f"not loading {path}: {problem}. An artifact runs code (its kernels)")
     try:
-        return path.read_bytes()
+        with open(path, "rb") as f:
+            blob = bytearray(os.fstat(f.fileno()).st_size)  # writable: tensors view it in place
+            if f.readinto(blob) != len(blob):
+                raise OSError("the file changed size while it was read")
+        return blob
     except OSError as e:
-        raise ArtifactError(f"cannot read {path}: {e.strerror or e}") from None
+        raise ArtifactError(f"cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
 
 
 def _parse_json(data: bytes, path: Path, what: str) -> Any:
@@ -504,7 +537,7 @@ def _leaf_problem(leaf: Any, want: dict[str, Any]) -> str | None:
 
 
 def _tensor_from(
-    data: bytes, dtype: torch.dtype, shape: tuple[int, ...], path: Path, name: str
+    data: Any, dtype: torch.dtype, shape: tuple[int, ...], path: Path, name: str
 ) -> torch.Tensor:
     numel = 1
     for d in shape:
@@ -516,7 +549,9 @@ def _tensor_from(
         )
     if numel == 0:
         return torch.empty(shape, dtype=dtype)
-    raw = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    raw = torch.frombuffer(data, dtype=torch.uint8)  # a view of the file's bytes: no copy
+    if raw.data_ptr() % itemsize:  # not written by cu.save (which aligns): copy to align
+        raw = raw.clone()
     return raw.view(dtype).reshape(shape)
 
 

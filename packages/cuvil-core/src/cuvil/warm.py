@@ -256,7 +256,12 @@ def _user_class(cls: type) -> bool:
         if not is_user_file(getattr(mod, "__file__", None) or ""):
             return False
         for name, attr in vars(base).items():
-            if name.startswith("__") and name.endswith("__") and callable(attr) and name not in _PLAIN_DUNDERS:
+            if (
+                name.startswith("__")
+                and name.endswith("__")
+                and callable(attr)
+                and name not in _PLAIN_DUNDERS
+            ):
                 return False
     return True
 
