@@ -76,7 +76,9 @@ def test_module_round_trip_serves_every_batch(tmp_path: Path, cache: Path) -> No
 def test_python_values_and_sizes_are_checked(tmp_path: Path, cache: Path) -> None:
     f = cu.load(cu.save(Mlp().eval(), tmp_path / "mlp.cuvil", torch.randn(2, 16), 3.0))
     with pytest.raises(TypeError, match="saved for float 3.0, got 2.0"):
-        f(torch.randn(2, 16))  # the default, 2.0, is not the saved value
+        f(torch.randn(2, 16), 2.0)
+    with pytest.raises(TypeError, match="structure differs"):
+        f(torch.randn(2, 16))  # saved with scale passed: a call without it is another call
     with pytest.raises(ValueError, match=r"size guard Eq\(x_1, 16\) failed"):
         f(torch.randn(2, 12), 3.0)
     with pytest.raises(TypeError, match="expected a float32 tensor of rank 2"):

@@ -397,3 +397,59 @@ def test_a_compiled_bound_method_guards_what_it_reads_from_its_object() -> None:
     assert f.stats.compiles == 2 and "self.k" in f.stats.recompile_reasons[-1]
     obj.offset.add_(1.0)  # a tensor attribute: read on every call
     close(f(x), x * 5.0 + 1.0)
+
+
+def _fills_use_cache(forward):
+    """What transformers' decorators do: take ``*args, **kwargs`` and set a keyword."""
+    import functools
+
+    @functools.wraps(forward)
+    def wrapper(self, *args, **kwargs):
+        if kwargs.get("use_cache") is None:
+            kwargs["use_cache"] = self.default_use_cache
+        return forward(self, *args, **kwargs)
+
+    return wrapper
+
+
+class _Decorated(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.default_use_cache = True
+
+    @_fills_use_cache
+    def forward(self, x, mask=None, use_cache=None, scale=2.0):
+        y = self.lin(x) * scale
+        return y + 1 if use_cache else y
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@torch.no_grad()
+def test_a_forward_wrapped_in_args_kwargs_decorators(target: str) -> None:
+    """The call is traced as made: filling the defaults in as positional arguments made the
+    decorator's ``kwargs["use_cache"] = ...`` "got multiple values for argument 'use_cache'"
+    (BertModel, GPT2Model)."""
+    m = _Decorated().eval()
+    f = cu.compile(m, target=target, fallback="error")
+    x = torch.randn(3, 4)
+    close(f(x), m(x))
+    close(f(x, use_cache=False), m(x, use_cache=False))
+    assert "argument use_cache (bool False) passed now" in f.stats.recompile_reasons[-1]
+    x5 = torch.randn(5, 4)
+    close(f(x5), m(x5))  # another batch size, the first call form: no new compile
+    assert f.stats.compiles == 2
+    m.default_use_cache = False  # read by the decorator, through the guarded attribute
+    close(f(x5), m(x5))
+
+
+def test_changed_defaults_recompile() -> None:
+    def g(x, k=2.0):
+        return x * k
+
+    f = cu.compile(g, target="reference", fallback="error")
+    x = torch.ones(2)
+    close(f(x), x * 2.0)
+    g.__defaults__ = (5.0,)
+    close(f(x), x * 5.0)
+    assert "the defaults of" in f.stats.recompile_reasons[-1]

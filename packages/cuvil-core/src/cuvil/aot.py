@@ -479,16 +479,16 @@ class _CallPlan:
     def inputs(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
         if self.sig is not None:
             try:
-                bound = self.sig.bind(*args, **kwargs)
+                self.sig.bind(*args, **kwargs)
             except TypeError as e:
                 raise TypeError(f"{self.path.name}: {e}") from None
-            bound.apply_defaults()
-            args, kwargs = bound.args, bound.kwargs
-        leaves, spec = pytree.tree_flatten((args, kwargs))
+        # the call as made, as when it was saved ([Note: calls are replayed as made])
+        leaves, spec = pytree.tree_flatten((tuple(args), dict(kwargs)))
         if spec != self.spec:
             raise TypeError(
                 f"{self.path.name}: the arguments' structure differs from the saved call's "
-                f"({len(leaves)} leaves, {len(self.leaves)} saved): an artifact serves the call it was saved for"
+                f"({len(leaves)} leaves, {len(self.leaves)} saved; positional and keyword arguments "
+                "count as saved): an artifact serves the call it was saved for"
             )
         for leaf, want in zip(leaves, self.leaves):
             problem = _leaf_problem(leaf, want)

@@ -74,6 +74,8 @@ class _Artifact:
     reason: str | None = None
     #: metadata of the lifted (global/closure/attribute) tensors when compiled
     lifted_keys: tuple[Any, ...] = ()
+    #: the argument leaves' names (for recompile reasons)
+    names: tuple[str, ...] = ()
 
 
 class CompiledFunction:
@@ -171,14 +173,21 @@ class CompiledFunction:
 
     # -- the call path ---------------------------------------------------------
     def _bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        if self._sig is None:
-            return args, kwargs
-        try:
-            bound = self._sig.bind(*args, **kwargs)
-        except TypeError as e:
-            raise TypeError(f"{self.__qualname__}(): {e}") from None
-        bound.apply_defaults()
-        return bound.args, bound.kwargs
+        """The call as the caller made it, once it binds to the signature (a wrong arity is
+        a ``TypeError`` naming the function).
+
+        [Note: calls are replayed as made] The traced call passes the same positional and
+        keyword arguments, defaults not filled in: decorators that take ``*args, **kwargs``
+        (transformers wraps ``forward`` so, and sets ``kwargs["use_cache"]`` itself) see
+        what they see in eager, where filling a default in as a positional argument made
+        "got multiple values for argument 'use_cache'". Defaults are then read by the
+        function itself, and guarded (``cuvil.frontend.capture``)."""
+        if self._sig is not None:
+            try:
+                self._sig.bind(*args, **kwargs)
+            except TypeError as e:
+                raise TypeError(f"{self.__qualname__}(): {e}") from None
+        return tuple(args), dict(kwargs)
 
     def _leaf_names(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[str]:
         """Readable names of the argument leaves (``x``, ``xs_0``): graph input and symbol names."""
@@ -326,7 +335,7 @@ class CompiledFunction:
     ) -> str:
         last = self.artifacts[-1]
         if last.key != key or last.extra != extra:
-            return explain_structure(names, last.key[1], key[1], last.extra, extra)
+            return explain_structure(names, last.key[1], key[1], last.extra, extra, last.names)
         if last.captured is not None and not last.captured.guards.holds():
             return last.captured.guards.explain()
         if not _lifted_ok(last):
@@ -384,8 +393,16 @@ class CompiledFunction:
                 if isinstance(e, CompileError):
                     raise
                 raise CompileError(reason) from e
-            return _Artifact(key, extra, None, None, None, reason)
-        return _Artifact(key, extra, captured, executable, target_name, lifted_keys=_lifted_keys(captured))
+            return _Artifact(key, extra, None, None, None, reason, names=tuple(names))
+        return _Artifact(
+            key,
+            extra,
+            captured,
+            executable,
+            target_name,
+            lifted_keys=_lifted_keys(captured),
+            names=tuple(names),
+        )
 
     def _warn_parameters_need_no_grad(self) -> None:
         assert self.module is not None

@@ -36,6 +36,7 @@ _SCALARS = (bool, int, float, str, type(None), torch.dtype, torch.device)
 # compiled variant saved in the cache can re-create its guards there (cuvil/warm.py):
 #   ("module", name)             sys.modules[name]
 #   ("global", module, name)     a variable of that module
+#   ("root",)                    the compiled function itself (its __defaults__)
 #   ("closure", name)            a closure cell of the compiled (root) function
 #   ("self", path)               the compiled module, or its submodule at path ("" for itself)
 #   ("attr", place, name)        an attribute of the object at place
@@ -281,8 +282,24 @@ class ReadGuards:
 
 
 def explain_structure(
-    names: Sequence[str], old: tuple[Any, ...], new: tuple[Any, ...], extra_old: Any, extra_new: Any
+    names: Sequence[str],
+    old: tuple[Any, ...],
+    new: tuple[Any, ...],
+    extra_old: Any,
+    extra_new: Any,
+    old_names: Sequence[str] = (),
 ) -> str:
+    if old_names and list(old_names) != list(names):
+        # an argument passed now and left to its default before (or the reverse): calls
+        # are traced as made, so that is another call ([Note: calls are replayed as made])
+        before, now = dict(zip(old_names, old)), dict(zip(names, new))
+        added = [f"argument {n} ({describe_leaf(now[n])})" for n in names if n not in before]
+        gone = [f"argument {n}" for n in old_names if n not in now]
+        parts = ([f"{', '.join(added)} passed now"] if added else []) + (
+            [f"{', '.join(gone)} not passed now (its default is used)"] if gone else []
+        )
+        if parts:
+            return "; ".join(parts)
     if len(old) != len(new):
         return f"the arguments changed structure ({len(old)} leaves before, {len(new)} now)"
     for name, a, b in zip(names, old, new):

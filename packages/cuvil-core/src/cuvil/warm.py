@@ -315,6 +315,9 @@ class _Resolver:
             if place[1] not in cells:
                 raise NotStorable(f"no closure variable {place[1]}")
             return functools.partial(getattr, cells[place[1]], "cell_contents")
+        if kind == "root":  # the compiled function itself
+            fn = self.fn
+            return lambda: fn
         if kind == "self":
             if self.module is None:
                 raise NotStorable("no module")

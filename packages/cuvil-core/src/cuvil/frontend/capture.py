@@ -110,6 +110,24 @@ def _lift_sources(fn: Any, module: torch.nn.Module | None) -> dict[int, LiftSour
     return out
 
 
+def _guard_defaults(tracer: Tracer, fn: Any, module: torch.nn.Module | None) -> None:
+    """The compiled function's default values are read by the call itself ([Note: calls
+    are replayed as made] in cuvil/api.py), so they are guarded like any other read:
+    assigning ``f.__defaults__`` recompiles."""
+    place: tuple[Any, ...]
+    if module is not None:
+        owner, name, place = type(module).forward, "forward", ("attr", ("self", ""), "forward")
+    else:
+        owner, name, place = fn, getattr(fn, "__qualname__", "fn"), ("root",)
+    for attr in ("__defaults__", "__kwdefaults__"):
+        value = getattr(owner, attr, None)
+        if value:
+            getter = functools.partial(getattr, owner, attr)
+            tracer.reads.read(
+                f"the defaults of {name}", f"{name}.{attr}", name, getter, value, ("attr", place, attr)
+            )
+
+
 def root_callable(fn: Any, module: torch.nn.Module | None) -> Callable[..., Any]:
     """The converted function (or bound forward) to run on proxies."""
     if module is not None:
@@ -178,6 +196,7 @@ def capture(
                 owner[key] = by_id[id(owner[key])]
         args, kwargs = pytree.tree_unflatten(traced_leaves, spec)
         target = root_callable(fn, module)
+        _guard_defaults(tracer, fn, module)
         tracer.reads.add_file(getattr(getattr(target, "__func__", target), "__code__", None))
         if module is not None:
             for sub in module.modules():  # library modules' code runs as is: its files count too

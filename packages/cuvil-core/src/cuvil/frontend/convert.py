@@ -259,7 +259,9 @@ def convert(fn: Any, hooks: Any) -> types.FunctionType:
 
 def _convert_code(fn: Any) -> types.FunctionType:
     try:
-        lines, first = inspect.getsourcelines(fn)
+        # the code object, not the function: inspect follows a decorator's __wrapped__
+        # to the function it wraps, whose source is not this function's
+        lines, first = inspect.getsourcelines(fn.__code__)
     except (OSError, TypeError) as e:
         raise ConversionError(f"source of {fn.__qualname__} is not available ({e})") from None
     raw = "".join(lines)
