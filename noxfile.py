@@ -51,6 +51,9 @@ HYPOTHESIS = "hypothesis"  # the differential fuzzer, packages/cuvil-core/tests/
 #: builds the plugin distributions that packages/cuvil-core/tests/test_plugins.py installs
 #: while a process runs (pip --no-build-isolation: no index needed at test time)
 HATCHLING = "hatchling"
+#: the model zoo (packages/cuvil-core/tests/test_model_zoo.py): real architectures from small
+#: configs; a test dependency only, pinned so a new release cannot change CI under us
+TRANSFORMERS = "transformers==5.24.0"
 
 #: package id -> (folder, sibling folders it depends on, itself last)
 PACKAGES = {
@@ -117,7 +120,7 @@ def tests_dirs(session: nox.Session, folders: list[str]) -> list[str]:
 def tests(session: nox.Session) -> None:
     """Every package's fast tests in one environment (what CI runs), the optional
     integrations (ONNX, MLIR) included."""
-    install(session, ALL, PYTEST, HYPOTHESIS, HATCHLING, *INTEGRATIONS)
+    install(session, ALL, PYTEST, HYPOTHESIS, HATCHLING, TRANSFORMERS, *INTEGRATIONS)
     session.run("pytest", *tests_dirs(session, ALL), "-q", *FAST, *session.posargs)
     if not session.posargs:  # a selection (``nox -s tests -- -k x``) runs only what it names
         run_isas(session)
@@ -251,7 +254,7 @@ RAY_SERVE = "ray[serve]"
 def slow(session: nox.Session) -> None:
     """The tests marked slow (device tests stay off: no accelerator here), the Ray Serve
     example's included."""
-    install(session, ALL, PYTEST, RAY_SERVE)
+    install(session, ALL, PYTEST, RAY_SERVE, TRANSFORMERS)
     # Exit code 5 (every test deselected) only means nothing is marked slow yet.
     session.run(
         "pytest",
