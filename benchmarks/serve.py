@@ -9,6 +9,8 @@ lookup), run through the model, and post-processed in Python (mean-pooled,
 normalised, turned into a list of floats). Four loops, same requests, same model:
 
 * eager, synchronous;
+* torch.compile (inductor, ``dynamic=False``: one shape), synchronous and pipelined
+  through the same one-thread executor;
 * onnxruntime, synchronous (the seed's baseline), and pipelined through a
   one-thread ``ThreadPoolExecutor`` (its ``run`` releases the GIL too, so it can
   overlap as well: the fair comparison for ``submit``);
@@ -53,7 +55,10 @@ VOCAB = 4096
 
 def _texts(n: int) -> list[str]:
     words = "the of and to in is was for on that with as by at from his her an were are which".split()
-    return [" ".join(words[(i * 7 + j * 3) % len(words)] + str((i + j) % 13) for j in range(SEQ)) for i in range(n)]
+    return [
+        " ".join(words[(i * 7 + j * 3) % len(words)] + str((i + j) % 13) for j in range(SEQ))
+        for i in range(n)
+    ]
 
 
 class Pipeline:
@@ -75,7 +80,9 @@ class Pipeline:
         return [round(float(a), 4) for a in v.tolist()]
 
 
-def sync_loop(run: Callable[[torch.Tensor], torch.Tensor], p: Pipeline, texts: list[str]) -> list[list[float]]:
+def sync_loop(
+    run: Callable[[torch.Tensor], torch.Tensor], p: Pipeline, texts: list[str]
+) -> list[list[float]]:
     return [p.post(run(p.pre(t))) for t in texts]
 
 
@@ -103,6 +110,7 @@ def measure_qps(requests: int, repeats: int, threads: int) -> dict[str, Any]:
     x0 = p.pre(texts[0])
     compiled = cu.compile(model, target="cpu", fallback="error")
     ort_run = build_ort(model, (x0,), threads=threads)
+    inductor = torch.compile(model, dynamic=False)  # one input shape: its best case
     pool = ThreadPoolExecutor(1)
 
     def ort_once(x: torch.Tensor) -> torch.Tensor:
@@ -113,8 +121,14 @@ def measure_qps(requests: int, repeats: int, threads: int) -> dict[str, Any]:
         want = sync_loop(model, p, texts[:8])
         loops: dict[str, Callable[[], list[list[float]]]] = {
             "eager sync": lambda: sync_loop(model, p, texts),
+            "torch.compile sync": lambda: sync_loop(inductor, p, texts),
+            "torch.compile pipelined (thread)": lambda: pipelined_loop(
+                lambda x: pool.submit(inductor, x), p, texts
+            ),
             "onnxruntime sync": lambda: sync_loop(ort_once, p, texts),
-            "onnxruntime pipelined (thread)": lambda: pipelined_loop(lambda x: pool.submit(ort_once, x), p, texts),
+            "onnxruntime pipelined (thread)": lambda: pipelined_loop(
+                lambda x: pool.submit(ort_once, x), p, texts
+            ),
             "cuvil sync": lambda: sync_loop(compiled, p, texts),
             "cuvil submit pipelined": lambda: pipelined_loop(compiled.submit, p, texts),
         }
@@ -144,6 +158,9 @@ def measure_qps(requests: int, repeats: int, threads: int) -> dict[str, Any]:
             / med["onnxruntime pipelined (thread)"],
             "cuvil submit / cuvil sync": med["cuvil submit pipelined"] / med["cuvil sync"],
             "cuvil sync / eager sync": med["cuvil sync"] / med["eager sync"],
+            "cuvil submit / torch.compile pipelined": med["cuvil submit pipelined"]
+            / med["torch.compile pipelined (thread)"],
+            "cuvil sync / torch.compile sync": med["cuvil sync"] / med["torch.compile sync"],
         },
     }
 
@@ -237,7 +254,9 @@ def main(argv: list[str] | None = None) -> int:
     result: dict[str, Any] = {"host": host()}
     print(json.dumps(result["host"]))
     q = result["qps"] = measure_qps(a.requests, a.repeats, a.threads)
-    print(f"\nQPS, {q['workload']}, {q['requests']} requests, median of {q['repeats']}, {q['threads']} threads")
+    print(
+        f"\nQPS, {q['workload']}, {q['requests']} requests, median of {q['repeats']}, {q['threads']} threads"
+    )
     for name, v in q["qps_median"].items():
         print(f"  {name:34s} {v:8.1f}   (max |err| vs eager {q['max_abs_err_vs_eager'][name]:.1e})")
     for name, r in q["ratios"].items():

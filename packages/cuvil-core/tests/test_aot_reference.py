@@ -51,3 +51,21 @@ def test_a_function_that_does_not_compile_is_not_saved(tmp_path: Path) -> None:
         cu.save(cu.compile(bad, target="reference"), tmp_path / "bad.cuvil", torch.ones(2))
     assert not (tmp_path / "bad.cuvil").exists()
     assert not list(tmp_path.iterdir())  # no temporary file left either
+
+
+OFFSET = torch.tensor([1.0, 2.0, 3.0])
+
+
+def shifted(x: torch.Tensor, shift: torch.Tensor = OFFSET, *, scale: float = 2.0) -> torch.Tensor:
+    return x * scale + shift
+
+
+@torch.no_grad()
+def test_defaults_left_out_when_saved_stay_optional(tmp_path: Path) -> None:
+    """A parameter with a default the saved call did not pass (here a tensor, which JSON
+    cannot hold) stays optional in the loaded artifact: its value is in the graph."""
+    g = cu.load(cu.save(cu.compile(shifted, target="reference"), tmp_path / "d.cuvil", torch.ones(4, 3)))
+    x = torch.randn(2, 3)
+    torch.testing.assert_close(g(x), shifted(x))
+    with pytest.raises(TypeError, match="structure differs"):
+        g(x, scale=3.0)  # passing it is another call than the one saved

@@ -193,3 +193,40 @@ def test_an_object_with_native_behaviour_is_not_matched_by_class(tmp_path: Path)
         assert r.returncode == 0, r.stderr[-3000:]
         outs.append(r.stdout.split()[-1])
     assert outs == ["0", "0"]
+
+
+def test_a_helper_is_matched_with_its_defaults(tmp_path: Path) -> None:
+    """A global helper is matched in another process by module, name and code location,
+    and by its defaults: a default computed at import (from the environment) that differs
+    there makes the variant captured again."""
+    (tmp_path / "helperdef.py").write_text(
+        textwrap.dedent(
+            """
+            import os, torch
+
+            def helper(x, k=float(os.environ.get("HELPER_K", "2"))):
+                return x * k
+
+            def f(x):
+                return helper(x) + 1
+            """
+        )
+    )
+    script = (
+        "import sys, torch, cuvil as cu; sys.path.insert(0, sys.argv[1]); import helperdef;"
+        "g = cu.compile(helperdef.f, target='reference', fallback='error'); x = torch.ones(2);"
+        "torch.testing.assert_close(g(x), helperdef.f(x)); print(g.stats.warm_starts)"
+    )
+    outs = []
+    for k in ("2", "2", "5"):
+        env = dict(os.environ, CUVIL_CACHE_DIR=str(tmp_path / "cache"), HELPER_K=k)
+        r = subprocess.run(
+            [sys.executable, "-c", script, str(tmp_path)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert r.returncode == 0, r.stderr[-3000:]
+        outs.append(r.stdout.split()[-1])
+    assert outs == ["0", "1", "0"]

@@ -14,6 +14,7 @@ import functools
 import hashlib
 import platform
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import cuvil_backend_cpu
@@ -75,7 +76,11 @@ class CpuTarget(CpuHooks):
         return _hash(package_hash(cuvil_ir, cuvil_runtime, cuvil_backend_cpu), self.cache.toolchain.identity)
 
     def compile(self, graph: Graph, options: CompileOptions) -> ProgramExecutable:
-        return compile_program(self, graph, options, self.cache.root.parent / "cpu-programs")
+        return compile_program(self, graph, options, self._programs())
+
+    def _programs(self) -> Path:
+        """The program cache's folder, beside the kernel cache."""
+        return self.cache.root.parent / "cpu-programs"
 
     # -- the KernelBackend hooks ----------------------------------------------------------
     def fusion_policy(self, options: CompileOptions) -> FusionPolicy:
@@ -104,7 +109,7 @@ class CpuTarget(CpuHooks):
         so the artifact runs on any CPU of that level, not only this one."""
         tc = export_toolchain()
         exporter = self if self.cache.toolchain == tc else CpuTarget(KernelCache(tc, self.cache.root))
-        return export_program(exporter, graph, options)
+        return export_program(exporter, graph, options, self._programs())
 
     def binaries(
         self, codes: Sequence[tuple[str, CKernel]], label: str

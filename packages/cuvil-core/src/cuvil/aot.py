@@ -35,7 +35,6 @@ import os
 import platform
 import struct
 import tempfile
-import threading
 import zipfile
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
@@ -138,7 +137,7 @@ def save(
     for file, t in tensors.items():
         members[file] = _tensor_bytes(t)
 
-    bargs, bkwargs = cf._bind(example_args, example_kwargs)
+    bargs, bkwargs = cf._check_call(example_args, example_kwargs)
     call = encode_call(cf, c, art.key, bargs, bkwargs)
     call["inputs"] = inputs
     members["call.json"] = _json(call)
@@ -333,9 +332,15 @@ def _check_manifest(m: Any, path: Path) -> None:
             f"{path} is a version {m.get('version')} cuvil artifact; this cuvil reads version {VERSION}: "
             "save it again with this version"
         )
-    for key in ("target", "requires", "versions", "hashes", "name"):
-        if key not in m:
-            raise ArtifactError(f"{path} is damaged: its manifest has no {key!r}")
+    for key, kind in (
+        ("target", str),
+        ("requires", dict),
+        ("versions", dict),
+        ("hashes", dict),
+        ("name", str),
+    ):
+        if not isinstance(m.get(key), kind):
+            raise ArtifactError(f"{path} is damaged: its manifest has no {key!r} {kind.__name__}")
     saved = str(m["versions"].get("torch", "?"))
     if _torch_release(saved) != _torch_release(torch.__version__):
         raise ArtifactError(
@@ -391,7 +396,6 @@ class LoadedFunction:
                 raise
             raise ArtifactError(f"{path} is damaged: its call.json cannot be read ({e})") from None
         self._queue = SerialQueue()
-        self._lock = threading.Lock()
 
     @staticmethod
     def _graph(members: Mapping[str, bytes]) -> Any:
@@ -441,7 +445,6 @@ class _CallPlan:
         self.result_spec = decode_spec(call["result"])
         self.leaves = call["leaves"]
         self.outputs = decode_outputs(call)
-        self.frozen = call.get("frozen", [])
         self.check = decode_check(call, graph)
         self._getters: list[Callable[[list[Any]], Any]] = []
         for entry in call["inputs"]:

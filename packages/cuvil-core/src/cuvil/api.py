@@ -172,7 +172,9 @@ class CompiledFunction:
         return [a.captured.graph for a in self.artifacts if a.captured is not None]
 
     # -- the call path ---------------------------------------------------------
-    def _bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    def _check_call(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """The call as the caller made it, once it binds to the signature (a wrong arity is
         a ``TypeError`` naming the function).
 
@@ -241,21 +243,16 @@ class CompiledFunction:
     def _prepare(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[_Artifact, list[Any], bool]:
         """The artifact for this call (found, or compiled now), its argument leaves, and
         whether it was a cache hit."""
-        # Fast path: plain positional tensors, bound and flattened like this before
-        # (no defaults filled in, no containers), reuse the remembered tree spec.
+        # Fast path: plain positional tensors, checked and flattened like this before
+        # (no containers), reuse the remembered tree spec.
         spec = None if kwargs else self._flat_specs.get(len(args))
         if spec is not None and all(type(a) is torch.Tensor for a in args):
             leaves: list[Any] = list(args)
             bargs, bkwargs = args, dict[str, Any]()
         else:
-            bargs, bkwargs = self._bind(args, kwargs)
+            bargs, bkwargs = self._check_call(args, kwargs)
             leaves, spec = pytree.tree_flatten((bargs, bkwargs))
-            if (
-                not kwargs
-                and not bkwargs
-                and len(bargs) == len(args)
-                and all(type(a) is torch.Tensor for a in bargs)
-            ):
+            if not kwargs and all(type(a) is torch.Tensor for a in args):
                 self._flat_specs[len(args)] = spec
         key = (spec, tuple(leaf_key(x, self.dynamic) for x in leaves))
         extra = self._extra_key()
@@ -514,7 +511,7 @@ def captured_call(f: Any, *args: Any, **kwargs: Any) -> tuple[Captured, list[Any
     art = compiled.artifacts[-1]
     if art.captured is None:
         raise CompileError(art.reason or "did not compile")
-    bargs, bkwargs = compiled._bind(args, kwargs)
+    bargs, bkwargs = compiled._check_call(args, kwargs)
     leaves, _ = pytree.tree_flatten((bargs, bkwargs))
     return art.captured, graph_inputs(art.captured, leaves)
 
@@ -639,7 +636,7 @@ def explain(fn: Any, *args: Any, **kwargs: Any) -> str:
     for slot in c.check.slots:
         lines.append(f"  {slot.symbol} = {slot.leaf_name}.shape[{slot.axis}]")
     lines.append("guards:")
-    names = cf._leaf_names(*cf._bind(args, kwargs))
+    names = cf._leaf_names(*cf._check_call(args, kwargs))
     for name, key in zip(names, art.key[1]):
         lines.append(
             f"  {name}: {describe_leaf(key)}" + (" (any sizes)" if key[0] == "tensor" and cf.dynamic else "")

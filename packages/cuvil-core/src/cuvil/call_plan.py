@@ -25,6 +25,10 @@ from cuvil.guards import AssumptionCheck, SymbolSlot, describe_leaf
 VALUE_TYPES: dict[str, type] = {"bool": bool, "int": int, "float": float, "str": str, "NoneType": type(None)}
 
 
+#: what a rebuilt signature's defaults are: only whether there is one matters
+_DEFAULT = object()
+
+
 class PlanError(ValueError):
     """Data that is not a valid encoded call."""
 
@@ -78,16 +82,13 @@ def signature_json(cf: Any) -> list[dict[str, Any]] | None:
     sig = cf._sig
     if sig is None:
         return None
-    out = []
-    for p in sig.parameters.values():
-        entry: dict[str, Any] = {"name": p.name, "kind": p.kind.name}
-        if p.default is not p.empty:
-            if isinstance(p.default, (bool, int, float, str, type(None))):
-                entry["default"] = p.default
-            else:  # not representable: callers of the loaded artifact pass it
-                entry["default_not_saved"] = type(p.default).__name__
-        out.append(entry)
-    return out
+    # whether each parameter has a default, not its value: calls are replayed as made,
+    # so the signature only checks a call's arity; a default the saved call left out is
+    # in the graph (frozen), one it passed is a leaf
+    return [
+        {"name": p.name, "kind": p.kind.name, "has_default": p.default is not p.empty}
+        for p in sig.parameters.values()
+    ]
 
 
 def spec_text(spec: Any, what: str) -> str:
@@ -147,7 +148,7 @@ def rebuild_signature(params: list[dict[str, Any]]) -> inspect.Signature:
         kind = getattr(inspect.Parameter, str(p["kind"]), None)
         if not isinstance(kind, inspect._ParameterKind):
             raise PlanError(f"the artifact's signature has an unknown parameter kind {p['kind']!r}")
-        default = p["default"] if "default" in p else inspect.Parameter.empty
+        default = _DEFAULT if p.get("has_default") else inspect.Parameter.empty
         out.append(inspect.Parameter(p["name"], kind, default=default))
     return inspect.Signature(out)
 

@@ -20,8 +20,8 @@ the compiler's own code. A hit is used only when
 
 * every recorded source file still has its sha256 (an edited file recaptures),
 * every guard's place resolves and holds what capture saw: scalars and
-  containers of scalars by value, tensors by dtype/device/shape, functions by
-  module, qualified name and code location, classes and modules by name,
+  containers of scalars by value, tensors by dtype/device/shape, functions without
+  a closure by module, qualified name, code location and defaults, classes and modules by name,
   other objects by class (their attributes are read, and guarded, one by one).
 
 The guards are then rebuilt as in-process guards of the objects found (identity
@@ -216,6 +216,10 @@ def _describe(value: Any) -> dict[str, Any]:
     if isinstance(value, type):
         return {"t": "class", "module": value.__module__, "qualname": value.__qualname__}
     if isinstance(value, types.FunctionType):
+        # a closure's cells, like an object's state, are seen by no read guard when the
+        # function runs unconverted: only a function without one is matched by its name
+        if value.__closure__:
+            raise NotStorable(f"{value.__qualname__} is a closure")
         code = value.__code__
         return {
             "t": "function",
@@ -223,6 +227,9 @@ def _describe(value: Any) -> dict[str, Any]:
             "qualname": value.__qualname__,
             "file": code.co_filename,
             "line": code.co_firstlineno,
+            # defaults are values of the defining process (``k=float(os.environ["K"])``)
+            "defaults": _container(value.__defaults__ or ()),
+            "kwdefaults": _container(value.__kwdefaults__ or {}),
         }
     if isinstance(value, types.BuiltinFunctionType):
         return {"t": "builtin", "module": getattr(value, "__module__", None), "qualname": value.__qualname__}

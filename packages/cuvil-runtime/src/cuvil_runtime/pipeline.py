@@ -247,9 +247,13 @@ class ProgramLoader(ProgramHooks, Protocol):
         ...
 
 
-def export_program(backend: ExportingBackend, graph: Graph, options: CompileOptions) -> Exported:
-    """``graph`` compiled by ``backend`` as an :class:`Exported` (see [Note: exported programs])."""
-    program, codes, _ = _lower_and_generate(backend, graph, options, None)
+def export_program(
+    backend: ExportingBackend, graph: Graph, options: CompileOptions, cache_dir: Path | None = None
+) -> Exported:
+    """``graph`` compiled by ``backend`` as an :class:`Exported` (see [Note: exported programs]);
+    ``cache_dir`` holds the program cache, as for :func:`compile_program`."""
+    store = DiskCache(cache_dir) if cache_dir is not None else None
+    program, codes, _ = _lower_and_generate(backend, graph, options, store)
     names = list(codes)
     blobs, requires = backend.binaries([(n, codes[n]) for n in names], f"exporting {graph.name}")
     data = program_codec(tuple(backend.codec_classes)).dumps((dc_replace(program, graph=None), codes))  # type: ignore[arg-type]

@@ -198,13 +198,12 @@ def capture(
         target = root_callable(fn, module)
         _guard_defaults(tracer, fn, module)
         tracer.reads.add_file(getattr(getattr(target, "__func__", target), "__code__", None))
-        if module is not None:
-            for sub in module.modules():  # library modules' code runs as is: its files count too
-                tracer.reads.add_file(getattr(type(sub).forward, "__code__", None))
         if module is not None:  # its submodule links are guarded by the module snapshot
             for path, sub in module.named_modules():
                 tracer.reads.long_lived(sub, f"self.{path}" if path else "self", place=("self", path))
                 tracer.reads.snapshotted.add(id(sub))
+                # library modules' forwards run as they are: their files count too
+                tracer.reads.add_file(getattr(type(sub).forward, "__code__", None))
         else:
             if target is fn:  # not converted (a lambda, no source): guard what its code names
                 tracer.reads.code(getattr(fn, "__func__", fn))
