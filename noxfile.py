@@ -310,7 +310,7 @@ def demo(session: nox.Session) -> None:
 @nox.session
 def bench(session: nox.Session) -> None:
     """eager vs torch.compile vs Cuvil (benchmarks/README.md); ``nox -s bench -- --quick --workloads head``."""
-    install(session, ALL, "matplotlib", "psutil", "onnx", "onnxruntime")
+    install(session, ALL, "matplotlib", "psutil", "onnx", "onnxruntime", TRANSFORMERS)  # the zoo workloads
     session.run("python", "-m", "benchmarks.run", *session.posargs)
     # QPS of a serving loop (sync vs submit, against onnxruntime) and warm starts
     session.run("python", "-m", "benchmarks.serve", "--out", "benchmarks/results/serve.json")

@@ -18,6 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from benchmarks.zoo import zoo_workloads
+
 SEED = 0
 
 
@@ -314,10 +316,17 @@ WORKLOADS: dict[str, Workload] = {
 }
 
 
+#: the model zoo (benchmarks/zoo.py), where transformers is installed: kind "zoo"
+WORKLOADS.update((wl.name, wl) for wl in zoo_workloads(Workload))
+
+
 def select(names: str | None) -> list[Workload]:
-    """The workloads named in a comma-separated list (all of them for None/"all")."""
+    """The workloads named in a comma-separated list (all of them for None/"all";
+    "suite": all but the model zoo; "zoo": the zoo only)."""
     if not names or names == "all":
         return list(WORKLOADS.values())
+    if names in ("suite", "zoo"):
+        return [wl for wl in WORKLOADS.values() if (wl.kind == "zoo") == (names == "zoo")]
     chosen = []
     for name in (n.strip() for n in names.split(",")):
         if not name:
