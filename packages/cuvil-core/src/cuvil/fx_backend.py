@@ -1,0 +1,268 @@
+"""``torch.compile(model, backend="cuvil")``: Cuvil as a Dynamo backend.
+
+Dynamo hands a backend an FX ``GraphModule`` whose nodes call torch-level functions
+(``torch._C._nn.linear``, ``operator.add``, ``x.view``) and the example inputs. Those
+are exactly the calls Cuvil's tracer records, so the graph module is not converted op
+by op: it is compiled like any other function, by ``cu.compile`` on a small function
+that calls it. Running ``gm``'s generated code under the tracer yields Graph IR; guards,
+the compile cache, targets and stats are ``cu.compile``'s own.
+
+[Note: Dynamo's SymInt inputs] With ``dynamic=True`` Dynamo passes each symbolic size
+as a graph input of its own (``s77: Sym(s77)``) besides the tensor it was read from
+(``x: f32[s77, 4]``). Passed to Cuvil as a Python int, it would be a constant guarded
+by value: a recompile for every batch size. So the compiled function takes only the
+other inputs, and reads each such size back from a tensor dimension Dynamo's example
+values say it equals (``x.shape[0]``): under the tracer that is a size symbol, so the
+graph stays symbolic. Tensor dimensions carry Dynamo's symbol names (``dims``), so
+sizes Dynamo knows equal are one Cuvil symbol. A SymInt no tensor dimension equals
+(an ``int`` argument Dynamo made dynamic) stays an argument: specialized and guarded
+by value on the Cuvil side.
+
+[Note: Dynamo's unspecialized scalars] A Python float Dynamo chose not to specialize
+(an ``eps`` attribute, a float argument) reaches the graph as a 0-d float64 tensor
+input whose value the graph reads with ``.item()``. Cuvil cannot know a float
+tensor's value while tracing, so such an input is passed to the compiled function as
+the Python number (read with ``.item()`` per call: specialized and guarded by value)
+and the graph is rewritten to use it directly, one rule for every such input.
+
+Nothing here imports ``torch._dynamo``: Dynamo calls this module, never the reverse.
+"""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from cuvil.api import CompiledFunction
+from cuvil.api import compile as cu_compile
+from cuvil.errors import CompileError
+
+#: the ``options`` keys this backend reads itself; any other key is a target option
+#: (``cuda_graphs`` on ``cuda``), checked by ``cu.compile`` like its own keywords
+_OWN_OPTIONS = ("target", "opt_level", "fallback")
+
+#: the runners of the graphs Dynamo handed us that are still alive (Dynamo holds them
+#: in its code cache), oldest first: what ``compiled_graphs()`` shows
+_LIVE: weakref.WeakValueDictionary[int, _GraphRunner] = weakref.WeakValueDictionary()
+_COUNT = itertools.count()
+
+
+@dataclass(frozen=True, slots=True)
+class _SizeFromDim:
+    """A SymInt graph input read back from ``inputs[input_index].shape[axis]``."""
+
+    input_index: int
+    axis: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Inputs:
+    """How the graph's inputs are rebuilt from the compiled function's: per graph input,
+    the dimension it is read from, or ``None`` for the next compiled-function input."""
+
+    sources: tuple[_SizeFromDim | None, ...]
+
+    def rebuild(self, inputs: Sequence[Any]) -> list[Any]:
+        it = iter(inputs)
+        return [next(it) if d is None else inputs[d.input_index].shape[d.axis] for d in self.sources]
+
+
+class _GraphRunner:
+    """What Dynamo calls with the graph's full input list: drops the SymInts that
+    tensor dimensions carry and calls the compiled function with the rest."""
+
+    __slots__ = ("__weakref__", "compiled", "keep", "numbers")
+
+    def __init__(self, compiled: CompiledFunction, keep: tuple[int, ...], numbers: frozenset[int]) -> None:
+        self.compiled = compiled
+        self.keep = keep
+        #: inputs Dynamo passes as 0-d tensors that Cuvil takes as Python numbers
+        self.numbers = numbers
+
+    def __call__(self, *args: Any) -> Any:
+        if self.numbers:
+            return self.compiled(*[args[i].item() if i in self.numbers else args[i] for i in self.keep])
+        return self.compiled(*[args[i] for i in self.keep])
+
+
+def backend(
+    gm: torch.fx.GraphModule,
+    example_inputs: Sequence[Any],
+    *,
+    options: dict[str, Any] | None = None,
+    mode: str | None = None,
+) -> Callable[..., Any]:
+    """Compile a Dynamo graph with Cuvil (the ``cuvil`` entry of ``torch_dynamo_backends``).
+
+    ``options``: ``target`` (default: the best available for the inputs' device),
+    ``opt_level`` (0..3, default 2), ``fallback`` (``"error"``, the default: a graph
+    Cuvil cannot compile fails Dynamo's compile with the reason; ``"eager"``: it runs
+    as Dynamo captured it, with a ``CuvilFallbackWarning``), and the target's own
+    options.
+    """
+    if mode is not None:
+        raise TypeError(
+            f"torch.compile(mode={mode!r}) is an Inductor setting; the cuvil backend takes "
+            'options={"target": ..., "opt_level": ...} instead'
+        )
+    opts = dict(options or {})
+    own = {k: opts.pop(k) for k in _OWN_OPTIONS if k in opts}
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    if len(placeholders) != len(example_inputs):
+        raise CompileError(
+            f"the graph has {len(placeholders)} inputs but Dynamo passed {len(example_inputs)} examples"
+        )
+    examples = [n.meta.get("example_value", ex) for n, ex in zip(placeholders, example_inputs)]
+    numbers = _unspecialized_scalars(placeholders)
+    if numbers:
+        gm = _read_numbers_directly(gm, numbers)
+    names = [n.name for n in placeholders]
+    sizes = _sizes_from_dims(examples)
+    keep = tuple(i for i in range(len(placeholders)) if i not in sizes)
+    kept_at = {i: k for k, i in enumerate(keep)}
+    plan = _Inputs(
+        tuple(
+            _SizeFromDim(kept_at[sizes[i].input_index], sizes[i].axis) if i in sizes else None
+            for i in range(len(placeholders))
+        )
+    )
+
+    # not converted (it is library code): its closure cells, ``gm`` and ``plan``, are
+    # guarded by identity, which never changes
+    def dynamo_graph(*inputs: Any) -> Any:
+        return gm(*plan.rebuild(inputs))
+
+    # what stats, warnings and Graph IR call it
+    dynamo_graph.__name__ = dynamo_graph.__qualname__ = "torch_compile_graph"
+
+    dynamo_graph.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [inspect.Parameter(names[i], inspect.Parameter.POSITIONAL_ONLY) for i in keep]
+    )
+    dims = _dim_names(examples, names, keep)
+    compiled = cu_compile(
+        dynamo_graph,
+        target=own.get("target"),
+        opt_level=own.get("opt_level", 2),
+        # static shapes from Dynamo (dynamic=False, or before automatic dynamic kicks
+        # in) are static here too: Dynamo recompiles on a new size anyway
+        dynamic=bool(sizes) or any(dims.values()),
+        fallback=own.get("fallback", "error"),
+        dims={k: v for k, v in dims.items() if v},
+        **opts,
+    )
+    concrete = _concrete(example_inputs[i].item() if i in numbers else example_inputs[i] for i in keep)
+    if concrete is not None:
+        # compile now, so a graph Cuvil cannot run fails Dynamo's compile (a
+        # BackendCompilerFailed naming the reason) instead of its first call
+        compiled._prepare(tuple(concrete), {})
+    runner = _GraphRunner(compiled, keep, frozenset(numbers))
+    _LIVE[next(_COUNT)] = runner
+    return runner
+
+
+def compiled_graphs() -> list[CompiledFunction]:
+    """The ``cu.compile`` results of the Dynamo graphs compiled so far that Dynamo still
+    holds, oldest first: their ``stats`` (compiles, cache hits, recompile reasons) and
+    ``graphs``."""
+    return [r.compiled for r in list(_LIVE.values())]
+
+
+def _symbol_of(size: Any) -> Any:
+    """The sympy symbol a ``torch.SymInt`` stands for, or ``None`` (an int, an expression)."""
+    if not isinstance(size, torch.SymInt):
+        return None
+    expr = size.node.expr
+    return expr if getattr(expr, "is_Symbol", False) else None
+
+
+def _sizes_from_dims(examples: Sequence[Any]) -> dict[int, _SizeFromDim]:
+    """The SymInt inputs a tensor input's dimension equals: [Note: Dynamo's SymInt inputs]."""
+    where: dict[Any, _SizeFromDim] = {}
+    for i, ex in enumerate(examples):
+        if isinstance(ex, torch.Tensor):
+            for axis, size in enumerate(ex.shape):
+                sym = _symbol_of(size)
+                if sym is not None:
+                    where.setdefault(sym, _SizeFromDim(i, axis))
+    out = {}
+    for i, ex in enumerate(examples):
+        sym = _symbol_of(ex)
+        if sym is not None and sym in where:
+            out[i] = where[sym]
+    return out
+
+
+def _dim_names(
+    examples: Sequence[Any], names: Sequence[str], keep: Sequence[int]
+) -> dict[str, dict[int, str]]:
+    """Per kept tensor input, its dimensions Dynamo made symbolic, by Dynamo's symbol name."""
+    out: dict[str, dict[int, str]] = {}
+    for i in keep:
+        ex = examples[i]
+        if isinstance(ex, torch.Tensor):
+            out[names[i]] = {
+                axis: str(sym) for axis, size in enumerate(ex.shape) if (sym := _symbol_of(size)) is not None
+            }
+    return out
+
+
+def _unspecialized_scalars(placeholders: Sequence[torch.fx.Node]) -> list[int]:
+    """The inputs that are Python numbers Dynamo passes as 0-d tensors (its ``GraphArg``
+    says so): [Note: Dynamo's unspecialized scalars]."""
+    return [
+        i for i, n in enumerate(placeholders) if getattr(n.meta.get("grapharg"), "pass_arg_as_tensor", False)
+    ]
+
+
+def _read_numbers_directly(gm: torch.fx.GraphModule, numbers: Sequence[int]) -> torch.fx.GraphModule:
+    """A copy of ``gm`` taking those inputs as numbers: each ``.item()`` of one is the
+    number itself, any other use a 0-d tensor made from it (Dynamo's graph is left as
+    it was, since Dynamo may run it again for debugging)."""
+    graph = torch.fx.Graph()
+    out = graph.graph_copy(gm.graph, {})
+    graph.output(out)
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    for i in numbers:
+        ph = placeholders[i]
+        dtype = ph.meta["example_value"].dtype
+        users = list(ph.users)
+        tensor_uses = [u for u in users if not (u.op == "call_method" and u.target == "item")]
+        if tensor_uses:
+            with graph.inserting_after(ph):
+                t = graph.call_function(torch.scalar_tensor, (ph,), {"dtype": dtype})
+            for user in tensor_uses:
+                user.replace_input_with(ph, t)
+        for user in users:
+            if user not in tensor_uses:
+                user.replace_all_uses_with(ph)
+                graph.erase_node(user)
+    graph.lint()
+    return torch.fx.GraphModule(gm, graph)
+
+
+def _concrete(examples: Any) -> list[Any] | None:
+    """Real values for the example inputs, or ``None`` when one has none (a fake tensor,
+    a SymInt without a hint): then the first call compiles."""
+    from torch._subclasses.fake_tensor import is_fake
+
+    out = []
+    for ex in examples:
+        if isinstance(ex, torch.Tensor):
+            if is_fake(ex):
+                return None
+            out.append(ex)
+        elif isinstance(ex, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            # the hint, not int(ex): that would add a guard to Dynamo's shape env
+            hint = ex.node.hint
+            if hint is None:
+                return None
+            out.append(hint)
+        else:
+            out.append(ex)
+    return out

@@ -1,0 +1,237 @@
+"""``torch.compile(m, backend="cuvil")``: Dynamo's graphs compiled by Cuvil, found
+through the ``torch_dynamo_backends`` entry point (no ``import cuvil`` needed), against
+eager at several sizes, with Dynamo's symbolic sizes kept symbolic (one Cuvil compile,
+no Dynamo recompile). Dynamo's cold compiles take seconds here: three fast cases, the
+rest slow."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import cuvil as cu
+from cuvil import fx_backend
+
+
+def _available(name: str) -> bool:
+    from cuvil_runtime.registry import discover
+
+    return any(i.name == name and i.available for i in discover())
+
+
+TARGETS = ["reference"] + (["cpu"] if _available("cpu") else [])
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    yield
+    torch._dynamo.reset()
+
+
+def _dynamo_graphs() -> int:
+    """Graphs Dynamo compiled (each one a call of the backend) since the fixture reset."""
+    import torch._dynamo
+
+    return torch._dynamo.utils.counters["stats"]["unique_graphs"]
+
+
+def _new_graphs(before: list[cu.CompiledFunction]) -> list[cu.CompiledFunction]:
+    return [c for c in fx_backend.compiled_graphs() if all(c is not b for b in before)]
+
+
+def _same(got: torch.Tensor, want: torch.Tensor) -> None:
+    assert got.dtype == want.dtype and got.shape == want.shape
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+class MLP(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(4, 8)
+        self.fc2 = nn.Linear(8, 3)
+
+    def forward(self, x):
+        h = F.gelu(self.fc1(x))
+        # a size read in Python: Dynamo passes it as a SymInt graph input
+        return torch.softmax(self.fc2(h), dim=-1).reshape(x.shape[0], -1) * x.shape[0]
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_mlp_new_batch_size_compiles_nothing_again(target):
+    torch.manual_seed(0)
+    m = MLP().eval()
+    before = fx_backend.compiled_graphs()
+    f = torch.compile(m, backend="cuvil", dynamic=True, options={"target": target})
+    with torch.no_grad():
+        for batch in (2, 5, 3):
+            x = torch.randn(batch, 4)
+            _same(f(x), m(x))
+    assert _dynamo_graphs() == 1
+    (cf,) = _new_graphs(before)
+    assert cf.stats.compiles == 1 and cf.stats.fallbacks == 0
+    assert cf.artifacts[-1].target == target
+    # the batch dimension is Dynamo's size symbol in the Cuvil graph, not a constant
+    (x_in,) = [v for v in cf.graphs[0].inputs if v.name == "l_x_"]
+    assert not isinstance(x_in.type.shape[0], int)
+
+
+def branchy(x):
+    if x.shape[0] > 3:  # Dynamo guards on this and compiles each side once
+        return (x * 2).sum(-1)
+    return torch.relu(x) + 1
+
+
+def test_size_dependent_branch():
+    before = fx_backend.compiled_graphs()
+    f = torch.compile(branchy, backend="cuvil", dynamic=True, options={"target": TARGETS[-1]})
+    for n in (2, 5, 3, 7):
+        x = torch.randn(n, 3)
+        _same(f(x), branchy(x))
+    assert _dynamo_graphs() == 2
+    graphs = _new_graphs(before)
+    assert [c.stats.compiles for c in graphs] == [1, 1]
+    assert [c.stats.cache_hits for c in graphs] == [2, 2]  # the compile at Dynamo's compile counts one
+
+
+def test_options_choose_the_target_and_bad_ones_fail_loudly():
+    import torch._dynamo
+
+    before = fx_backend.compiled_graphs()
+    f = torch.compile(branchy, backend="cuvil", dynamic=True, options={"target": "reference", "opt_level": 1})
+    x = torch.randn(2, 3)
+    _same(f(x), branchy(x))
+    (cf,) = _new_graphs(before)
+    assert cf.artifacts[-1].target == "reference" and cf.opt_level == 1
+    with pytest.raises(torch._dynamo.exc.BackendCompilerFailed, match="unknown target 'nope'"):
+        torch.compile(branchy, backend="cuvil", options={"target": "nope"})(torch.randn(2, 3))
+    with pytest.raises(torch._dynamo.exc.BackendCompilerFailed, match=r"\['colour'\]"):
+        torch.compile(branchy, backend="cuvil", options={"colour": "blue"})(torch.randn(2, 3))
+
+
+def test_the_entry_point_names_this_backend():
+    from importlib.metadata import entry_points
+
+    import torch._dynamo
+
+    assert entry_points(group="torch_dynamo_backends")["cuvil"].load() is fx_backend.backend
+    assert "cuvil" in torch._dynamo.list_backends()
+
+
+@pytest.mark.slow
+def test_loading_the_entry_point_does_not_import_dynamo():
+    # import cuvil must stay fast: Dynamo calls the backend, never the reverse
+    code = (
+        "import sys\n"
+        "from importlib.metadata import entry_points\n"
+        "entry_points(group='torch_dynamo_backends')['cuvil'].load()\n"
+        "assert 'torch._dynamo' not in sys.modules\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# -- slow: more of what Dynamo hands a backend -----------------------------------------
+
+
+class Block(nn.Module):
+    """Attention block: layer_norm's ``eps`` reaches the graph as an unspecialized float."""
+
+    def __init__(self, d: int = 16, heads: int = 2) -> None:
+        super().__init__()
+        self.heads = heads
+        self.ln = nn.LayerNorm(d)
+        self.qkv = nn.Linear(d, 3 * d)
+        self.out = nn.Linear(d, d)
+        self.ff = nn.Sequential(nn.Linear(d, 32), nn.GELU(), nn.Linear(32, d))
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln(x)).chunk(3, dim=-1)
+        q, k, v = (y.view(b, t, self.heads, d // self.heads).transpose(1, 2) for y in (q, k, v))
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, d)
+        x = x + self.out(a)
+        return x + self.ff(x)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target", TARGETS)
+def test_attention_block(target):
+    torch.manual_seed(0)
+    m = Block().eval()
+    before = fx_backend.compiled_graphs()
+    f = torch.compile(m, backend="cuvil", dynamic=True, options={"target": target})
+    with torch.inference_mode():
+        for b, t in ((2, 3), (3, 7), (2, 5)):
+            x = torch.randn(b, t, 16)
+            _same(f(x), m(x))
+    assert _dynamo_graphs() == 1
+    (cf,) = _new_graphs(before)
+    assert cf.stats.compiles == 1
+
+
+@pytest.mark.slow
+def test_python_numbers_dynamo_leaves_symbolic():
+    def f(x, scale: float, n: int):
+        return x * scale + torch.full((2,), scale).sum() + n
+
+    before = fx_backend.compiled_graphs()
+    g = torch.compile(f, backend="cuvil", dynamic=True, options={"target": TARGETS[-1]})
+    for rows, scale, n in ((2, 0.5, 3), (5, 0.5, 3), (4, 0.25, 3), (4, 0.25, 7)):
+        x = torch.randn(rows, 3, dtype=torch.float64)
+        _same(g(x, scale, n), f(x, scale, n))
+    assert _dynamo_graphs() == 1
+    (cf,) = _new_graphs(before)
+    # a new float or int value is a Cuvil recompile (specialized, guarded by value); a
+    # new size is not
+    assert cf.stats.compiles == 3
+
+
+@pytest.mark.slow
+def test_graph_break_static_shapes_and_dtypes():
+    def f(x, i):
+        y = (x.to(torch.float64) * i).sum(0)
+        print("graph break")
+        return y.cos(), i // 2, torch.argmax(x, dim=-1)
+
+    before = fx_backend.compiled_graphs()
+    g = torch.compile(f, backend="cuvil", dynamic=False, options={"target": TARGETS[-1]})
+    for rows in (2, 5):
+        x, i = torch.randn(rows, 3), torch.arange(rows * 3).view(rows, 3)
+        for got, want in zip(g(x, i), f(x, i)):
+            _same(got, want)
+    graphs = _new_graphs(before)
+    assert _dynamo_graphs() == len(graphs) == 4  # two sides of the break, per size
+    assert all(not c.dynamic and c.stats.compiles == 1 for c in graphs)
+
+
+@pytest.mark.slow
+def test_what_cuvil_cannot_run_fails_dynamos_compile_or_runs_eagerly():
+    import torch._dynamo
+
+    def bump(x):
+        x.add_(1)
+        return x * 2
+
+    with pytest.raises(torch._dynamo.exc.BackendCompilerFailed, match="in-place update of the input"):
+        torch.compile(bump, backend="cuvil")(torch.randn(3))
+    torch._dynamo.reset()
+    x = torch.randn(3)
+    x0 = x.clone()
+    with pytest.warns(cu.CuvilFallbackWarning, match="in-place update"):
+        out = torch.compile(bump, backend="cuvil", options={"fallback": "eager"})(x)
+    assert torch.equal(out, (x0 + 1) * 2) and torch.equal(x, x0 + 1)
+    with pytest.raises(torch._dynamo.exc.BackendCompilerFailed, match="requires grad while grad mode is on"):
+        torch.compile(nn.Linear(3, 2), backend="cuvil")(torch.randn(2, 3))
+    with pytest.raises(torch._dynamo.exc.BackendCompilerFailed, match="Inductor setting"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.compile(branchy, backend="cuvil", mode="max-autotune")(torch.randn(2, 3))
