@@ -42,6 +42,7 @@ import torch
 from cuvil.api import CompiledFunction
 from cuvil.api import compile as cu_compile
 from cuvil.errors import CompileError
+from cuvil.frontend.tracer import Tracer
 
 #: the ``options`` keys this backend reads itself; any other key is a target option
 #: (``cuda_graphs`` on ``cuda``), checked by ``cu.compile`` like its own keywords
@@ -136,6 +137,11 @@ def backend(
     # not converted (it is library code): its closure cells, ``gm`` and ``plan``, are
     # guarded by identity, which never changes
     def dynamo_graph(*inputs: Any) -> Any:
+        tracer = Tracer.active
+        if tracer is not None:
+            # every Dynamo graph runs this same code: the cache of captured variants
+            # (cuvil/warm.py) must never serve one graph's capture for another's
+            tracer.reads.storable = False
         return gm(*plan.rebuild(inputs))
 
     # what stats, warnings and Graph IR call it
@@ -156,7 +162,7 @@ def backend(
         dims={k: v for k, v in dims.items() if v},
         **opts,
     )
-    concrete = _concrete(example_inputs[i].item() if i in numbers else example_inputs[i] for i in keep)
+    concrete = _concrete([example_inputs[i] for i in keep], [i in numbers for i in keep])
     if concrete is not None:
         # compile now, so a graph Cuvil cannot run fails Dynamo's compile (a
         # BackendCompilerFailed naming the reason) instead of its first call
@@ -246,17 +252,18 @@ def _read_numbers_directly(gm: torch.fx.GraphModule, numbers: Sequence[int]) -> 
     return torch.fx.GraphModule(gm, graph)
 
 
-def _concrete(examples: Any) -> list[Any] | None:
-    """Real values for the example inputs, or ``None`` when one has none (a fake tensor,
-    a SymInt without a hint): then the first call compiles."""
+def _concrete(examples: Sequence[Any], as_number: Sequence[bool]) -> list[Any] | None:
+    """Real values for the example inputs (a Python number where ``as_number``), or
+    ``None`` when one has none (a fake tensor, a SymInt without a hint): then the first
+    call compiles."""
     from torch._subclasses.fake_tensor import is_fake
 
     out = []
-    for ex in examples:
+    for ex, number in zip(examples, as_number):
         if isinstance(ex, torch.Tensor):
             if is_fake(ex):
                 return None
-            out.append(ex)
+            out.append(ex.item() if number else ex)
         elif isinstance(ex, (torch.SymInt, torch.SymFloat, torch.SymBool)):
             # the hint, not int(ex): that would add a guard to Dynamo's shape env
             hint = ex.node.hint
