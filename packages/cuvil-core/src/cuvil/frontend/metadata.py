@@ -50,6 +50,11 @@ _METHODS: dict[Any, Any] = {
     T.is_contiguous: lambda tr, p, memory_format=None: True,
     T.is_floating_point: lambda tr, p: p.ir_type.dtype.is_floating,
     T.is_complex: lambda tr, p: p.ir_type.dtype.is_complex,
+    T.is_signed: lambda tr, p: p.ir_type.dtype.torch.is_signed,
+    # traced values are plain: never lazily conjugated or negated views, never inference tensors
+    T.is_conj: lambda tr, p: False,
+    T.is_neg: lambda tr, p: False,
+    T.is_inference: lambda tr, p: False,
     T.element_size: lambda tr, p: p.ir_type.dtype.torch.itemsize,
     T.get_device: lambda tr, p: torch.device(p.ir_type.device).index if p.ir_type.device != "cpu" else -1,
     T.__hash__: lambda tr, p: id(p),
@@ -58,6 +63,23 @@ _METHODS: dict[Any, Any] = {
     T.detach: lambda tr, p: p,
     T.contiguous: lambda tr, p, memory_format=None: p,
 }
+
+# the torch-level spellings (``torch.is_floating_point(x)``) are other callables than the methods
+_QUERIES = ("numel", "is_floating_point", "is_complex", "is_signed", "is_conj", "is_neg", "is_inference")
+for _name in (*_QUERIES, "get_device"):
+    _METHODS[getattr(torch, _name)] = _METHODS[getattr(T, _name)]
+
+
+def _result_type(tracer: Tracer, tensor: Any, other: Any) -> torch.dtype:
+    """``torch.result_type``: promotion reads only dtypes and whether a tensor is 0-d."""
+    return torch.result_type(_stand_in(tensor), _stand_in(other))
+
+
+def _stand_in(v: Any) -> Any:
+    if isinstance(v, TensorProxy):
+        return torch.empty((1,) * v.ir_type.rank, dtype=v.ir_type.dtype.torch, device="meta")
+    return v
+
 
 _ATTRS: dict[str, Any] = {
     "shape": _shape,
@@ -87,6 +109,8 @@ def _len_error() -> Any:
 
 
 def answer(tracer: Tracer, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    if func is torch.result_type and any(isinstance(a, TensorProxy) for a in args):
+        return _result_type(tracer, *args, **kwargs)
     if not args or not isinstance(args[0], TensorProxy):
         return UNHANDLED
     self = args[0]

@@ -461,7 +461,8 @@ class Tracer:
             raise CompileError(
                 f"{target}(out=...) is not supported", self.source_loc(), "assign the result instead"
             )
-        name = target.rsplit(".", 1)[-1]
+        # an operator's name is before its overload: torch.ops.aten.add_.Tensor is `add_`
+        name = target.split(".")[3] if target.startswith("torch.ops.") else target.rsplit(".", 1)[-1]
         mutates = (
             0
             if (
@@ -655,6 +656,8 @@ def _attr(v: Any) -> AttrValue:
         return DType.from_torch(v)
     if isinstance(v, torch.device):
         return str(v)
+    if isinstance(v, torch.memory_format):  # read back by `materialize`
+        return KV((("__memory_format__", str(v).removeprefix("torch.")),))
     if isinstance(v, sympy.Basic):
         e = sympy.sympify(v)
         return int(e) if e.is_Integer else e

@@ -61,6 +61,13 @@ def materialize(value: AttrValue, refs: Sequence[Any], size: Callable[[Any], Any
             return Ellipsis
         if value.items and value.items[0][0] == "__list__":  # a list in an index key
             return list(materialize(value.items[0][1], refs, size))
+        if value.items and value.items[0][0] == "__memory_format__":
+            import torch
+
+            fmt = getattr(torch, value.items[0][1], None)
+            if not isinstance(fmt, torch.memory_format):
+                raise ValueError(f"not a memory format: {value.items[0][1]!r}")
+            return fmt
         return {k: materialize(v, refs, size) for k, v in value.items}
     if isinstance(value, tuple):
         return tuple(materialize(v, refs, size) for v in value)
@@ -93,7 +100,8 @@ def _plain_sympy(expr: Any) -> Any:
         (tf.Min, sympy.Min),
         (tf.FloorToInt, sympy.floor),
         (tf.CeilToInt, sympy.ceiling),
-        (tf.TruncToInt, lambda a: sympy.sign(a) * sympy.floor(sympy.Abs(a))),
+        # written with functions our parser reads back (it has no `sign`)
+        (tf.TruncToInt, lambda a: sympy.Piecewise((sympy.floor(a), a >= 0), (sympy.ceiling(a), True))),
         (tf.ToFloat, lambda a: a),
         (tf.FloatPow, lambda a, b: a**b),
         (tf.FloatTrueDiv, lambda a, b: a / b),
@@ -110,7 +118,6 @@ def _plain_sympy(expr: Any) -> Any:
         sympy.Max,
         sympy.Min,
         sympy.Abs,
-        sympy.sign,
         sympy.Piecewise,
     )
     for f in expr.atoms(sympy.Function):
@@ -249,6 +256,7 @@ def fake_call(
     """Types of the flattened outputs of ``fn(*args, **kwargs)`` on inputs of ``inputs`` types,
     and the output's pytree spec (a tensor, a tuple, a ``torch.return_types`` record ...)."""
     import torch
+    from torch._dispatch.python import enable_python_dispatcher
     from torch.utils import _pytree as pytree
 
     if ctx.hints is None:
@@ -269,7 +277,11 @@ def fake_call(
                 ) from None
         else:
             refs.append({ScalarKind.bool: True, ScalarKind.int: 1, ScalarKind.float: 1.0}[t.kind])
-    with m.mode:
+    # The python dispatcher runs torch's Python meta kernels and decompositions
+    # (``torch._refs``, ``torch._decomp``) for composite ops, as torch itself does for
+    # symbolic shapes; without it their C++ kernels run and ask the fake tensors for
+    # concrete sizes or storage offsets (``diag``, ``trace``, ``linalg.*`` ...).
+    with enable_python_dispatcher(), m.mode:
         call_args = materialize(args, refs, m.symint)
         call_kwargs = materialize(kwargs, refs, m.symint)
         try:
@@ -286,7 +298,11 @@ def fake_call(
     for leaf in leaves:
         if isinstance(leaf, torch.Tensor):
             shape = tuple(m.ours(d, what) for d in leaf.shape)
-            types.append(TensorType(DType.from_torch(leaf.dtype), shape, str(leaf.device)))
+            try:
+                dtype = DType.from_torch(leaf.dtype)
+            except TypeError as e:  # complex32, uint64 ...
+                raise FakeInferenceError(f"{what} returns a tensor Cuvil cannot hold: {e}") from None
+            types.append(TensorType(dtype, shape, str(leaf.device)))
         else:
             raise FakeInferenceError(
                 f"{what} returns a Python {type(leaf).__name__} computed from tensor data; "

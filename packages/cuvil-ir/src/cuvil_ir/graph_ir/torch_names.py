@@ -19,6 +19,18 @@ def qualname(fn: Any) -> str:
     """A dotted name that :func:`resolve` maps back to ``fn``; ValueError if none."""
     import torch
 
+    if isinstance(fn, torch._ops.OpOverload):  # torch.ops.aten.slice.Tensor
+        return f"torch.ops.{fn.namespace}.{fn._opname}.{fn._overloadname}"
+    if isinstance(fn, torch._ops.OpOverloadPacket):  # torch.ops.aten.slice
+        return f"torch.ops.{fn._qualified_op_name.replace('::', '.')}"
+    desc = getattr(fn, "__self__", None)
+    if (
+        getattr(fn, "__name__", None) == "__get__"
+        and getattr(desc, "__objclass__", None) is torch._C.TensorBase
+    ):
+        # a tensor attribute read that is data, not metadata (``x.real``, ``x.imag``):
+        # its method-wrapper is made anew on each access, so it compares equal, not identical
+        return f"torch.Tensor.{desc.__name__}.__get__"
     name = getattr(fn, "__name__", None)
     if name is None:
         raise ValueError(f"{fn!r} has no name")
