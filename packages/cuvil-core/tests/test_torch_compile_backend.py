@@ -237,3 +237,28 @@ def test_what_cuvil_cannot_run_fails_dynamos_compile_or_runs_eagerly():
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             torch.compile(branchy, backend="cuvil", mode="max-autotune")(torch.randn(2, 3))
+
+
+def _transformer(name: str) -> nn.Module:
+    T = pytest.importorskip("transformers")
+    small = {"vocab_size": 100, "hidden_size": 32, "num_hidden_layers": 2, "intermediate_size": 64}
+    if name == "bert":
+        return T.BertModel(T.BertConfig(num_attention_heads=2, **small))
+    # rotary embeddings, grouped-query attention (4 heads, 2 kv heads)
+    return T.LlamaModel(T.LlamaConfig(num_attention_heads=4, num_key_value_heads=2, **small))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["bert", "llama"])
+def test_transformers_model_is_one_graph_and_one_compile(name):
+    torch.manual_seed(0)
+    m = _transformer(name).eval()
+    before = fx_backend.compiled_graphs()
+    f = torch.compile(m, backend="cuvil", dynamic=True, options={"target": TARGETS[-1]})
+    with torch.inference_mode():
+        for b, s in ((2, 8), (3, 13)):
+            ids = torch.randint(0, 100, (b, s))
+            _same(f(input_ids=ids).last_hidden_state, m(input_ids=ids).last_hidden_state)
+    assert _dynamo_graphs() == 1
+    (cf,) = _new_graphs(before)
+    assert cf.stats.compiles == 1 and cf.stats.fallbacks == 0
