@@ -18,7 +18,7 @@ from cuvil import warm
 from cuvil.arguments import check_tensors
 from cuvil.capabilities import check_capabilities
 from cuvil.errors import CompileError
-from cuvil.frontend import hooks
+from cuvil.frontend import arg_objects, hooks
 from cuvil.frontend.capture import Captured, capture, module_state
 from cuvil.guards import describe_leaf, explain_structure, leaf_key
 from cuvil.submit import SerialQueue
@@ -206,6 +206,15 @@ class CompiledFunction:
         with_path, _ = pytree.tree_flatten_with_path((args, kwargs))
         return [_leaf_name(path, names) for path, _ in with_path]
 
+    def _arg_name(self, path: tuple[int, ...], tree: tuple[tuple[Any, ...], dict[str, Any]]) -> str:
+        """The name of the argument that holds the object at ``path`` of ``(args, kwargs)``."""
+        if path[0] == 1:
+            name = str(list(tree[1])[path[1]])
+        else:
+            params = list(self._sig.parameters) if self._sig is not None else []
+            name = params[path[1]] if path[1] < len(params) else f"#{path[1]}"
+        return name if len(path) == 2 else f"{name} (inside)"
+
     def _extra_key(self) -> tuple[Any, ...]:
         """The module's part of the structure key; recomputed only when the cheap
         :class:`_ModuleSnapshot` check says the module may have changed."""
@@ -254,7 +263,10 @@ class CompiledFunction:
             leaves, spec = pytree.tree_flatten((bargs, bkwargs))
             if not kwargs and all(type(a) is torch.Tensor for a in args):
                 self._flat_specs[len(args)] = spec
-        key = (spec, tuple(leaf_key(x, self.dynamic) for x in leaves))
+        key: tuple[Any, ...] = (spec, tuple(leaf_key(x, self.dynamic) for x in leaves))
+        if arg_objects.has_objects(spec):
+            # registered objects' state besides their tensors ([Note: objects in the argument tree])
+            key += (arg_objects.object_states((bargs, bkwargs)),)
         extra = self._extra_key()
         art = self._find(key, extra, leaves, self.artifacts)
         if art is not None:
@@ -269,7 +281,7 @@ class CompiledFunction:
                 return art, leaves, True
             if self.artifacts:
                 self._note_recompile(self._why_miss(key, extra, leaves, names))
-            art = self._compile(key, extra, leaves, names, spec)
+            art = self._compile(key, extra, leaves, names, spec, (bargs, bkwargs))
             # a new list, not an in-place change: other threads may be scanning the old one
             self.artifacts = [*self.artifacts[-(MAX_ARTIFACTS - 1) :], art]
         return art, leaves, False
@@ -313,7 +325,7 @@ class CompiledFunction:
             return self._eager(art.reason or "", args, kwargs)
         if hit:
             self.stats.cache_hits += 1
-        return _run(art, leaves)
+        return _run(art, leaves, (args, kwargs))
 
     def _check_types(self, key: tuple[Any, ...], names: list[str]) -> None:
         """A non-tensor where a tensor was traced is a caller error, not a recompile."""
@@ -331,6 +343,8 @@ class CompiledFunction:
         self, key: tuple[Any, ...], extra: tuple[Any, ...], leaves: list[Any], names: list[str]
     ) -> str:
         last = self.artifacts[-1]
+        if last.key[:2] == key[:2] and last.key[2:] != key[2:] and last.extra == extra:
+            return _explain_objects(last.key[2:], key[2:])
         if last.key != key or last.extra != extra:
             return explain_structure(names, last.key[1], key[1], last.extra, extra, last.names)
         if last.captured is not None and not last.captured.guards.holds():
@@ -347,6 +361,7 @@ class CompiledFunction:
         leaves: list[Any],
         names: list[str],
         spec: Any,
+        tree: tuple[tuple[Any, ...], dict[str, Any]],
     ) -> _Artifact:
         self.stats.compiles += 1
         target_name = self.target
@@ -360,6 +375,8 @@ class CompiledFunction:
             _check_options(dict(self.options), target.capabilities, target_name)
             if self.module is not None and torch.is_grad_enabled():
                 self._warn_parameters_need_no_grad()
+            if len(key) > 2:  # the function runs on rebuilt objects: they must equal the caller's
+                arg_objects.check_round_trip(tree, lambda path: self._arg_name(path, tree))
             options = CompileOptions(opt_level=self.opt_level, extra=self.options)
             # a variant another process captured, when all it read is as it was (cuvil/warm.py)
             wkey = warm.key(self, key, target, options) if warm.enabled() else None
@@ -516,15 +533,33 @@ def captured_call(f: Any, *args: Any, **kwargs: Any) -> tuple[Captured, list[Any
     return art.captured, graph_inputs(art.captured, leaves)
 
 
-def _run(art: _Artifact, leaves: list[Any]) -> Any:
+def _run(art: _Artifact, leaves: list[Any], tree: tuple[tuple[Any, ...], dict[str, Any]]) -> Any:
     c = art.captured
     assert c is not None and art.executable is not None
     with torch.no_grad():  # inference on every target: results carry no autograd history
         results = art.executable(*graph_inputs(c, leaves))
-    out = [results[i] if kind == "graph" else i for kind, i in c.outputs]
+    if c.write_backs:  # arguments the function changes in place end as in eager
+        arg_objects.write_back(c.write_backs, results, leaves, tree)
+    out = [_result_leaf(kind, v, results, tree) for kind, v in c.outputs]
     if c.out_spec.is_leaf():
         return out[0]
     return pytree.tree_unflatten(out, c.out_spec)
+
+
+def _result_leaf(kind: str, v: Any, results: Any, tree: Any) -> Any:
+    if kind == "arg":
+        return arg_objects.at(tree, v)
+    if kind == "object":
+        return arg_objects.rebuild(v, results)
+    return results[v] if kind == "graph" else v
+
+
+def _explain_objects(old: tuple[Any, ...], new: tuple[Any, ...]) -> str:
+    for a, b in zip(old[0], new[0]):
+        for (where, was), (_, now) in zip(a, b):
+            if was != now:
+                return f"argument object {where}: was {was[-1]!r}, now {now[-1]!r}"
+    return "an argument object changed structure"
 
 
 def _leaf_name(path: tuple[Any, ...], names: list[str]) -> str:

@@ -38,6 +38,12 @@ def encode_call(
 ) -> dict[str, Any]:
     """Everything of ``c`` (a capture of ``cf`` for the structure ``key``) but its inputs;
     raises :class:`CompileError` for what plain data cannot hold (an object argument)."""
+    if len(key) > 2 or c.write_backs or any(kind in ("arg", "object") for kind, _ in c.outputs):
+        # their state, write-backs and identities are this process's objects
+        raise CompileError(
+            "cannot save: the call passes or returns Python objects holding tensors (not only "
+            "tensors, numbers and containers), which an artifact cannot hold"
+        )
     _, spec = pytree.tree_flatten((bargs, bkwargs))
     return {
         "signature": signature_json(cf),

@@ -20,7 +20,8 @@ import torch
 from torch.utils import _pytree as pytree
 
 from cuvil.errors import CompileError
-from cuvil.frontend import hooks
+from cuvil.frontend import arg_objects, hooks
+from cuvil.frontend.arg_objects import WriteBack
 from cuvil.frontend.convert import ConversionError, convert, is_user_function
 from cuvil.frontend.proxy import TensorProxy
 from cuvil.frontend.reads import LiftSource
@@ -42,7 +43,9 @@ class Captured:
     inputs: InputPlan
     check: AssumptionCheck
     out_spec: pytree.TreeSpec
-    #: per output leaf: ("graph", i) for graph output i, or ("const", value)
+    #: per output leaf: ("graph", i) for graph output i, ("const", value), ("arg", path) the caller's
+    #: argument object at that path, or ("object", skeleton) an object rebuilt per call
+    #: ([Note: objects in the argument tree])
     outputs: list[tuple[str, Any]]
     lifted: list[Lifted]
     #: the globals, closure variables and attributes the traced code read
@@ -51,6 +54,8 @@ class Captured:
     files: frozenset[str] = frozenset()
     #: whether another process may reuse this capture (no side effect such as a print)
     storable: bool = True
+    #: arguments the function changed in place, written back after each run
+    write_backs: tuple[WriteBack, ...] = ()
 
 
 def module_state(module: torch.nn.Module) -> list[tuple[str, dict[str, Any], str]]:
@@ -182,6 +187,7 @@ def capture(
         else:
             traced_leaves.append(leaf)
             if not isinstance(leaf, _SCALARS):  # guarded by identity in the structure key
+                arg_objects.check_leaf(leaf, lname)
                 tracer.reads.long_lived(leaf, lname)
     swapped: list[tuple[dict[str, Any], str, Any]] = []
     try:
@@ -195,6 +201,9 @@ def capture(
                 swapped.append((owner, key, owner[key]))
                 owner[key] = by_id[id(owner[key])]
         args, kwargs = pytree.tree_unflatten(traced_leaves, spec)
+        # the argument objects the function gets, alive until the end (ids are compared)
+        arg_nodes = list(arg_objects.nodes((args, kwargs)))
+        before = {path: _flat(node) for path, node in arg_nodes if len(path) == 2}
         target = root_callable(fn, module)
         _guard_defaults(tracer, fn, module)
         tracer.reads.add_file(getattr(getattr(target, "__func__", target), "__code__", None))
@@ -220,19 +229,30 @@ def capture(
     finally:
         for owner, key, original in reversed(swapped):
             owner[key] = original
-    out_leaves, out_spec = pytree.tree_flatten(out)
+    path_of = {id(node): path for path, node in arg_nodes}
+
+    def output(value: Any) -> int:
+        outputs.append(tracer.value_of(value))
+        return len(outputs) - 1
+
+    out_leaves, out_spec = pytree.tree_flatten(out, is_leaf=lambda x: id(x) in path_of)
     outputs: list[Value] = []
     out_plan: list[tuple[str, Any]] = []
     for leaf in out_leaves:
         if isinstance(leaf, Undefined):
             leaf._fail()
-        if isinstance(leaf, torch.SymBool):
+        if id(leaf) in path_of:
+            out_plan.append(("arg", path_of[id(leaf)]))
+        elif isinstance(leaf, torch.SymBool):
             out_plan.append(("const", bool(leaf)))
         elif isinstance(leaf, (torch.Tensor, torch.SymInt, torch.SymFloat)):
             out_plan.append(("graph", len(outputs)))
             outputs.append(tracer.value_of(leaf))
         else:
-            out_plan.append(("const", leaf))
+            # an object holding traced values is rebuilt per call ([Note: objects in the argument tree])
+            skeleton = None if isinstance(leaf, _SCALARS) else arg_objects.template(leaf, output)
+            out_plan.append(("const", leaf) if skeleton is None else ("object", skeleton))
+    write_backs = _write_backs(tracer, arg_nodes, before, traced_leaves, outputs, spec)
     for lifted in tracer.lifted:
         plan.append(("lifted", lifted.getter))
     graph = tracer.graph(outputs)
@@ -251,4 +271,60 @@ def capture(
         ReadGuards(tracer.reads.guards),
         frozenset(tracer.reads.files),
         tracer.reads.storable,
+        tuple(write_backs),
     )
+
+
+def _write_backs(
+    tracer: Tracer,
+    arg_nodes: list[tuple[tuple[int, ...], Any]],
+    before: dict[tuple[int, ...], tuple[list[Any], pytree.TreeSpec]],
+    traced_leaves: list[Any],
+    outputs: list[Value],
+    spec: pytree.TreeSpec,
+) -> list[WriteBack]:
+    """The arguments the function changed in place, their new leaves appended to
+    ``outputs`` ([Note: objects in the argument tree], rule 3)."""
+    input_index = {id(p): i for i, p in enumerate(traced_leaves) if isinstance(p, TensorProxy)}
+    out = []
+    for path, node in arg_nodes:
+        if path not in before or _same_flat(before[path], _flat(node)):
+            continue
+        name = _arg_name(path, spec)
+        arg_objects.check_syncable(node, name)
+        new_leaves, new_spec = pytree.tree_flatten(node)
+        plan: list[tuple[str, Any]] = []
+        for leaf in new_leaves:
+            if id(leaf) in input_index:  # unchanged: the caller's own tensor, as in eager
+                plan.append(("leaf", input_index[id(leaf)]))
+            elif isinstance(leaf, (torch.Tensor, torch.SymInt, torch.SymFloat)):
+                plan.append(("graph", len(outputs)))
+                outputs.append(tracer.value_of(leaf))
+            else:
+                arg_objects.check_plain(leaf, f"a new value in argument {name}")
+                plan.append(("const", leaf))
+        out.append(WriteBack(path, name, new_spec, tuple(plan)))
+    return out
+
+
+def _flat(node: Any) -> tuple[list[Any], pytree.TreeSpec]:
+    return pytree.tree_flatten(node)  # type: ignore[no-any-return]
+
+
+def _same_flat(a: tuple[list[Any], pytree.TreeSpec], b: tuple[list[Any], pytree.TreeSpec]) -> bool:
+    """Whether an argument flattens as it did: same structure, the same leaf objects
+    (a changed counter is a new int, a grown cache a new tensor)."""
+    return a[1] == b[1] and all(
+        x is y or (type(x) is type(y) and _scalar_eq(x, y)) for x, y in zip(a[0], b[0])
+    )
+
+
+def _scalar_eq(x: Any, y: Any) -> bool:
+    return isinstance(x, _SCALARS) and x == y
+
+
+def _arg_name(path: tuple[int, ...], spec: pytree.TreeSpec) -> str:
+    """The top-level argument at ``path``: ``(0, i)`` positional, ``(1, j)`` keyword."""
+    if path[0] == 1:
+        return str(spec.child(1).context[path[1]])
+    return f"#{path[1]} (positional)"

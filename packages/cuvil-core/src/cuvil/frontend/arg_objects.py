@@ -1,0 +1,387 @@
+"""Python objects in a call's argument and result trees.
+
+[Note: objects in the argument tree]
+Arguments are flattened with ``torch.utils._pytree``, so an object reaches the traced
+function in one of two ways: as a *pytree node* (tuples, lists, dicts, and any type
+registered with ``register_pytree_node``, such as transformers' ``DynamicCache`` once
+``register_dynamic_cache_export_support()`` ran), whose tensors become graph inputs
+and which the function sees rebuilt from proxies by the type's unflatten; or as a
+*leaf*, specialised by identity. Five rules keep that sound:
+
+1. An argument leaf that holds tensors is refused: tracing would read its tensors as
+   constants and store traced values into the caller's object.
+2. A registered object must survive flatten/unflatten: the function runs on the
+   rebuilt object, so the state that is not a tensor (flags, counters, layer types)
+   must be the same in it (checked when compiling, :func:`check_round_trip`), and is
+   part of the structure key (:func:`object_states`), so a call whose counter changed
+   is another variant, never a stale value.
+3. The caller's objects end in the state eager leaves them in: an argument whose
+   flattening the function changed (``DynamicCache.update`` assigns ``self.keys``) is
+   flattened again after the trace, its new leaves become graph outputs
+   (:class:`WriteBack`), and after each run the object rebuilt from them is synced
+   into the caller's object (:func:`write_back`), keeping the caller's objects
+   (the cache, its list of layers, each layer) where the types match.
+4. A result that is an argument object is the caller's object (eager returns the
+   cache it was passed), found again by its path of pytree children (:func:`at`).
+5. A result that is not a node but holds tensors (``GPT2Model`` returns the
+   ``DynamicCache`` it built, registered or not) never hands the trace's proxies back:
+   its tensors (and traced sizes) are graph outputs and each call gets a copy of the
+   objects on the way to them, holding that call's values (:func:`template`,
+   :func:`rebuild`); what holds no tensor is shared, like any constant result.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+from cuvil.errors import CompileError
+
+#: values compared by value in an object's state (the rest: tensors by metadata,
+#: containers and plain objects by their contents, anything else by identity)
+_VALUES = (bool, int, float, complex, str, bytes, type(None), torch.dtype, torch.device, type)
+#: how deep state is followed (a cache's layers hold their tensors at depth 3)
+_DEPTH = 8
+
+FIX_HINT = (
+    "register its type with torch.utils._pytree.register_pytree_node so that its tensors "
+    "become graph inputs and outputs (for transformers' DynamicCache: call "
+    "transformers.integrations.executorch.register_dynamic_cache_export_support() once)"
+)
+
+
+@dataclass(frozen=True)
+class WriteBack:
+    """An argument the function changed in place, and how to rebuild its new state."""
+
+    #: the argument's path of pytree children in ``(args, kwargs)``
+    path: tuple[int, ...]
+    name: str
+    spec: pytree.TreeSpec
+    #: per new leaf: ("graph", output index), ("leaf", argument leaf index) or ("const", value)
+    leaves: tuple[tuple[str, Any], ...]
+
+
+def is_object_node(x: Any) -> bool:
+    """A registered pytree node of a type that is not a builtin container."""
+    return type(x) in pytree.SUPPORTED_NODES and type(x) not in pytree.BUILTIN_TYPES
+
+
+def _children(node: Any) -> list[Any]:
+    return list(pytree.SUPPORTED_NODES[pytree._get_node_type(node)].flatten_fn(node)[0])
+
+
+def _is_node(x: Any) -> bool:
+    return not pytree.tree_is_leaf(x)
+
+
+def nodes(tree: Any) -> Iterator[tuple[tuple[int, ...], Any]]:
+    """Every pytree node below ``tree`` (not ``tree`` itself), with its path, parents first."""
+    stack = [((), tree)]
+    while stack:
+        path, node = stack.pop()
+        if path:
+            yield path, node
+        kids = _children(node)
+        stack += [((*path, i), c) for i, c in reversed(list(enumerate(kids))) if _is_node(c)]
+
+
+def at(tree: Any, path: tuple[int, ...]) -> Any:
+    for i in path:
+        tree = _children(tree)[i]
+    return tree
+
+
+def has_objects(spec: pytree.TreeSpec) -> bool:
+    """Whether an argument tree of this structure holds registered objects (cheap: the spec)."""
+    if spec.type not in pytree.BUILTIN_TYPES and spec.type in pytree.SUPPORTED_NODES:
+        return True
+    return any(has_objects(c) for c in spec.children())
+
+
+def object_states(tree: Any) -> tuple[Any, ...]:
+    """The state of every registered object in ``tree`` but its tensors' values and sizes:
+    part of the structure key (rule 2)."""
+    return tuple(state(node) for _, node in nodes(tree) if is_object_node(node))
+
+
+def state(obj: Any) -> tuple[Any, ...]:
+    """``obj``'s state as (where, what) pairs: tensors by dtype, device and rank, values
+    by value, containers and plain objects by their contents."""
+    out: list[tuple[str, Any]] = []
+    _state(obj, type(obj).__name__, 0, out)
+    return tuple(out)
+
+
+def _state(obj: Any, where: str, depth: int, out: list[tuple[str, Any]]) -> None:
+    if isinstance(obj, torch.Tensor):
+        out.append((where, ("tensor", obj.dtype, obj.device.type, obj.dim())))
+    elif isinstance(obj, _VALUES):
+        out.append((where, (type(obj), obj)))
+    elif depth >= _DEPTH:
+        out.append((where, ("object", id(obj))))
+    elif isinstance(obj, (list, tuple, deque)):
+        out.append((where, (type(obj), len(obj))))
+        for i, x in enumerate(obj):
+            _state(x, f"{where}[{i}]", depth + 1, out)
+    elif isinstance(obj, dict):
+        out.append((where, (type(obj), tuple(map(repr, obj)))))
+        for k, x in obj.items():
+            _state(x, f"{where}[{k!r}]", depth + 1, out)
+    elif _plain_object(obj):
+        out.append((where, (type(obj), tuple(sorted(vars(obj))))))
+        for k, x in sorted(vars(obj).items()):
+            _state(x, f"{where}.{k}", depth + 1, out)
+    else:
+        out.append((where, ("object", id(obj))))
+
+
+def _plain_object(obj: Any) -> bool:
+    """An instance whose attributes are its state (not a module, class, function or nn.Module)."""
+    return hasattr(obj, "__dict__") and not isinstance(
+        obj, (type, torch.nn.Module, type(_plain_object), type(pytree))
+    )
+
+
+def check_round_trip(tree: Any, name_of: Any) -> None:
+    """Rule 2: every registered object in ``tree`` rebuilds from its leaves with the same
+    state (``name_of(path)`` names the argument in errors)."""
+    for path, node in nodes(tree):
+        if not is_object_node(node):
+            continue
+        leaves, spec = pytree.tree_flatten(node)
+        before, after = state(node), state(pytree.tree_unflatten(leaves, spec))
+        if before == after:
+            continue
+        diff = next(((a, b) for a, b in zip(before, after) if a != b), None)
+        what = (
+            f"{diff[0][0]} is {_show(diff[0][1])} in the argument but {_show(diff[1][1])} when rebuilt"
+            if diff is not None
+            else "the rebuilt object has other attributes"
+        )
+        raise CompileError(
+            f"argument {name_of(path)} (a {type(node).__name__}) does not survive pytree "
+            f"flattening: {what}; the compiled function runs on the rebuilt object, so it would "
+            "compute with other values than eager",
+            hint=f"make the flatten function of {type(node).__name__} keep that state (in its "
+            "leaves or its context), or pass the value as an argument of its own",
+        )
+
+
+def _show(key: Any) -> str:
+    if isinstance(key, tuple) and len(key) == 2 and isinstance(key[0], type):
+        return repr(key[1]) if key[0] is not type else key[1].__name__
+    return str(key)
+
+
+def tensor_path(obj: Any, where: str = "") -> str | None:
+    """Where a tensor sits inside ``obj`` (``.layers[0].keys``), or None: a leaf holding
+    one must not be traced through (rule 1)."""
+    seen: set[int] = set()
+    stack = [(obj, where, 0)]
+    while stack:
+        x, at_, depth = stack.pop()
+        if isinstance(x, torch.Tensor):
+            return at_
+        if id(x) in seen or depth > _DEPTH or isinstance(x, _VALUES):
+            continue
+        seen.add(id(x))
+        if isinstance(x, (list, tuple, deque, set, frozenset)):
+            kids = [(v, f"{at_}[{i}]") for i, v in enumerate(x)]
+        elif isinstance(x, dict):
+            kids = [(v, f"{at_}[{k!r}]") for k, v in x.items()]
+        elif isinstance(x, torch.nn.Module):
+            if next(x.parameters(), None) is not None or next(x.buffers(), None) is not None:
+                return f"{at_}.parameters()"
+            continue
+        elif _plain_object(x):
+            kids = [(v, f"{at_}.{k}") for k, v in vars(x).items()]
+        else:
+            continue
+        stack += [(v, w, depth + 1) for v, w in reversed(kids)]  # first found: first in order
+    return None
+
+
+def check_leaf(leaf: Any, name: str) -> None:
+    """Rule 1 for an argument leaf."""
+    inner = tensor_path(leaf)
+    if inner is not None:
+        raise CompileError(
+            f"argument {name} is a {type(leaf).__name__} that holds tensors ({name}{inner}) but is "
+            "not a pytree node: its tensors would be traced as constants and traced values "
+            "stored into it",
+            hint=FIX_HINT,
+        )
+
+
+def check_plain(leaf: Any, what: str) -> None:
+    """A value that must hold no tensor (a new leaf of a changed argument, rule 3)."""
+    inner = tensor_path(leaf)
+    if inner is not None:
+        raise CompileError(
+            f"{what} is a {type(leaf).__name__} that holds tensors ({inner.lstrip('.')}) but is "
+            "not a pytree node, so its tensors cannot become outputs",
+            hint=FIX_HINT,
+        )
+
+
+_TRACED = (torch.Tensor, torch.SymInt, torch.SymFloat)
+
+
+def template(obj: Any, output: Any) -> Any:
+    """Rule 5: the skeleton of a result object that holds traced values, or None when it
+    holds none. ``output(value)`` makes a traced value a graph output and returns its
+    index. A skeleton node is ``("value", index)`` or ``("copy", object, ((key, node), ...))``:
+    copy the object and put the rebuilt children at those keys."""
+    memo: dict[int, Any] = {}
+    busy: set[int] = set()
+
+    def walk(x: Any, where: str, depth: int) -> Any:
+        if isinstance(x, _TRACED):
+            return ("value", output(x))
+        if isinstance(x, _VALUES) or isinstance(x, torch.SymBool) or depth > _DEPTH:
+            return None
+        if id(x) in memo:
+            return memo[id(x)]
+        if id(x) in busy:
+            raise CompileError(
+                f"the function returns an object that refers to itself ({where}) and holds tensors",
+                hint=FIX_HINT,
+            )
+        if isinstance(x, torch.nn.Module):
+            if tensor_path(x) is None:
+                return None
+            raise CompileError(
+                f"the function returns a module holding tensors ({where or type(x).__name__})",
+                hint="return its outputs or tensors instead",
+            )
+        if isinstance(x, (list, tuple)):
+            items: Any = enumerate(x)
+        elif isinstance(x, dict):
+            items = x.items()
+        elif _plain_object(x):
+            items = vars(x).items()
+        else:
+            return None
+        busy.add(id(x))
+        kids = []
+        for k, v in list(items):
+            node = walk(v, f"{where}.{k}" if _plain_object(x) else f"{where}[{k!r}]", depth + 1)
+            if node is not None:
+                kids.append((k, node))
+        busy.discard(id(x))
+        memo[id(x)] = ("copy", x, tuple(kids)) if kids else None
+        return memo[id(x)]
+
+    return walk(obj, "", 0)
+
+
+def rebuild(node: Any, results: Any) -> Any:
+    """One call's copy of a :func:`template` skeleton, holding this call's values."""
+    memo: dict[int, Any] = {}
+
+    def make(n: Any) -> Any:
+        if n[0] == "value":
+            return results[n[1]]
+        if id(n) in memo:  # an object the result refers to twice stays one object
+            return memo[id(n)]
+        orig, kids = n[1], n[2]
+        if isinstance(orig, tuple):
+            items = list(orig)
+            for k, c in kids:
+                items[k] = make(c)
+            new = type(orig)(*items) if pytree.is_namedtuple_instance(orig) else type(orig)(items)
+        elif isinstance(orig, list):
+            new = copy.copy(orig)
+            for k, c in kids:
+                new[k] = make(c)
+        elif isinstance(orig, dict):
+            new = copy.copy(orig)
+            for k, c in kids:
+                new[k] = make(c)
+        else:
+            new = copy.copy(orig)
+            for k, c in kids:
+                vars(new)[k] = make(c)
+        memo[id(n)] = new
+        return new
+
+    return make(node)
+
+
+def check_syncable(obj: Any, name: str) -> None:
+    """Rule 3 needs each changed registered object's attributes to be writable."""
+    for _, node in [((), obj), *nodes(obj)]:
+        if is_object_node(node) and not _plain_object(node):
+            raise CompileError(
+                f"the function changes argument {name} in place, and its {type(node).__name__} "
+                "has no attributes (__dict__) that the change could be written back to",
+                hint="return the new value instead of changing the argument",
+            )
+
+
+def write_back(writes: tuple[WriteBack, ...], results: Any, leaves: list[Any], tree: Any) -> None:
+    """Rule 3 after a run: rebuild each changed argument and sync it into the caller's."""
+    for w in writes:
+        new = [results[v] if kind == "graph" else leaves[v] if kind == "leaf" else v for kind, v in w.leaves]
+        _sync(at(tree, w.path), pytree.tree_unflatten(new, w.spec), 0)
+
+
+def _sync(user: Any, fresh: Any, depth: int) -> Any:
+    """Make ``user`` hold what ``fresh`` holds, in place where it can (containers and plain
+    objects of the same type), and return what the parent should hold."""
+    if user is fresh or type(user) is not type(fresh) or depth > _DEPTH:
+        return fresh
+    if isinstance(user, list):
+        user[:] = [_sync(user[i], f, depth + 1) if i < len(user) else f for i, f in enumerate(fresh)]
+        return user
+    if isinstance(user, dict):
+        new = {k: _sync(user[k], v, depth + 1) if k in user else v for k, v in fresh.items()}
+        user.clear()
+        user.update(new)
+        return user
+    if isinstance(user, deque):
+        new_items = [_sync(user[i], f, depth + 1) if i < len(user) else f for i, f in enumerate(fresh)]
+        user.clear()
+        user.extend(new_items)
+        return user
+    if isinstance(user, tuple):
+        if len(user) != len(fresh):
+            return fresh
+        items = [_sync(u, f, depth + 1) for u, f in zip(user, fresh)]
+        if all(a is b for a, b in zip(items, user)):
+            return user
+        return type(user)(*items) if pytree.is_namedtuple_instance(user) else type(user)(items)
+    if _plain_object(user) and not isinstance(user, torch.Tensor):
+        mine, theirs = vars(user), vars(fresh)
+        new = {k: _sync(mine[k], v, depth + 1) if k in mine else v for k, v in theirs.items()}
+        mine.clear()
+        mine.update(new)
+        return user
+    return fresh
+
+
+__all__ = [
+    "FIX_HINT",
+    "WriteBack",
+    "at",
+    "check_leaf",
+    "check_plain",
+    "check_round_trip",
+    "check_syncable",
+    "has_objects",
+    "is_object_node",
+    "nodes",
+    "object_states",
+    "rebuild",
+    "state",
+    "template",
+    "tensor_path",
+    "write_back",
+]

@@ -1,0 +1,172 @@
+"""Generation with a KV cache: a GPT-2 greedy loop calling the compiled model with
+``past_key_values`` grows the cache on every step without a recompile per step (the
+cache length is a size symbol), matches eager token for token, and leaves the caller's
+cache object in the state eager leaves it in. Also the general rules behind it
+([Note: objects in the argument tree], cuvil/frontend/arg_objects.py): arguments changed
+in place are written back, objects holding tensors are never traced through or handed
+back holding the trace's placeholders. ``transformers`` is a test dependency only."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from torch.utils import _pytree as pytree
+
+import cuvil as cu
+from cuvil.errors import CompileError
+
+T = pytest.importorskip("transformers")
+
+
+def _available(name: str) -> bool:
+    from cuvil_runtime.registry import discover
+
+    return any(i.name == name and i.available for i in discover())
+
+
+TARGETS = ["reference", pytest.param("cpu", marks=pytest.mark.skipif(not _available("cpu"), reason="no cpu"))]
+V = 100  # vocabulary size
+STEPS = 8
+
+
+@pytest.fixture(scope="module")
+def registered() -> None:
+    # once per process; what users do (docs/kv-cache.md)
+    from transformers.integrations.executorch import register_dynamic_cache_export_support
+
+    register_dynamic_cache_export_support()
+
+
+def _gpt2() -> Any:
+    torch.manual_seed(0)
+    cfg = T.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=V, n_positions=64)
+    return T.GPT2LMHeadModel(cfg).eval()
+
+
+def _greedy(model: Any, ids: torch.Tensor, steps: int) -> tuple[torch.Tensor, list[torch.Tensor], Any]:
+    """The generation loop users write: the whole prompt once, then one token per step
+    with the cache the previous step returned."""
+    out = model(ids, use_cache=True)
+    logits, cache = [out.logits], out.past_key_values
+    tokens = [out.logits[:, -1].argmax(-1, keepdim=True)]
+    for _ in range(steps - 1):
+        out = model(tokens[-1], past_key_values=cache, use_cache=True)
+        assert out.past_key_values is cache  # eager returns the cache it was passed
+        logits.append(out.logits)
+        tokens.append(out.logits[:, -1].argmax(-1, keepdim=True))
+    return torch.cat(tokens, dim=1), logits, cache
+
+
+# first in the file: the fixture below registers DynamicCache for the whole process
+@torch.no_grad()
+def test_unregistered_cache_argument_is_a_clear_error() -> None:
+    model = _gpt2()
+    ids = torch.randint(0, V, (1, 4))
+    cache = model(ids, use_cache=True).past_key_values
+    keys = cache.layers[0].keys
+    if type(cache) in pytree.SUPPORTED_NODES:
+        pytest.skip("DynamicCache is registered in this process")
+    f = cu.compile(model, target="reference", fallback="error")
+    with pytest.raises(CompileError, match="register_dynamic_cache_export_support"):
+        f(torch.tensor([[3]]), past_key_values=cache, use_cache=True)
+    assert cache.layers[0].keys is keys  # the caller's cache is untouched
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@torch.no_grad()
+def test_greedy_generation_with_cache_matches_eager_with_two_compiles(registered: None, target: str) -> None:
+    model = _gpt2()
+    f = cu.compile(model, target=target, fallback="error")
+    for batch, prompt in ((1, 5), (2, 3)):
+        ids = torch.randint(0, V, (batch, prompt))
+        want_tokens, want_logits, want_cache = _greedy(model, ids, STEPS)
+        got_tokens, got_logits, got_cache = _greedy(f, ids, STEPS)
+        assert torch.equal(got_tokens, want_tokens)
+        for g, w in zip(got_logits, want_logits):
+            assert g.dtype == w.dtype and g.shape == w.shape
+            torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
+        # the caller's cache object holds what eager's holds: prompt + steps - 1 positions
+        assert type(got_cache) is type(want_cache) and len(got_cache.layers) == len(want_cache.layers)
+        for g, w in zip(got_cache.layers, want_cache.layers):
+            assert type(g) is type(w) and g.is_initialized
+            assert g.keys.shape == (batch, 2, prompt + STEPS - 1, 16)
+            torch.testing.assert_close(g.keys, w.keys, rtol=1e-4, atol=1e-5)
+            torch.testing.assert_close(g.values, w.values, rtol=1e-4, atol=1e-5)
+    # the prompt call and the step call, for every batch, prompt and cache length
+    assert f.stats.compiles == 2, f.stats.recompile_reasons
+    assert f.stats.fallbacks == 0
+
+
+@torch.no_grad()
+def test_cache_is_updated_in_place_like_eager(registered: None) -> None:
+    """The cache the caller passed is the one that grows, keeping its layer objects, even
+    when the caller ignores the result."""
+    model = _gpt2()
+    f = cu.compile(model, target="reference", fallback="error")
+    ids = torch.randint(0, V, (1, 4))
+    cache = f(ids, use_cache=True).past_key_values
+    ref = model(ids, use_cache=True).past_key_values
+    layers = list(cache.layers)
+    nxt = torch.tensor([[7]])
+    f(nxt, past_key_values=cache, use_cache=True)
+    model(nxt, past_key_values=ref, use_cache=True)
+    assert [id(x) for x in cache.layers] == [id(x) for x in layers]
+    assert cache.get_seq_length() == ref.get_seq_length() == 5
+    for g, w in zip(cache.layers, ref.layers):
+        assert type(g.keys) is torch.Tensor  # never a trace placeholder
+        torch.testing.assert_close(g.keys, w.keys, rtol=1e-4, atol=1e-5)
+
+
+class _Box:
+    """A plain object holding tensors (not a pytree node)."""
+
+    def __init__(self, t: torch.Tensor, n: int) -> None:
+        self.t, self.n, self.parts = t, n, [t * 2]
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_returned_plain_object_holds_this_calls_tensors(target: str) -> None:
+    def f(x: torch.Tensor) -> tuple[torch.Tensor, _Box]:
+        return x + 1, _Box(x.sin(), 3)
+
+    cf = cu.compile(f, target=target, fallback="error")
+    for n in (3, 5):
+        x = torch.randn(n)
+        y, box = cf(x)
+        assert type(box) is _Box and box.n == 3
+        assert type(box.t) is torch.Tensor and type(box.parts[0]) is torch.Tensor
+        torch.testing.assert_close(box.t, x.sin())
+        torch.testing.assert_close(box.parts[0], x.sin() * 2)
+        torch.testing.assert_close(y, x + 1)
+    first, _ = cf(torch.ones(2))[1], None
+    assert cf(torch.zeros(2))[1] is not first  # each call its own object
+    assert cf.stats.compiles == 1
+
+
+def test_plain_object_argument_holding_tensors_is_refused() -> None:
+    def f(box: _Box, x: torch.Tensor) -> torch.Tensor:
+        return box.t + x
+
+    cf = cu.compile(f, target="reference", fallback="error")
+    with pytest.raises(CompileError, match=r"argument box is a _Box that holds tensors \(box\.t\)"):
+        cf(_Box(torch.ones(2), 1), torch.ones(2))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_list_argument_changed_in_place_is_written_back(target: str) -> None:
+    def f(x: torch.Tensor, acc: list[torch.Tensor]) -> torch.Tensor:
+        acc.append(x * 2)
+        return x + 1
+
+    cf = cu.compile(f, target=target, fallback="error")
+    for n in (3, 4):
+        x = torch.randn(n)
+        acc = [x.clone()]
+        first = acc[0]
+        y = cf(x, acc)
+        torch.testing.assert_close(y, x + 1)
+        assert len(acc) == 2 and acc[0] is first  # the untouched element is the caller's tensor
+        torch.testing.assert_close(acc[1], x * 2)
+    assert cf.stats.compiles == 1
