@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from cuvil_runtime.target import GRAPH_STAGE, TENSOR_STAGE, WRAPPER_STAGE, Capabilities, Stage
 
-CAPABILITIES = Capabilities(devices=frozenset({"cpu"}), control_flow=True, extern_calls=True)
+CAPABILITIES = Capabilities(
+    devices=frozenset({"cpu"}), control_flow=True, extern_calls=True, data_dependent_sizes=True
+)
 
 #: the pipeline, in order (``cu.audit`` and ``CUVIL_DUMP`` list these)
 STAGES = (

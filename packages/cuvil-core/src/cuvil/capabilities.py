@@ -11,9 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import sympy
+
 from cuvil.errors import CompileError, SourceLoc
 from cuvil_ir.graph_ir.nodes import Graph, Node, Value
 from cuvil_ir.graph_ir.registry import REGISTRY
+from cuvil_ir.graph_ir.unbacked import defined_symbols
+from cuvil_ir.symbolic import symbol
 from cuvil_runtime.target import Capabilities
 
 
@@ -41,6 +45,7 @@ def _condition(n: Node, producers: dict[Value, Node]) -> Node:
 def check_capabilities(graph: Graph, caps: Capabilities, target: str) -> None:
     """Raise a :class:`CompileError` at the first node ``target`` cannot run."""
     producers = {v: n for n in _nodes(graph.nodes) for v in n.outputs}
+    data_sized = set() if caps.data_dependent_sizes else _data_sized(graph)
     for n in _nodes(graph.nodes):
         if n.regions and not caps.control_flow:
             raise CompileError(
@@ -58,6 +63,31 @@ def check_capabilities(graph: Graph, caps: Capabilities, target: str) -> None:
                 _where(n),
                 hint="pick a target with extern calls (`cuvil backends -v` lists them), or use fallback='eager'",
             )
+        if not caps.data_dependent_sizes and n in data_sized:
+            raise CompileError(
+                f"target {target!r} cannot run code whose sizes are computed from tensor data",
+                _where(n),
+                hint="pick a target that can (`cuvil backends -v` lists them), or use fallback='eager'",
+            )
+
+
+def _data_sized(graph: Graph) -> set[Node]:
+    """The nodes that bind a size computed from tensor data (cuvil_ir.graph_ir.unbacked)."""
+    out: set[Node] = set()
+
+    def visit(nodes: tuple[Node, ...], bound: set[sympy.Symbol]) -> None:
+        bound = set(bound)
+        for n in nodes:
+            inner = bound | ({symbol(str(n.attr("var")))} if n.op == "for" else set())
+            for r in n.regions:
+                visit(r.nodes, inner)
+            binds = defined_symbols(n, bound)
+            if binds:
+                out.add(n)
+                bound |= {b.symbol for b in binds}
+
+    visit(graph.nodes, set(graph.symbols))
+    return out
 
 
 __all__ = ["check_capabilities"]

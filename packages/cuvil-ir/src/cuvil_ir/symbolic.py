@@ -372,6 +372,7 @@ class ShapeContext:
             return self._decide_at_ends(cond, local[0], reason)
         if self.hints is None:
             raise UndecidableError(f"cannot decide {expr_str(cond)} without an assumption")
+        self._check_hinted(cond, f"whether {expr_str(cond)}")
         value = evaluate_bool(cond, self.hints)
         self.assume(cond if value else neg, reason)
         return value
@@ -444,4 +445,16 @@ class ShapeContext:
             return expr
         if self.hints is None:
             raise UndecidableError(f"no example value for {dim_str(expr)}")
+        self._check_hinted(expr, f"the value of {dim_str(expr)}")
         return evaluate(expr, self.hints)
+
+    def _check_hinted(self, expr: sympy.Basic, what: str) -> None:
+        # a size computed from tensor data (``u0``, see [Note: data-dependent sizes] in
+        # cuvil_ir.graph_ir.ops.core) has no example value: deciding on one is an error
+        assert self.hints is not None
+        unknown = sorted(str(s) for s in expr.free_symbols - set(self.hints) - set(self.local_symbols))
+        if unknown:
+            raise UndecidableError(
+                f"this needs {what}, but {', '.join(unknown)} is a size computed from tensor data, "
+                "known only when the compiled code runs"
+            )

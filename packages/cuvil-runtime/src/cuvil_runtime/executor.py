@@ -13,7 +13,9 @@ binding and memoised, since a program usually runs at a handful of sizes.
 
 Control flow (``if``, ``for``, ``while``; see :mod:`cuvil_ir.graph_ir.ops.control`)
 runs its regions' steps in the same environment. Attributes that use a ``for``
-loop's index are evaluated per iteration (memoised by the values of their symbols).
+loop's index are evaluated per iteration (memoised by the values of their symbols),
+and so are those that use a size computed from tensor data (``u0``), which the step
+that defines it binds when it runs (see :mod:`cuvil_ir.graph_ir.unbacked`).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import torch
 from cuvil_ir.graph_ir.nodes import KV, AttrValue, Graph, Node, Value
 from cuvil_ir.graph_ir.registry import REGISTRY
 from cuvil_ir.graph_ir.types import SCALAR_PYTHON_TYPES, ScalarType, TensorType
+from cuvil_ir.graph_ir.unbacked import Binding, defined_symbols
 from cuvil_ir.symbolic import dim_str, evaluate, evaluate_bool, symbol
 
 Bindings = Mapping[sympy.Symbol, int]
@@ -113,6 +116,8 @@ class _Input:
 @dataclass(frozen=True, slots=True)
 class _Step:
     node: Node
+    #: the data-dependent sizes this step binds (see cuvil_ir.graph_ir.unbacked)
+    binds: tuple[Binding, ...]
     fn: Callable[..., Any]
     inputs: tuple[int, ...]
     outputs: tuple[int, ...]
@@ -220,11 +225,12 @@ class Interpreter:
             local.add(local_slot)
         arg_slots = tuple(scope[v] for v in args)
         last_use: dict[int, int] = {}
-        prepared: list[tuple[Node, tuple[_Block, ...], frozenset[sympy.Symbol]]] = []
+        prepared: list[tuple[Node, tuple[_Block, ...], frozenset[sympy.Symbol], frozenset[sympy.Symbol]]] = []
         for k, node in enumerate(nodes):
             for v in node.inputs:
                 if v not in scope:
                     raise ValueError(f"{what}: {_where(node)} uses %{v.name} before it is defined")
+            before = loop_vars
             inner = loop_vars
             if node.op == "for" and isinstance(node.attr("var"), str):
                 inner = loop_vars | {symbol(str(node.attr("var")))}
@@ -242,7 +248,10 @@ class Interpreter:
                 self._num_slots += 1
                 local.add(out_slot)
                 last_use[out_slot] = k  # an output nobody reads dies where it is made
-            prepared.append((node, regions, inner))
+            prepared.append((node, regions, inner, before))
+            # sizes computed from tensor data are bound per call, as loop indices are per
+            # iteration: attributes that use them are evaluated when their step runs
+            loop_vars = loop_vars | {b.symbol for b in defined_symbols(node, {*self._symbols, *loop_vars})}
         undefined = [v for v in results if v not in scope]
         if undefined:
             verb = "yields" if outer else "returns"
@@ -253,8 +262,8 @@ class Interpreter:
             if s not in result_slots:
                 frees.setdefault(k, []).append(s)
         steps = tuple(
-            self._step(node, scope, tuple(frees.get(k, ())), regions, loop_vars, inner)
-            for k, (node, regions, inner) in enumerate(prepared)
+            self._step(node, scope, tuple(frees.get(k, ())), regions, before, inner)
+            for k, (node, regions, inner, before) in enumerate(prepared)
         )
         return _Block(steps, arg_slots, result_slots)
 
@@ -291,6 +300,7 @@ class Interpreter:
             control = self._control(node, regions, inner_vars - loop_vars)
         step = _Step(
             node=node,
+            binds=defined_symbols(node, {*self._symbols, *loop_vars}),
             fn=op.reference,
             inputs=tuple(slot[v] for v in node.inputs),
             outputs=tuple(slot[v] for v in node.outputs),
@@ -413,6 +423,9 @@ class Interpreter:
                 raise RuntimeError(
                     f"{_where(step.node)}: reference returned one value for {len(outs)} outputs"
                 )
+            for b in step.binds:
+                x = env[outs[b.output]]
+                frame.loop[b.symbol] = int(x) if b.dim is None else int(x.shape[b.dim])
             for s in step.frees:
                 env[s] = None
 

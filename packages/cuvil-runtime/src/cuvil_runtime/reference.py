@@ -27,6 +27,7 @@ CAPABILITIES = Capabilities(
     devices=frozenset({"cpu", "cuda", "npu", "meta"}),
     control_flow=True,
     extern_calls=True,
+    data_dependent_sizes=True,
 )
 
 

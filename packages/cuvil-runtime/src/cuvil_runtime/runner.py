@@ -26,9 +26,9 @@ import torch
 
 from cuvil_ir.graph_ir.registry import REGISTRY
 from cuvil_ir.graph_ir.types import DType, TensorType
-from cuvil_ir.symbolic import EXACT_NAMESPACE, evaluate, exact_code
+from cuvil_ir.symbolic import EXACT_NAMESPACE, evaluate, exact_code, symbol
 from cuvil_ir.tensor_ir import expr as E
-from cuvil_ir.tensor_ir.memory import ALIGN
+from cuvil_ir.tensor_ir.memory import ALIGN, data_sizes
 from cuvil_ir.tensor_ir.program import Control, Extern, Kernel, ScalarRef, TensorProgram, View
 from cuvil_runtime.executor import evaluate_attr
 from cuvil_runtime.target import Launch, ProgramHooks
@@ -63,7 +63,11 @@ class ProgramRunner:
             if isinstance(s, Control)
         }
         self._local = threading.local()
-        self.symbols = _symbols(program)
+        #: sizes computed from tensor data, per step that binds them (see [Note: sizes
+        #: from data] below); the plan of a call is keyed by the other symbols
+        self.data_sizes = data_sizes(program)
+        self.late = {b.symbol for binds in self.data_sizes.values() for b in binds}
+        self.symbols = tuple(s for s in _symbols(program) if s not in self.late)
         self.source, self._run = self._generate()
 
     def __call__(self, *inputs: Any) -> tuple[Any, ...]:
@@ -108,13 +112,19 @@ class ProgramRunner:
         derived = {
             k: tuple(_value(evaluate(e, b), t) for e, t in launch.derived)
             for k, launch in self.kernels.items()
-            if launch.derived
+            if launch.derived and not self._is_late(tuple(e for e, _ in launch.derived))
         }
         attrs = {}
         for s in prog.steps:
-            if isinstance(s, Extern):
+            if isinstance(s, Extern) and not self._is_late(s.node.attrs):
                 attrs[s.name] = {k: evaluate_attr(v, b) for k, v in s.node.attrs}
         return _Plan(arena, temps, ptrs, derived, attrs)
+
+    def _is_late(self, x: Any) -> bool:
+        """``x`` (an expression or attribute tree) uses a size computed from tensor data."""
+        syms: set[sympy.Symbol] = set()
+        _add_symbols(syms, x)
+        return bool(syms & self.late)
 
     # -- code generation ----------------------------------------------------------------
     def _generate(self) -> tuple[str, Callable[..., Any]]:
@@ -126,6 +136,9 @@ class ProgramRunner:
             **EXACT_NAMESPACE,  # math, Fraction: what exact_code's sizes use
             "_self": self,
             "_as_strided": torch.as_strided,
+            "_value": _value,
+            "_late_attrs": _late_attrs,
+            "_sym": symbol,
         }
         # (cpu is torch's default: no device argument on the per-call path)
         dev = "" if prog.device == "cpu" else f", device={prog.device!r}"
@@ -150,9 +163,7 @@ class ProgramRunner:
             body.append(f"v_{seed} = _draw_seed()")
         key = ", ".join(f"s_{s.name}" for s in self.symbols)
         body.append(f"_p = _self.plan(({key}{',' if len(self.symbols) == 1 else ''}))")
-        if any(isinstance(s, Control) for s in prog.steps):
-            items = ", ".join(f"{s.name!r}: s_{s.name}" for s in self.symbols)
-            body.append(f"_nb = {{**_b, {items}}}")
+        known = list(self.symbols)  # symbols with a value at this point of the call
         ptr: dict[str, str] = {}
         tensor: dict[str, str] = {}
         for i in prog.inputs:
@@ -166,6 +177,13 @@ class ProgramRunner:
         def shape_code(buf_name: str) -> str:
             b = prog.buffers[buf_name]
             return "(" + "".join(f"{self._size_code(d)}, " for d in b.shape) + ")"
+
+        def attrs_code(step: Extern) -> str:
+            if not self._is_late(step.node.attrs):
+                return f"_p.attrs[{step.name!r}]"
+            ns[f"_a_{step.name}"] = step.node.attrs
+            items = ", ".join(f"_sym({s.name!r}): s_{s.name}" for s in known)
+            return f"_late_attrs(_a_{step.name}, {{{items}}})"
 
         def operand(o: Any) -> str:
             if isinstance(o, ScalarRef):
@@ -197,10 +215,20 @@ class ProgramRunner:
                     )
                     tensor[step.buf] = f"v_{step.buf}"
                     ptr[step.buf] = f"v_{step.buf}.data_ptr()"
+                elif step.buf not in tensor:  # sized by data: see [Note: sizes from data]
+                    body.append(
+                        f"v_{step.buf} = torch.empty({shape_code(step.buf)}, dtype=torch.{_tname(buf.dtype)}{dev})"
+                    )
+                    tensor[step.buf] = f"v_{step.buf}"
+                    ptr[step.buf] = f"v_{step.buf}.data_ptr()"
                 # the launch's order: buffers, sizes, derived sizes, scalars
                 call_args = [(tensor if launch.tensors else ptr)[b] for b in launch.buffers]
                 call_args += [f"s_{s.name}" for s in launch.sizes]
-                if launch.derived:
+                if launch.derived and self._is_late(tuple(e for e, _ in launch.derived)):
+                    call_args += [
+                        f"_value({exact_code(sympy.sympify(e), _names(e))}, {t!r})" for e, t in launch.derived
+                    ]
+                elif launch.derived:
                     call_args.append(f"*_p.derived[{step.name!r}]")
                 call_args += [self._scalar_code(E.Arg(n, d)) for n, d in launch.scalars]
                 call = f"_k_{step.name}({', '.join(call_args)})"
@@ -214,7 +242,7 @@ class ProgramRunner:
                 outs_code = []
                 for o in step.outputs:
                     buf = prog.buffers[o]
-                    if buf.kind == "output":
+                    if buf.kind == "output" or o not in tensor:
                         body.append(
                             f"v_{o} = torch.empty({shape_code(o)}, dtype=torch.{_tname(buf.dtype)}{dev})"
                         )
@@ -222,20 +250,24 @@ class ProgramRunner:
                         ptr[o] = f"v_{o}.data_ptr()"
                     outs_code.append(tensor[o])
                 ops = ", ".join([*outs_code, *(operand(o) for o in step.inputs)])
-                body.append(f"_x_{step.name}({ops}, **_p.attrs[{step.name!r}])")
+                body.append(f"_x_{step.name}({ops}, **{attrs_code(step)})")
             elif isinstance(step, Extern):
                 op = REGISTRY.get(step.node.op)
                 first = step.inputs[0] if step.inputs else None
                 channels_last = isinstance(first, View) and prog.buffers[first.buf].order is not None
                 ns[f"_x_{step.name}"] = self.backend.extern(step.node.op, op.reference, channels_last)
                 ops = ", ".join(operand(o) for o in step.inputs)
-                body.append(
-                    f"_r = _x_{step.name}({ops}{',' if step.inputs else ''} **_p.attrs[{step.name!r}])"
-                )
+                body.append(f"_r = _x_{step.name}({ops}{',' if step.inputs else ''} **{attrs_code(step)})")
                 self._bind_results(body, step.outputs, step.node.outputs, tensor, ptr, "_r")
+                for b in self.data_sizes.get(step.name, ()):
+                    out = f"v_{step.outputs[b.output]}"
+                    body.append(f"s_{b.symbol.name} = {out if b.dim is None else f'{out}.shape[{b.dim}]'}")
+                    known.append(b.symbol)
             else:
                 assert isinstance(step, Control)
                 ns[f"_c_{step.name}"] = self._control(step)
+                items = ", ".join(f"{s.name!r}: s_{s.name}" for s in known)
+                body.append(f"_nb = {{**_b, {items}}}")
                 ops = ", ".join(operand(o) for o in step.inputs)
                 body.append(f"_r = _c_{step.name}(_nb, {ops}{',' if step.inputs else ''})")
                 self._bind_results(
@@ -347,6 +379,34 @@ def _draw_seed() -> int:
 
 def _zero_division() -> None:
     raise ZeroDivisionError("ZeroDivisionError: integer division or modulo by zero")
+
+
+# [Note: sizes from data]
+# A size computed from tensor data (`u0`: the rows `nonzero` found, `int(t)`) is bound
+# by the extern step that produces it (`s_u0 = v_e0.shape[0]` right after the call):
+# the plan of a call (arena, derived kernel arguments, extern attributes) is made per
+# binding of the other symbols, before the first step; buffers sized by `u0` are
+# allocated when written (the memory plan leaves them out), and kernel arguments and
+# attributes that use it are evaluated where they are used.
+
+
+def _late_attrs(attrs: Any, bindings: dict[sympy.Symbol, int]) -> dict[str, Any]:
+    return {k: evaluate_attr(v, bindings) for k, v in attrs}
+
+
+def _names(e: Any) -> dict[sympy.Symbol, str]:
+    return {s: f"s_{s.name}" for s in sympy.sympify(e).free_symbols}
+
+
+def _add_symbols(syms: set[sympy.Symbol], x: Any) -> None:
+    if isinstance(x, sympy.Basic):
+        syms.update(s for s in x.free_symbols if isinstance(s, sympy.Symbol))
+    elif isinstance(x, tuple):
+        for y in x:
+            _add_symbols(syms, y)
+    elif hasattr(x, "items") and not isinstance(x, dict):
+        for _, y in x.items:
+            _add_symbols(syms, y)
 
 
 def _value(v: Any, kind: str) -> Any:

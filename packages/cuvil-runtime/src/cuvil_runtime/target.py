@@ -47,6 +47,9 @@ class Capabilities:
     control_flow: bool = False
     #: ops with the ``opaque`` trait (extern torch calls) can be run
     extern_calls: bool = True
+    #: sizes computed from tensor data (``nonzero``, ``x[mask]``, ``int(t)`` as a size) are
+    #: bound when the producing op runs (see [Note: data-dependent sizes] in cuvil_ir)
+    data_dependent_sizes: bool = False
     #: the target's own keyword options of ``cu.compile`` (``cuda_graphs=False``); they
     #: reach ``compile`` in ``CompileOptions.extra``, and any other keyword is an error
     options: frozenset[str] = frozenset()

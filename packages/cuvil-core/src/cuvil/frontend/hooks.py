@@ -99,10 +99,17 @@ def call(site: int, fn: Any, *args: Any, **kwargs: Any) -> Any:
             return _print(tracer, site, args, kwargs)
         if fn in (builtins.setattr, builtins.delattr) and args:
             tracer.reads.store(args[0], "attribute", SITES[site].loc)
+        if fn in (builtins.int, builtins.min, builtins.max):
+            result = tracer.builtin(fn, args, kwargs)  # a size computed from tensor data
+            if result is not NotImplemented:
+                return result
     target = _converted(_unwrap(fn))
     code = getattr(getattr(target, "__func__", target), "__code__", None)
-    if tracer is None or code is None:
+    if tracer is None:
         return target(*args, **kwargs)
+    if code is None:
+        with tracer.data_guards(SITES[site].loc):  # float(n) of a size computed from data ...
+            return target(*args, **kwargs)
     tracer.reads.add_file(code)
     depth = tracer.depth.get(code, 0)
     if depth >= RECURSION_LIMIT:

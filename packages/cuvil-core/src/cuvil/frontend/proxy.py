@@ -32,7 +32,7 @@ class TensorProxy(torch.Tensor):
     def __new__(cls, tracer: Tracer, value: Value) -> TensorProxy:
         t = value.type
         assert isinstance(t, TensorType)
-        hint = [tracer.ctx.hint(d) for d in t.shape]
+        hint = [tracer.example_dim(d) for d in t.shape]
         device = torch.device(t.device)
         self = torch.Tensor._make_wrapper_subclass(cls, hint, dtype=t.dtype.torch, device=device)
         self._cuvil_tracer = tracer

@@ -19,7 +19,7 @@ import sympy
 
 from cuvil_ir.graph_ir.nodes import KV, AttrValue, Ref
 from cuvil_ir.graph_ir.types import DType, ScalarKind, TensorType, Type
-from cuvil_ir.symbolic import Dim, ShapeContext, UndecidableError, as_dim
+from cuvil_ir.symbolic import Dim, ShapeContext, UndecidableError, as_dim, symbol
 
 
 class FakeInferenceError(Exception):
@@ -126,6 +126,12 @@ def _plain_sympy(expr: Any) -> Any:
     return expr
 
 
+def _is_unbacked(s: sympy.Symbol) -> bool:
+    from torch.utils._sympy.symbol import SymT, symbol_is_type
+
+    return bool(symbol_is_type(s, SymT.UNBACKED_INT))
+
+
 class SymMirror:
     """Our size symbols mirrored into one torch ``ShapeEnv`` (no duck sizing, no
     0/1 specialisation), so torch code -- fake kernels, and user code holding
@@ -148,6 +154,12 @@ class SymMirror:
         self.ours_to_theirs: dict[sympy.Symbol, sympy.Expr] = {}
         self.theirs_to_ours: dict[sympy.Symbol, sympy.Symbol] = {}
         self._synced = 0
+        #: our data-dependent size symbols (see [Note: data-dependent sizes] in
+        #: cuvil_ir.graph_ir.ops.core), in the order they were made
+        self.unbacked: list[sympy.Symbol] = []
+        #: facts about them torch needed, not yet taken by :meth:`runtime_asserts`
+        self._asserts: list[sympy.Basic] = []
+        self._asserts_seen: set[Any] = set()
 
     #: the ShapeEnv's state that facts change (see :meth:`branch`)
     _BRANCH_STATE = ("replacements", "replacements_slocs", "var_to_range", "var_to_range_sloc", "divisible")
@@ -205,7 +217,52 @@ class SymMirror:
         theirs = d.xreplace(self.ours_to_theirs)
         if d.is_Relational or isinstance(d, sympy.logic.boolalg.BooleanFunction):
             return self.env.create_symboolnode(theirs)
-        return self.env.create_symintnode(theirs, hint=self.ctx.hint(d))
+        # a data-dependent size has no example value
+        hint = None if d.free_symbols & set(self.unbacked) else self.ctx.hint(d)
+        return self.env.create_symintnode(theirs, hint=hint)
+
+    def new_size(self) -> tuple[sympy.Symbol, Any]:
+        """A fresh data-dependent size: our symbol and the ``torch.SymInt`` for it."""
+        import torch
+
+        value = self.env.create_unbacked_symint()
+        torch._check(value >= 0)  # a size, as torch's own data-dependent kernels say
+        return self._adopt(value.node.expr), value
+
+    def _adopt(self, theirs: sympy.Symbol) -> sympy.Symbol:
+        """Our symbol for torch's data-dependent size ``theirs`` (``u<n>``, numbered in
+        the order met, so a trace names them alike every time)."""
+        ours = self.theirs_to_ours.get(theirs)
+        if ours is None:
+            taken = set(self.ours_to_theirs) | set(self.ctx.hints or ())
+            n = len(self.unbacked)
+            while symbol(f"u{n}") in taken:
+                n += 1
+            ours = symbol(f"u{n}")
+            self.unbacked.append(ours)
+            self.ours_to_theirs[ours] = theirs
+            self.theirs_to_ours[theirs] = ours
+        return ours
+
+    def runtime_asserts(self) -> list[sympy.Basic]:
+        """Facts about data-dependent sizes torch needed since the last call (its deferred
+        runtime asserts, ``3 <= u0`` for ``topk(x[m], 3)``), in our symbols: the caller
+        checks them when the compiled code runs."""
+        for facts in list(self.env.deferred_runtime_asserts.values()):
+            for ra in facts:
+                if id(ra) not in self._asserts_seen:
+                    self._asserts_seen.add(id(ra))
+                    self._keep_assert(ra.expr)
+        out, self._asserts = self._asserts, []
+        return out
+
+    def _keep_assert(self, theirs: Any) -> None:
+        for s in theirs.free_symbols:
+            if s not in self.theirs_to_ours and _is_unbacked(s):
+                self._adopt(s)
+        fact = _plain_sympy(theirs).xreplace(self.theirs_to_ours)
+        if not fact.free_symbols - set(self.ours_to_theirs):
+            self._asserts.append(fact)
 
     def ours(self, value: Any, what: str = "") -> Any:
         """Our sympy expression for a ``torch.SymInt``/``SymBool``/``SymFloat`` (or plain value)."""
@@ -213,7 +270,11 @@ class SymMirror:
 
         if not isinstance(value, (torch.SymInt, torch.SymBool, torch.SymFloat)):
             return value
-        expr = _plain_sympy(self.env.replace(value.node.expr)).xreplace(self.theirs_to_ours)
+        raw = self.env.replace(value.node.expr)
+        for s in sorted(raw.free_symbols, key=str):
+            if s not in self.theirs_to_ours and _is_unbacked(s):
+                self._adopt(s)
+        expr = _plain_sympy(raw).xreplace(self.theirs_to_ours)
         stray = {s for s in expr.free_symbols if s not in self.ours_to_theirs}
         if stray:
             raise FakeInferenceError(f"{what}: the size depends on tensor data ({value.node.expr})")
@@ -227,6 +288,9 @@ class SymMirror:
         for guard in guards[self._synced :]:
             fact = _plain_sympy(guard.expr).xreplace(self.theirs_to_ours)
             if fact.free_symbols - set(self.ours_to_theirs):
+                continue
+            if fact.free_symbols & set(self.unbacked):
+                self._asserts.append(fact)  # not a guard: checked when the code runs
                 continue
             self.ctx.assume(fact, reason)
         self._synced = len(guards)

@@ -21,6 +21,7 @@ import sympy
 from cuvil_ir.graph_ir.nodes import KV, AttrValue, Block, Graph, Node, Value
 from cuvil_ir.graph_ir.registry import REGISTRY, infer_types
 from cuvil_ir.graph_ir.types import ScalarType, TensorType, Type
+from cuvil_ir.graph_ir.unbacked import defined_symbols
 from cuvil_ir.symbolic import ShapeContext, UndecidableError, canonical, free_symbols
 
 
@@ -125,6 +126,8 @@ class _State:
     ) -> None:
         for n in nodes:
             self.node(n, scopes, ctx, bound)
+            # a data-dependent size is bound from here on (see cuvil_ir.graph_ir.unbacked)
+            bound = bound | {b.symbol for b in defined_symbols(n, bound)}
 
     def node(
         self, n: Node, scopes: list[set[Value]], ctx: ShapeContext, bound: frozenset[sympy.Symbol]
@@ -151,8 +154,9 @@ class _State:
                 )
         if op.num_outputs is not None and len(n.outputs) != op.num_outputs:
             raise VerifyError(f"{where}: expected {op.num_outputs} results, got {len(n.outputs)}")
+        defined = {b.symbol for b in defined_symbols(n, bound)}
         for v in n.outputs:
-            unbound = _type_symbols(v.type) - bound
+            unbound = _type_symbols(v.type) - bound - defined
             if unbound:
                 raise VerifyError(f"{where}: result type uses unbound symbols {sorted(map(str, unbound))}")
         if op.check_regions is not None:

@@ -7,7 +7,9 @@ symbolically, under the graph's assumptions); when the comparison is undecidable
 the slot grows to ``Max(old, new)``, which is evaluated at run time. A kernel may
 write in place over a temporary it reads for the last time when it reads it
 only at the element it writes. Offsets are 64-byte aligned; the program's arena
-is the sum of its slots, one allocation per program and size binding.
+is the sum of its slots, one allocation per program and size binding. A temporary
+whose size is computed from tensor data (``u0``, bound by an extern step when it
+runs) has no slot: the runner allocates it when it is written.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 
 import sympy
 
+from cuvil_ir.graph_ir.unbacked import Binding, defined_symbols
 from cuvil_ir.symbolic import dim_str, prove
 from cuvil_ir.tensor_ir import expr as E
 from cuvil_ir.tensor_ir.program import Control, Extern, Kernel, Step, TensorProgram, View
@@ -105,8 +108,32 @@ def _at_least(a: sympy.Expr, b: sympy.Expr, known: dict[sympy.Symbol, Any]) -> b
     return prove(sympy.Ge(a, b))
 
 
+def data_sizes(program: TensorProgram) -> dict[str, tuple[Binding, ...]]:
+    """Per step (by name), the sizes computed from tensor data it binds when it runs
+    (see cuvil_ir.graph_ir.unbacked): only extern calls produce them."""
+    bound = set(program.outer_symbols)
+    for i in program.inputs:
+        if i.is_tensor:
+            bound |= {s for d in program.buffers[i.name].shape for s in sympy.sympify(d).free_symbols}
+    out: dict[str, tuple[Binding, ...]] = {}
+    for step in program.steps:
+        if isinstance(step, Extern):
+            binds = defined_symbols(step.node, bound)
+            if binds:
+                out[step.name] = binds
+                bound |= {b.symbol for b in binds}
+    return out
+
+
 def plan_program(program: TensorProgram) -> TensorProgram:
-    temps = {n for n, b in program.buffers.items() if b.kind == "temp"}
+    # a temporary sized by data is allocated when it is written: its size is not known
+    # when the arena is, at the start of the call
+    late = {b.symbol for binds in data_sizes(program).values() for b in binds}
+    temps = {
+        n
+        for n, b in program.buffers.items()
+        if b.kind == "temp" and not (sympy.sympify(b.nbytes).free_symbols & late)
+    }
     last_use: dict[str, int] = {}
     for k, step in enumerate(program.steps):
         for b in _reads(step):
@@ -156,4 +183,4 @@ def plan_program(program: TensorProgram) -> TensorProgram:
     return program
 
 
-__all__ = ["ALIGN", "MemoryPlan", "Slot", "plan_program", "Extern"]
+__all__ = ["ALIGN", "MemoryPlan", "Slot", "data_sizes", "plan_program", "Extern"]

@@ -6,10 +6,11 @@ from typing import Any
 
 from cuvil_ir.graph_ir.fake import fake_call, materialize
 from cuvil_ir.graph_ir.nodes import AttrValue
+from cuvil_ir.graph_ir.ops._rules import ShapeError
 from cuvil_ir.graph_ir.registry import Op
 from cuvil_ir.graph_ir.torch_names import resolve
-from cuvil_ir.graph_ir.types import ScalarKind, ScalarType, Type
-from cuvil_ir.symbolic import ShapeContext
+from cuvil_ir.graph_ir.types import ScalarKind, ScalarType, TensorType, Type
+from cuvil_ir.symbolic import ShapeContext, expr_str, prove
 
 
 class Const(Op):
@@ -69,3 +70,68 @@ class Extern(Op):
         if isinstance(out, torch.Tensor):
             return out
         return tuple(pytree.tree_leaves(out))
+
+
+# [Note: data-dependent sizes]
+# A size that only the data decides (the rows `nonzero` finds, `int(mask.sum())`) is a
+# size symbol like any other (`u0`), with no example value: nothing may be decided about
+# it at capture. It is bound at run time by the node that defines it: an output dim that
+# is exactly a new symbol (`extern nonzero : Tensor[i64, (u0, 1)]`) is bound from the
+# result's shape, and `bind_size` binds its `symbol` to a tensor's value
+# (cuvil_ir.graph_ir.unbacked.defined_symbols). Facts torch needs of such a size are
+# `assert_size` nodes, checked when they run. See docs/control-flow-and-dynamic-shapes.md.
+
+
+class BindSize(Op):
+    """The value of a one-element integer tensor, bound to the new size symbol ``symbol``
+    (``n = int(mask.sum())`` used as a size); see [Note: data-dependent sizes]."""
+
+    name = "bind_size"
+    # not pure: later nodes use its symbol, not its result
+    traits = frozenset({"data_dependent_size"})
+    extern_reasons = {
+        consumer: "binds a size symbol from tensor data when it runs"
+        for consumer in ("tensor_ir", "mlir", "onnx")
+    }
+
+    @staticmethod
+    def infer(ctx: ShapeContext, x: Type, *, symbol: str) -> Type:
+        if not isinstance(x, TensorType) or any(d != 1 for d in x.shape):
+            raise ShapeError(f"bind_size takes a one-element tensor, got {x}")
+        if x.dtype.is_floating or x.dtype.is_complex:
+            raise ShapeError(f"a size must come from an integer tensor, got {x}")
+        return ScalarType(ScalarKind.int)
+
+    @staticmethod
+    def reference(x: Any, *, symbol: str) -> int:
+        value = int(x.item())
+        if value < 0:
+            raise ValueError(
+                f"the size {symbol} computed from tensor data is {value}; a size cannot be negative"
+            )
+        return value
+
+
+class AssertSize(Op):
+    """A fact about data-dependent sizes that torch needed (``3 <= u0`` for ``topk(s, 3)``),
+    checked when it runs: such a size has no example value to decide it at capture."""
+
+    name = "assert_size"
+    traits = frozenset({"data_dependent_size"})
+    extern_reasons = {
+        consumer: "checks sizes computed from tensor data when it runs"
+        for consumer in ("tensor_ir", "mlir", "onnx")
+    }
+    num_outputs = 0
+
+    @staticmethod
+    def infer(ctx: ShapeContext, *, fact: Any, reason: str) -> tuple[Type, ...]:
+        if prove(fact) is False:
+            raise ShapeError(f"the size fact {expr_str(fact)} never holds ({reason})")
+        return ()
+
+    @staticmethod
+    def reference(*, fact: Any, reason: str) -> tuple[Any, ...]:
+        if fact is not True:  # the executor passes the fact evaluated at the bound sizes
+            raise ValueError(f"sizes computed from tensor data break {reason}")
+        return ()
