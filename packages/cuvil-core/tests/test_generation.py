@@ -170,3 +170,54 @@ def test_list_argument_changed_in_place_is_written_back(target: str) -> None:
         assert len(acc) == 2 and acc[0] is first  # the untouched element is the caller's tensor
         torch.testing.assert_close(acc[1], x * 2)
     assert cf.stats.compiles == 1
+
+
+class _State:
+    """A registered object whose counter is in the flatten context."""
+
+    def __init__(self, t: torch.Tensor, n: int) -> None:
+        self.t, self.n = t, n
+
+
+class _Lossy:
+    """A registered object whose flatten forgets ``seen``."""
+
+    def __init__(self, t: torch.Tensor) -> None:
+        self.t, self.seen = t, 0
+
+
+pytree.register_pytree_node(_State, lambda s: ([s.t], s.n), lambda leaves, n: _State(leaves[0], n))
+pytree.register_pytree_node(_Lossy, lambda s: ([s.t], None), lambda leaves, _: _Lossy(leaves[0]))
+
+
+def _step(x: torch.Tensor, s: _State) -> torch.Tensor:
+    s.t = s.t + x
+    s.n += 1
+    return s.t * 2
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_registered_object_changed_in_place_ends_like_eager(target: str) -> None:
+    cf = cu.compile(_step, target=target, fallback="error")
+    x = torch.randn(3)
+    got, want = _State(torch.zeros(3), 0), _State(torch.zeros(3), 0)
+    for _ in range(2):
+        y = cf(x, got)
+        torch.testing.assert_close(y, _step(x, want))
+        assert type(got.t) is torch.Tensor and got.n == want.n
+        torch.testing.assert_close(got.t, want.t)
+    # the counter is in the flatten context: each value is a variant (never a stale one)
+    assert cf.stats.compiles == 2 and got.n == 2
+
+
+def test_state_a_registered_flatten_loses_is_refused_never_stale() -> None:
+    def f(x: torch.Tensor, s: _Lossy) -> torch.Tensor:
+        return x + s.t
+
+    cf = cu.compile(f, target="reference", fallback="error")
+    s = _Lossy(torch.ones(2))
+    torch.testing.assert_close(cf(torch.ones(2), s), torch.full((2,), 2.0))
+    s.seen = 3  # not in its leaves or context: the rebuilt object would say 0
+    with pytest.raises(CompileError, match=r"_Lossy\.seen is 3 in the argument but 0 when rebuilt"):
+        cf(torch.ones(2), s)
+    assert cf.stats.recompile_reasons[-1] == "argument object _Lossy.seen: was 0, now 3"

@@ -203,7 +203,15 @@ class CompiledFunction:
                     names.append(p.name)
         else:
             names = [f"arg{i}" for i in range(len(args))]
-        with_path, _ = pytree.tree_flatten_with_path((args, kwargs))
+        try:
+            with_path, _ = pytree.tree_flatten_with_path((args, kwargs))
+        except ValueError:  # a type registered without flatten_with_keys_fn: number its leaves
+            tops = [(names[i] if i < len(names) else f"arg{i}", a) for i, a in enumerate(args)]
+            out = []
+            for name, arg in [*tops, *kwargs.items()]:
+                inner = pytree.tree_leaves(arg)
+                out += [name] if pytree.tree_is_leaf(arg) else [f"{name}_{j}" for j in range(len(inner))]
+            return out
         return [_leaf_name(path, names) for path, _ in with_path]
 
     def _arg_name(self, path: tuple[int, ...], tree: tuple[tuple[Any, ...], dict[str, Any]]) -> str:
