@@ -20,7 +20,7 @@ from typing import Any
 import cuvil_backend_cpu
 import cuvil_ir
 import cuvil_runtime
-from cuvil_backend_cpu import externs
+from cuvil_backend_cpu import attention, externs
 from cuvil_backend_cpu.codegen import C_TYPES, CKernel, generate_c
 from cuvil_backend_cpu.declared import CAPABILITIES, STAGES
 from cuvil_backend_cpu.kernel_cache import KernelCache
@@ -83,6 +83,13 @@ class CpuTarget(CpuHooks):
         return self.cache.root.parent / "cpu-programs"
 
     # -- the KernelBackend hooks ----------------------------------------------------------
+    def extern(self, op: str, reference: Callable[..., Any], channels_last: bool) -> Callable[..., Any]:
+        """As :class:`CpuHooks`', except attention, which runs our own kernel (built by this
+        target's kernel cache; a loaded artifact, which may have no compiler, runs eager's)."""
+        if op == "sdpa":
+            return attention.extern(self.cache, reference)
+        return super().extern(op, reference, channels_last)
+
     def fusion_policy(self, options: CompileOptions) -> FusionPolicy:
         return FUSION
 

@@ -1,0 +1,170 @@
+"""Attention (the Graph IR op ``sdpa``) as the ``cpu`` target's own flash kernel.
+
+``attention.c`` is written once (not generated): float32, online softmax over blocks
+of keys, causal, boolean and additive masks broadcast over batch and heads,
+grouped-query heads, any scale, threads over batch x heads x query blocks. It is
+built by the target's kernel cache like any generated kernel (same compiler, flags,
+ISA, signature checks) and called through ctypes with the GIL released.
+
+:func:`extern` is what an ``sdpa`` extern call runs on the ``cpu`` target: the kernel
+where it applies and wins, else the op's eager reference (other dtypes, batch
+dimensions that broadcast between q, k and v, head counts eager rejects).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import struct
+import threading
+import weakref
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from cuvil_backend_cpu.kernel_cache import KernelCache
+
+SOURCE = (Path(__file__).parent / "attention.c").read_text()
+
+#: queries per work item and keys per block (rounded up to the kernel's tile sizes);
+#: measured with benchmarks/attention.py (docs/cpu-backend.md, "Attention")
+BLOCK_Q = 48
+BLOCK_K = 128
+
+_MASK_KIND = {torch.float32: 1, torch.bool: 2}
+
+
+class FlashAttention:
+    """The compiled kernel of ``attention.c``, loaded from ``cache``."""
+
+    def __init__(self, cache: KernelCache) -> None:
+        lib = cache.load(cache.build(SOURCE, name="attention"), SOURCE, name="attention")
+        self._fn = lib.cuvil_attention
+        self._fn.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_char_p, ctypes.c_float]
+        self._fn.restype = ctypes.c_int
+        mr, nr = ctypes.c_int64(), ctypes.c_int64()
+        lib.cuvil_attention_tile(ctypes.byref(mr), ctypes.byref(nr))
+        self.block_q = -(-BLOCK_Q // nr.value) * nr.value  # queries lie across a tile's columns
+        self.block_k = -(-BLOCK_K // mr.value) * mr.value  # keys down its rows
+
+    def __call__(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        *,
+        is_causal: bool = False,
+        scale: float | None = None,
+        enable_gqa: bool = False,
+    ) -> torch.Tensor | None:
+        """``F.scaled_dot_product_attention(q, k, v, mask, ...)``, or ``None`` where the
+        kernel does not apply (the caller then runs eager's)."""
+        if not _fits(q, k, v, mask, enable_gqa, is_causal):
+            return None
+        lead, L, E, S, Ev = q.shape[:-2], q.shape[-2], q.shape[-1], k.shape[-2], v.shape[-1]
+        q4, k4, v4 = _rank4(q), _rank4(k), _rank4(v)
+        B, Hq, Hk = q4.shape[0], q4.shape[1], k4.shape[1]
+        out = torch.empty((B, Hq, L, Ev), dtype=torch.float32)
+        if out.numel() == 0:
+            return out.view(*lead, L, Ev)
+        kind, mask_ptr, ms = 0, None, (0, 0, 0)
+        if mask is not None:
+            # a broadcast mask is a view with zero strides: no copy, unless its keys do not
+            # lie consecutively (a mask broadcast along the keys)
+            m4 = _rank4(mask.expand(*lead, L, S))
+            kind, mask_ptr, ms = _MASK_KIND[mask.dtype], m4.data_ptr(), m4.stride()[:3]
+        params = struct.pack(
+            "24q", B, Hq, Hk, L, S, E, Ev,
+            *q4.stride()[:3], *k4.stride()[:3], *v4.stride()[:3], *ms,
+            kind, int(is_causal), self.block_q, self.block_k, torch.get_num_threads(),
+        )  # fmt: skip
+        ptrs = (q4.data_ptr(), k4.data_ptr(), v4.data_ptr(), mask_ptr, out.data_ptr())
+        if self._fn(*ptrs, params, 1.0 / math.sqrt(E) if scale is None else scale):
+            raise MemoryError(f"attention of {tuple(q.shape)} x {tuple(k.shape)}: out of memory")
+        return out if q.dim() == 4 else out.view(*lead, L, Ev)
+
+
+def _fits(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None,
+    enable_gqa: bool,
+    is_causal: bool,
+) -> bool:
+    if not (q.dtype == k.dtype == v.dtype == torch.float32) or q.device.type != "cpu":
+        return False
+    if not (2 <= q.dim() == k.dim() == v.dim()) or q.shape[-1] == 0:
+        return False
+    if q.shape[:-3] != k.shape[:-3] or k.shape[:-2] != v.shape[:-2]:
+        return False  # batch dimensions that broadcast: eager's
+    if q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2]:
+        return False  # eager raises its own error
+    if q.dim() > 2:
+        hq, hk = q.shape[-3], k.shape[-3]
+        if hq != hk and not (enable_gqa and hk > 0 and hq % hk == 0):
+            return False
+    if mask is not None:
+        if is_causal or mask.dtype not in _MASK_KIND or mask.dim() > q.dim():
+            return False
+        target = (*q.shape[:-1], k.shape[-2])
+        if any(m != 1 and m != t for m, t in zip(reversed(mask.shape), reversed(target))):
+            return False
+    return True
+
+
+def _rank4(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as (batch, heads, rows, columns) with unit stride along the columns (a view
+    where strides allow, which covers transposed heads: transformers' q, k, v)."""
+    if t.dim() == 2:
+        t = t[None, None]
+    elif t.dim() == 3:
+        t = t[None]
+    elif t.dim() > 4:
+        t = t.reshape(-1, *t.shape[-3:])
+    if t.stride(-1) != 1 and t.shape[-1] > 1:
+        t = t.contiguous()
+    return t
+
+
+_KERNELS: weakref.WeakKeyDictionary[KernelCache, FlashAttention] = weakref.WeakKeyDictionary()
+_LOCK = threading.Lock()
+
+
+def kernel(cache: KernelCache) -> FlashAttention:
+    """The attention kernel built and loaded from ``cache``, once per cache."""
+    with _LOCK:
+        found = _KERNELS.get(cache)
+        if found is None:
+            found = _KERNELS[cache] = FlashAttention(cache)
+        return found
+
+
+def extern(cache: KernelCache, reference: Callable[..., Any]) -> Callable[..., Any]:
+    """What an ``sdpa`` extern call runs: the kernel, or ``reference`` (eager's) where
+    the kernel does not apply."""
+    flash = kernel(cache)
+
+    def sdpa(
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        *mask: torch.Tensor,
+        is_causal: bool,
+        scale: float | None,
+        enable_gqa: bool,
+        has_mask: bool,
+    ) -> torch.Tensor:
+        out = flash(
+            q, k, v, mask[0] if has_mask else None, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa
+        )
+        if out is not None:
+            return out
+        return reference(
+            q, k, v, *mask, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa, has_mask=has_mask
+        )
+
+    return sdpa
