@@ -127,6 +127,45 @@ def test_data_size_flows_through_later_ops(target):
     assert g.stats.compiles == 1
 
 
+def in_loop(x):
+    acc = torch.zeros(())
+    for i in range(x.shape[0]):  # a captured loop: bound per iteration
+        acc = acc + x[i][x[i] > 0].sum() + torch.nonzero(x[i] > 0).shape[0]
+    return acc
+
+
+def in_branch(x):
+    if x.sum() > 0:  # a tensor condition: bound in the branch that runs
+        y = x[x > 0].sum()
+    else:
+        y = x.sum() * 2
+    return y
+
+
+def used_in_loop(x):
+    s = x[x > 0]
+    acc = torch.zeros(s.shape[0])
+    for i in range(x.shape[0]):  # the loop body reads a size bound before it
+        acc = acc + s * i
+    return acc
+
+
+def chained(x):
+    idx = torch.nonzero(x > 0).squeeze(1)
+    y = x[idx]
+    return torch.cat([y, y * 2]), y.unsqueeze(0).expand(2, -1).contiguous()
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("fn", [in_loop, in_branch, used_in_loop, chained])
+def test_data_sizes_with_control_flow_and_views(fn, target):
+    f = cu.compile(fn, target=target, fallback="error")
+    for x in (_signed((4, 3), 5), _signed((6, 3), 11), _signed((3, 3), 0), _signed((5, 3), 15)):
+        x = x if fn is in_loop else x.reshape(-1)
+        same(f(x), fn(x))
+    assert f.stats.compiles == 1
+
+
 @pytest.mark.parametrize("target", TARGETS)
 def test_topk_with_a_constant_k_checks_the_count_when_it_runs(target):
     """``topk(s, 3)`` needs ``3 <= u0``: an ``assert_size`` node, never an assumption."""

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from cuvil.errors import CompileError
+from cuvil.frontend import data_sizes
 from cuvil.frontend.convert import SITES, ConversionError, convert, is_user_function
 from cuvil.frontend.proxy import TensorProxy
 from cuvil.frontend.reads import MUTATORS
@@ -100,7 +101,7 @@ def call(site: int, fn: Any, *args: Any, **kwargs: Any) -> Any:
         if fn in (builtins.setattr, builtins.delattr) and args:
             tracer.reads.store(args[0], "attribute", SITES[site].loc)
         if fn in (builtins.int, builtins.min, builtins.max):
-            result = tracer.builtin(fn, args, kwargs)  # a size computed from tensor data
+            result = data_sizes.builtin(tracer, fn, args, kwargs)  # a size computed from data
             if result is not NotImplemented:
                 return result
     target = _converted(_unwrap(fn))
@@ -108,7 +109,7 @@ def call(site: int, fn: Any, *args: Any, **kwargs: Any) -> Any:
     if tracer is None:
         return target(*args, **kwargs)
     if code is None:
-        with tracer.data_guards(SITES[site].loc):  # float(n) of a size computed from data ...
+        with data_sizes.guards(tracer, SITES[site].loc):  # float(n) of a size computed from data
             return target(*args, **kwargs)
     tracer.reads.add_file(code)
     depth = tracer.depth.get(code, 0)

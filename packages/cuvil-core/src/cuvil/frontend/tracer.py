@@ -24,6 +24,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
 
 from cuvil.errors import CompileError, SourceLoc
+from cuvil.frontend import data_sizes
 from cuvil.frontend.convert import is_user_frame
 from cuvil.frontend.proxy import TensorProxy
 from cuvil.frontend.reads import LiftSource, Reads, global_place
@@ -33,8 +34,7 @@ from cuvil_ir.graph_ir.ops import ShapeError
 from cuvil_ir.graph_ir.registry import REGISTRY, NotCaptured, infer_types
 from cuvil_ir.graph_ir.torch_names import qualname
 from cuvil_ir.graph_ir.types import DType, ScalarKind, ScalarType, TensorType, Type
-from cuvil_ir.graph_ir.unbacked import defined_symbols
-from cuvil_ir.symbolic import ShapeContext, UndecidableError, canonical, expr_str, symbol
+from cuvil_ir.symbolic import ShapeContext, UndecidableError, symbol
 
 #: The code of the trace entry points (:func:`cuvil.frontend.capture.capture`): the frames
 #: above one are not part of the program. Registered by :func:`trace_entry`, not imported:
@@ -69,8 +69,6 @@ _NONDETERMINISTIC = frozenset(
         "empty_strided",
     }
 )
-#: the concrete size a proxy reports for a size computed from tensor data (no code reads it)
-_PLACEHOLDER = 2
 _DATA_DEPENDENT = frozenset(
     {
         "__bool__",
@@ -145,7 +143,7 @@ class Tracer:
         self._open: list[int] = [0]
         self._regions = 0
         #: data-dependent size symbols some result already has (bound by an earlier node)
-        self._data_sizes: set[sympy.Symbol] = set()
+        self.data_sizes: set[sympy.Symbol] = set()
         #: captured loops so far (each binds its own index symbol)
         self.loops = 0
 
@@ -346,6 +344,10 @@ class Tracer:
         except FakeInferenceError as e:
             raise CompileError(str(e), self.source_loc()) from None
 
+    def example_dim(self, d: Any) -> int:
+        """A proxy's concrete size (torch wants one; ``metadata`` answers from the IR type)."""
+        return data_sizes.example_dim(self, d)
+
     def size(self, d: Any) -> Any:
         """The ``torch.SymInt`` user code sees for a size expression."""
         return self.mirror.symint(d)
@@ -362,99 +364,7 @@ class Tracer:
                 raise CompileError(
                     str(e), loc, "the loop index can be used in tensor ops and sizes, not as a Python value"
                 ) from None
-        self._assert_sizes("Python code used a size computed from tensor data")
-
-    # -- sizes computed from tensor data (see [Note: data-dependent sizes] in cuvil_ir.graph_ir.ops.core)
-    def data_size(self, t: Any, what: str) -> Any:
-        """``int(t)``/``t.item()`` of a one-element integer tensor: a new size symbol, bound
-        when the compiled code runs (a ``bind_size`` node), as a ``torch.SymInt``."""
-        v = self.value_of(t)
-        if not isinstance(v.type, TensorType) or v.type.dtype.is_floating or v.type.dtype.is_complex:
-            raise CompileError(
-                f"`{what}` needs the value of a tensor, which is only known when the compiled code runs",
-                self.source_loc(),
-                f"keep the computation in tensors; only an integer tensor's value can be used (as a "
-                f"size), and this is a {v.type}",
-            )
-        ours, value = self.mirror.new_size()
-        attrs: tuple[tuple[str, AttrValue], ...] = (("symbol", ours.name),)
-        try:
-            infer_types(REGISTRY.get("bind_size"), self.ctx, [v.type], dict(attrs))
-        except ShapeError as e:
-            raise CompileError(str(e), self.source_loc(), "use a one-element tensor (`t.sum()`)") from None
-        self.nodes.append(
-            Node("bind_size", (v,), (self._fresh(ScalarType(ScalarKind.int)),), attrs, loc=self.loc())
-        )
-        self._assert_sizes("int() of a tensor")
-        return value
-
-    def example_dim(self, d: Any) -> int:
-        """A proxy's concrete size (torch wants one; ``metadata`` answers from the IR type):
-        the example value, with a placeholder for sizes computed from tensor data."""
-        if isinstance(d, int):
-            return d
-        data = set(_free(d)) & set(self.mirror.unbacked)
-        return self.ctx.hint(d.xreplace({s: _PLACEHOLDER for s in data}) if data else d)
-
-    @contextlib.contextmanager
-    def data_guards(self, loc: SourceLoc | None) -> Iterator[None]:
-        """torch refusing to decide on a size computed from tensor data (``float(n)``,
-        ``range(n)`` unrolled ...) in the Python code run here is the user's located error."""
-        from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
-
-        try:
-            yield
-        except GuardOnDataDependentSymNode as e:
-            raise CompileError(
-                f"this needs the value of {sympy.sympify(e.cond).xreplace(self.mirror.theirs_to_ours)}, "
-                "a size computed from tensor data, which is known only when the compiled code runs",
-                loc,
-                "keep such a size in tensor ops and shapes (torch.sym_min/sym_max for min/max); "
-                "its value cannot steer Python code",
-            ) from None
-
-    def builtin(self, fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """``int(tensor)``, and ``min``/``max`` of a size computed from tensor data (which
-        no example value can decide: ``torch.sym_min``); NotImplemented for any other call."""
-        if fn is int and len(args) == 1 and not kwargs and isinstance(args[0], TensorProxy):
-            return self.data_size(args[0], "int")
-        if fn in (min, max) and len(args) >= 2 and not kwargs:
-            unbacked = set(self.mirror.unbacked)
-            if all(isinstance(a, (int, torch.SymInt)) and not isinstance(a, bool) for a in args) and any(
-                isinstance(a, torch.SymInt) and set(_free(self.sym(a))) & unbacked for a in args
-            ):
-                return functools.reduce(torch.sym_min if fn is min else torch.sym_max, args)
-        return NotImplemented
-
-    def _assert_sizes(self, why: str) -> None:
-        """Facts torch needed about data-dependent sizes become ``assert_size`` nodes,
-        checked when the compiled code runs (never assumed)."""
-        for fact in self.mirror.runtime_asserts():
-            fact = canonical(fact)
-            proved = self.ctx.prove(fact)
-            if proved:
-                continue
-            if proved is False:
-                raise CompileError(f"the size fact {expr_str(fact)} never holds ({why})", self.source_loc())
-            self.nodes.append(Node("assert_size", (), (), (("fact", fact), ("reason", why)), loc=self.loc()))
-
-    def _check_bindable(self, target: str, out_types: Sequence[Type]) -> None:
-        """A new data-dependent size must be a whole dim of the result, where the runtime reads it."""
-        bound = set(self.ctx.hints or ()) | set(self.ctx.local_symbols) | self._data_sizes
-        for t in out_types:
-            if not isinstance(t, TensorType):
-                continue
-            for d in t.shape:
-                if isinstance(d, sympy.Symbol):
-                    self._data_sizes.add(d)
-                    bound.add(d)
-            for d in t.shape:
-                if not isinstance(d, int) and set(_free(d)) - bound:
-                    raise CompileError(
-                        f"{target}: the result's size {d} is computed from tensor data in a form the "
-                        "compiled code cannot read back from the result",
-                        self.source_loc(),
-                    )
+        data_sizes.assert_sizes(self, "Python code used a size computed from tensor data")
 
     # -- locations ------------------------------------------------------------
     def source_loc(self) -> SourceLoc | None:
@@ -492,7 +402,7 @@ class Tracer:
         has_proxy = _any_leaf(args, kwargs, lambda x: isinstance(x, TensorProxy))
         has_sym = _any_leaf(args, kwargs, lambda x: isinstance(x, _SYM))
         if name == "item" and has_proxy and len(args) == 1:
-            return self.data_size(args[0], "item")
+            return data_sizes.data_size(self, args[0], "item")
         if name in _DATA_DEPENDENT and has_proxy:
             raise CompileError(
                 f"`{name}` needs the value of a tensor, which is only known when the compiled code runs",
@@ -591,11 +501,11 @@ class Tracer:
             )
         except FakeInferenceError as e:
             raise CompileError(str(e), self.source_loc()) from None
-        self._check_bindable(target, out_types)
+        data_sizes.check_bindable(self, target, out_types)
         outs = tuple(self._fresh(t) for t in out_types)
         attrs = (("args", args_attr), ("kwargs", kwargs_attr), ("mutates", mutates), ("target", target))
         self.nodes.append(Node("extern", tuple(inputs), outs, attrs, loc=self.loc()))
-        self._assert_sizes(f"{target} on sizes computed from tensor data")
+        data_sizes.assert_sizes(self, f"{target} on sizes computed from tensor data")
         handles = [self.wrap(v) for v in outs]
         if mutates is not None:
             return self.rebind(args[0], handles[0])
@@ -651,7 +561,7 @@ class Tracer:
     # -- result ---------------------------------------------------------------
     def graph(self, outputs: Sequence[Value]) -> Graph:
         self.sync()
-        binds = _binding_nodes(self.nodes, self.inputs)
+        binds = data_sizes.binding_nodes(self.nodes, self.inputs)
         nodes = _dead_code_elimination(tuple(self.nodes), set(outputs), binds)
         return Graph(self.name, tuple(self.inputs), nodes, tuple(outputs), tuple(self.ctx.assumptions))
 
@@ -673,24 +583,6 @@ class Region:
     @property
     def block(self) -> Block:
         return Block(self.arg_values, self.nodes, self.results)
-
-
-def _binding_nodes(nodes: Sequence[Node], inputs: Sequence[Value]) -> set[int]:
-    """Positions of the nodes that bind a data-dependent size (cuvil_ir.graph_ir.unbacked)."""
-    bound = {s for v in inputs if isinstance(v.type, TensorType) for s in _free(v.type.shape)}
-    out = set()
-    for k, node in enumerate(nodes):
-        defined = defined_symbols(node, bound)
-        if defined:
-            out.add(k)
-            bound |= {b.symbol for b in defined}
-    return out
-
-
-def _free(x: Any) -> set[sympy.Symbol]:
-    if isinstance(x, tuple):
-        return set().union(*(_free(d) for d in x))
-    return {s for s in sympy.sympify(x).free_symbols if isinstance(s, sympy.Symbol)}
 
 
 def _dead_code_elimination(nodes: tuple[Node, ...], live: set[Value], binds: set[int]) -> tuple[Node, ...]:

@@ -1,0 +1,153 @@
+"""Capture of sizes computed from tensor data: ``nonzero``'s row count, ``int(mask.sum())``.
+
+Such a size is a fresh symbol (``u0``) without an example value; see [Note:
+data-dependent sizes] in :mod:`cuvil_ir.graph_ir.ops.core` and
+docs/control-flow-and-dynamic-shapes.md. Here: ``int(t)``/``t.item()`` becomes a
+``bind_size`` node, facts torch needs about such sizes become ``assert_size`` nodes
+(checked when they run, never assumed), ``min``/``max`` of them stay symbolic, and
+torch refusing to decide on one in user Python is a located error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+import sympy
+import torch
+
+from cuvil.errors import CompileError, SourceLoc
+from cuvil.frontend.proxy import TensorProxy
+from cuvil_ir.graph_ir.nodes import AttrValue, Node, Value
+from cuvil_ir.graph_ir.ops import ShapeError
+from cuvil_ir.graph_ir.registry import REGISTRY, infer_types
+from cuvil_ir.graph_ir.types import ScalarKind, ScalarType, TensorType, Type
+from cuvil_ir.graph_ir.unbacked import defined_symbols
+from cuvil_ir.symbolic import canonical, expr_str
+
+if TYPE_CHECKING:
+    from cuvil.frontend.tracer import Tracer
+
+#: the concrete size a proxy reports for a size computed from tensor data (no code reads
+#: it: shapes are answered from the IR type)
+_PLACEHOLDER = 2
+
+
+def data_size(tracer: Tracer, t: Any, what: str) -> Any:
+    """``int(t)``/``t.item()`` of a one-element integer tensor: a new size symbol, bound
+    when the compiled code runs (a ``bind_size`` node), as a ``torch.SymInt``."""
+    v = tracer.value_of(t)
+    if not isinstance(v.type, TensorType) or v.type.dtype.is_floating or v.type.dtype.is_complex:
+        raise CompileError(
+            f"`{what}` needs the value of a tensor, which is only known when the compiled code runs",
+            tracer.source_loc(),
+            f"keep the computation in tensors; only an integer tensor's value can be used (as a "
+            f"size), and this is a {v.type}",
+        )
+    ours, value = tracer.mirror.new_size()
+    attrs: tuple[tuple[str, AttrValue], ...] = (("symbol", ours.name),)
+    try:
+        infer_types(REGISTRY.get("bind_size"), tracer.ctx, [v.type], dict(attrs))
+    except ShapeError as e:
+        raise CompileError(str(e), tracer.source_loc(), "use a one-element tensor (`t.sum()`)") from None
+    out = tracer._fresh(ScalarType(ScalarKind.int))
+    tracer.nodes.append(Node("bind_size", (v,), (out,), attrs, loc=tracer.loc()))
+    assert_sizes(tracer, "int() of a tensor")
+    return value
+
+
+def example_dim(tracer: Tracer, d: Any) -> int:
+    """The example value of size ``d``, with a placeholder for sizes computed from data."""
+    if isinstance(d, int):
+        return d
+    data = free(d) & set(tracer.mirror.unbacked)
+    return tracer.ctx.hint(d.xreplace({s: _PLACEHOLDER for s in data}) if data else d)
+
+
+@contextlib.contextmanager
+def guards(tracer: Tracer, loc: SourceLoc | None) -> Iterator[None]:
+    """torch refusing to decide on a size computed from tensor data (``float(n)``,
+    ``range(n)`` unrolled ...) in the Python code run here is the user's located error."""
+    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+
+    try:
+        yield
+    except GuardOnDataDependentSymNode as e:
+        raise CompileError(
+            f"this needs the value of {sympy.sympify(e.cond).xreplace(tracer.mirror.theirs_to_ours)}, "
+            "a size computed from tensor data, which is known only when the compiled code runs",
+            loc,
+            "keep such a size in tensor ops and shapes (torch.sym_min/sym_max for min/max); "
+            "its value cannot steer Python code",
+        ) from None
+
+
+def builtin(tracer: Tracer, fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """``int(tensor)``, and ``min``/``max`` of a size computed from tensor data (which no
+    example value can decide: ``torch.sym_min``); NotImplemented for any other call."""
+    if fn is int and len(args) == 1 and not kwargs and isinstance(args[0], TensorProxy):
+        return data_size(tracer, args[0], "int")
+    if fn in (min, max) and len(args) >= 2 and not kwargs:
+        unbacked = set(tracer.mirror.unbacked)
+        if all(isinstance(a, (int, torch.SymInt)) and not isinstance(a, bool) for a in args) and any(
+            isinstance(a, torch.SymInt) and free(tracer.sym(a)) & unbacked for a in args
+        ):
+            return functools.reduce(torch.sym_min if fn is min else torch.sym_max, args)
+    return NotImplemented
+
+
+def assert_sizes(tracer: Tracer, why: str) -> None:
+    """Facts torch needed about data-dependent sizes become ``assert_size`` nodes,
+    checked when the compiled code runs (never assumed)."""
+    for fact in tracer.mirror.runtime_asserts():
+        fact = canonical(fact)
+        proved = tracer.ctx.prove(fact)
+        if proved:
+            continue
+        if proved is False:
+            raise CompileError(f"the size fact {expr_str(fact)} never holds ({why})", tracer.source_loc())
+        tracer.nodes.append(Node("assert_size", (), (), (("fact", fact), ("reason", why)), loc=tracer.loc()))
+
+
+def check_bindable(tracer: Tracer, target: str, out_types: Sequence[Type]) -> None:
+    """A new data-dependent size must be a whole dim of the result, where the runtime
+    reads it (cuvil_ir.graph_ir.unbacked)."""
+    bound = set(tracer.ctx.hints or ()) | set(tracer.ctx.local_symbols) | tracer.data_sizes
+    for t in out_types:
+        if not isinstance(t, TensorType):
+            continue
+        for d in t.shape:
+            if isinstance(d, sympy.Symbol):
+                tracer.data_sizes.add(d)
+                bound.add(d)
+        for d in t.shape:
+            if not isinstance(d, int) and free(d) - bound:
+                raise CompileError(
+                    f"{target}: the result's size {d} is computed from tensor data in a form the "
+                    "compiled code cannot read back from the result",
+                    tracer.source_loc(),
+                )
+
+
+def binding_nodes(nodes: Sequence[Node], inputs: Sequence[Value]) -> set[int]:
+    """Positions of the nodes that bind a data-dependent size: dead code elimination
+    keeps them, since later nodes may use the size without their results."""
+    bound = {s for v in inputs if isinstance(v.type, TensorType) for s in free(v.type.shape)}
+    out = set()
+    for k, node in enumerate(nodes):
+        defined = defined_symbols(node, bound)
+        if defined:
+            out.add(k)
+            bound |= {b.symbol for b in defined}
+    return out
+
+
+def free(x: Any) -> set[sympy.Symbol]:
+    if isinstance(x, tuple):
+        return set().union(*(free(d) for d in x))
+    return {s for s in sympy.sympify(x).free_symbols if isinstance(s, sympy.Symbol)}
+
+
+__all__ = ["assert_sizes", "binding_nodes", "builtin", "check_bindable", "data_size", "example_dim", "guards"]
