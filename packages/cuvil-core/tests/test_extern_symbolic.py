@@ -116,3 +116,16 @@ def test_a_value_query_is_still_refused() -> None:
 
     with pytest.raises(CompileError):
         cu.compile(f, target="reference", fallback="error")(torch.ones(2))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_a_size_result_is_a_torch_size(target) -> None:
+    def f(x):
+        return x + 1, x.shape, torch.broadcast_shapes((2, 1), (1, 3))
+
+    c = cu.compile(f, target=target, fallback="error")
+    for n in (2, 5):
+        _, shape, const = c(torch.ones(n, 3))
+        assert type(shape) is torch.Size and shape == (n, 3)
+        assert type(const) is torch.Size and const == (2, 3)
+    assert c.stats.compiles == 1

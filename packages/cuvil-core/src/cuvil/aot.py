@@ -57,6 +57,7 @@ from cuvil.call_plan import (
     state_slot,
 )
 from cuvil.errors import CompileError
+from cuvil.results import unflatten
 from cuvil.submit import SerialQueue
 
 FORMAT = "cuvil-aot"
@@ -505,9 +506,7 @@ class _CallPlan:
 
     def result(self, results: tuple[Any, ...]) -> Any:
         out = [results[v] if kind == "graph" else v for kind, v in self.outputs]
-        if self.result_spec.is_leaf():
-            return out[0]
-        return pytree.tree_unflatten(out, self.result_spec)
+        return unflatten(out, self.result_spec)
 
 
 def _leaf_problem(leaf: Any, want: dict[str, Any]) -> str | None:

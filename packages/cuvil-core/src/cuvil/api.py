@@ -21,6 +21,7 @@ from cuvil.errors import CompileError
 from cuvil.frontend import arg_objects, hooks
 from cuvil.frontend.capture import Captured, capture, module_state
 from cuvil.guards import describe_leaf, explain_structure, leaf_key
+from cuvil.results import unflatten
 from cuvil.submit import SerialQueue
 from cuvil_ir.symbolic import expr_str, symbol
 from cuvil_runtime.cache import CompileCache
@@ -549,9 +550,7 @@ def _run(art: _Artifact, leaves: list[Any], tree: tuple[tuple[Any, ...], dict[st
     if c.write_backs:  # arguments the function changes in place end as in eager
         arg_objects.write_back(c.write_backs, results, leaves, tree)
     out = [_result_leaf(kind, v, results, tree) for kind, v in c.outputs]
-    if c.out_spec.is_leaf():
-        return out[0]
-    return pytree.tree_unflatten(out, c.out_spec)
+    return unflatten(out, c.out_spec)
 
 
 def _result_leaf(kind: str, v: Any, results: Any, tree: Any) -> Any:
