@@ -282,3 +282,14 @@ def test_target_without_support_refuses_at_the_op():
         check_capabilities(g, Capabilities(control_flow=True), "plain")
     assert e.value.loc is not None and e.value.loc.line > 0
     check_capabilities(g, Capabilities(data_dependent_sizes=True), "plain")
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_saved_artifact_runs_other_counts(target, tmp_path):
+    """A saved program binds its data sizes like the compiled one (nothing is fixed at save)."""
+    fn, make = CASES["post"]
+    f = cu.compile(fn, target=target, fallback="error")
+    g = cu.load(cu.save(f, tmp_path / "post.cuvil", *make(6, 3)))
+    for n, count in CALLS:
+        args = make(n, count)
+        same(g(*args), fn(*args))

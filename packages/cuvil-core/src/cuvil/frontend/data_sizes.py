@@ -114,13 +114,13 @@ def assert_sizes(tracer: Tracer, why: str) -> None:
 def check_bindable(tracer: Tracer, target: str, out_types: Sequence[Type]) -> None:
     """A new data-dependent size must be a whole dim of the result, where the runtime
     reads it (cuvil_ir.graph_ir.unbacked)."""
-    bound = set(tracer.ctx.hints or ()) | set(tracer.ctx.local_symbols) | tracer.data_sizes
+    bound = set(tracer.ctx.hints or ()) | set(tracer.ctx.local_symbols) | tracer.seen_data_sizes
     for t in out_types:
         if not isinstance(t, TensorType):
             continue
         for d in t.shape:
             if isinstance(d, sympy.Symbol):
-                tracer.data_sizes.add(d)
+                tracer.seen_data_sizes.add(d)
                 bound.add(d)
         for d in t.shape:
             if not isinstance(d, int) and free(d) - bound:

@@ -143,7 +143,7 @@ class Tracer:
         self._open: list[int] = [0]
         self._regions = 0
         #: data-dependent size symbols some result already has (bound by an earlier node)
-        self.data_sizes: set[sympy.Symbol] = set()
+        self.seen_data_sizes: set[sympy.Symbol] = set()
         #: captured loops so far (each binds its own index symbol)
         self.loops = 0
 
