@@ -59,19 +59,37 @@ def _greedy(model: Any, ids: torch.Tensor, steps: int) -> tuple[torch.Tensor, li
     return torch.cat(tokens, dim=1), logits, cache
 
 
-# first in the file: the fixture below registers DynamicCache for the whole process
+@pytest.fixture
+def unregistered() -> Any:
+    """DynamicCache as transformers leaves it (not a pytree node), for this test only."""
+    from transformers.cache_utils import DynamicCache
+
+    was = DynamicCache in pytree.SUPPORTED_NODES
+    if was:
+        pytree._deregister_pytree_node(DynamicCache)
+    yield
+    if was:
+        from transformers.integrations.executorch import register_dynamic_cache_export_support
+
+        register_dynamic_cache_export_support()
+
+
 @torch.no_grad()
-def test_unregistered_cache_argument_is_a_clear_error() -> None:
+def test_unregistered_cache_is_returned_whole_and_refused_as_argument(unregistered: None) -> None:
     model = _gpt2()
-    ids = torch.randint(0, V, (1, 4))
-    cache = model(ids, use_cache=True).past_key_values
-    keys = cache.layers[0].keys
-    if type(cache) in pytree.SUPPORTED_NODES:
-        pytest.skip("DynamicCache is registered in this process")
     f = cu.compile(model, target="reference", fallback="error")
+    ids = torch.randint(0, V, (1, 4))
+    got, want = f(ids, use_cache=True).past_key_values, model(ids, use_cache=True).past_key_values
+    # the cache the model built is this call's, holding tensors, never the trace's placeholders
+    for g, w in zip(got.layers, want.layers):
+        assert type(g.keys) is torch.Tensor and type(g.values) is torch.Tensor
+        torch.testing.assert_close(g.keys, w.keys, rtol=1e-4, atol=1e-5)
+    assert f(ids, use_cache=True).past_key_values is not got
+    keys = got.layers[0].keys
     with pytest.raises(CompileError, match="register_dynamic_cache_export_support"):
-        f(torch.tensor([[3]]), past_key_values=cache, use_cache=True)
-    assert cache.layers[0].keys is keys  # the caller's cache is untouched
+        f(torch.tensor([[3]]), past_key_values=got, use_cache=True)
+    assert got.layers[0].keys is keys  # the caller's cache is untouched
+    assert f.stats.compiles == 2 and f.stats.fallbacks == 0
 
 
 @pytest.mark.parametrize("target", TARGETS)
