@@ -167,7 +167,8 @@ def test_compiled_symbolic_batch_and_sequence(target: str) -> None:
         torch.randn(32, 16, generator=g),
     )
     f = cu.compile(attend, target=target, fallback="error")
-    for b, n in [(2, 37), (3, 50)]:
+    # big enough for the cpu target to prefer its kernel (attention.MIN_SCORES), still fast
+    for b, n in [(2, 130), (3, 150)]:
         x = torch.randn(b, n, 32, generator=g)
         counter = _SdpaCalls()
         with counter:
@@ -185,7 +186,7 @@ def test_compiled_padding_masks(target: str) -> None:
     g = torch.Generator().manual_seed(6)
     wq = torch.randn(16, 16, generator=g)
     f = cu.compile(attend_padded, target=target, fallback="error")
-    for b, n in [(2, 9), (3, 20)]:
+    for b, n in [(2, 260), (3, 270)]:
         x = torch.randn(b, n, 16, generator=g)
         keep = torch.rand(b, n, generator=g) > 0.3
         keep[:, 0] = True
@@ -196,3 +197,22 @@ def test_compiled_padding_masks(target: str) -> None:
         if target == "cpu":
             assert counter.calls == 0, "the cpu target ran torch's attention, not its own"
     assert f.stats.compiles == 1, f.stats.recompile_reasons
+
+
+def decode_step(x: torch.Tensor, past: torch.Tensor, wq: torch.Tensor, wkv: torch.Tensor) -> torch.Tensor:
+    return F.scaled_dot_product_attention(_heads(x, wq, 4), _heads(past, wkv, 4), _heads(past, wkv, 4))
+
+
+def test_compiled_decode_step_runs_torchs_kernel() -> None:
+    """One query against many keys: torch's kernel is faster there (attention.MIN_SCORES),
+    and the cpu target calls it, with the same results."""
+    g = torch.Generator().manual_seed(7)
+    wq, wkv = torch.randn(32, 32, generator=g), torch.randn(32, 32, generator=g)
+    f = cu.compile(decode_step, target="cpu", fallback="error")
+    x, past = torch.randn(1, 1, 32, generator=g), torch.randn(1, 300, 32, generator=g)
+    f(x, past, wq, wkv)  # compiles
+    counter = _SdpaCalls()
+    with counter:
+        got = f(x, past, wq, wkv)
+    torch.testing.assert_close(got, decode_step(x, past, wq, wkv), rtol=1e-4, atol=1e-4)
+    assert counter.calls == 1

@@ -8,7 +8,8 @@ ISA, signature checks) and called through ctypes with the GIL released.
 
 :func:`extern` is what an ``sdpa`` extern call runs on the ``cpu`` target: the kernel
 where it applies and wins, else the op's eager reference (other dtypes, batch
-dimensions that broadcast between q, k and v, head counts eager rejects).
+dimensions that broadcast between q, k and v, head counts eager rejects, and sizes
+where torch's kernel is faster: decode steps and small problems, :data:`MIN_SCORES`).
 """
 
 from __future__ import annotations
@@ -33,6 +34,11 @@ SOURCE = (Path(__file__).parent / "attention.c").read_text()
 BLOCK_Q = 48
 BLOCK_K = 128
 
+#: fewer scores (batch x heads x queries x keys) than this run torch's own kernel, whose
+#: cost per call is lower; so do fewer queries than one tile holds (decode steps: a tile
+#: computes its whole width of queries). Measured with benchmarks/attention.py.
+MIN_SCORES = 1 << 17
+
 _MASK_KIND = {torch.float32: 1, torch.bool: 2}
 
 
@@ -46,8 +52,14 @@ class FlashAttention:
         self._fn.restype = ctypes.c_int
         mr, nr = ctypes.c_int64(), ctypes.c_int64()
         lib.cuvil_attention_tile(ctypes.byref(mr), ctypes.byref(nr))
-        self.block_q = -(-BLOCK_Q // nr.value) * nr.value  # queries lie across a tile's columns
+        self.tile_queries = nr.value  # queries lie across a tile's columns
+        self.block_q = -(-BLOCK_Q // nr.value) * nr.value
         self.block_k = -(-BLOCK_K // mr.value) * mr.value  # keys down its rows
+
+    def faster_than_torch(self, q: torch.Tensor, k: torch.Tensor) -> bool:
+        """Whether this kernel beats torch's on these sizes (see :data:`MIN_SCORES`)."""
+        rows = q.numel() // max(q.shape[-1], 1)
+        return q.shape[-2] >= self.tile_queries and rows * k.shape[-2] >= MIN_SCORES
 
     def __call__(
         self,
@@ -145,7 +157,7 @@ def kernel(cache: KernelCache) -> FlashAttention:
 
 def extern(cache: KernelCache, reference: Callable[..., Any]) -> Callable[..., Any]:
     """What an ``sdpa`` extern call runs: the kernel, or ``reference`` (eager's) where
-    the kernel does not apply."""
+    the kernel does not apply or would be slower."""
     flash = kernel(cache)
 
     def sdpa(
@@ -158,11 +170,18 @@ def extern(cache: KernelCache, reference: Callable[..., Any]) -> Callable[..., A
         enable_gqa: bool,
         has_mask: bool,
     ) -> torch.Tensor:
-        out = flash(
-            q, k, v, mask[0] if has_mask else None, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa
-        )
-        if out is not None:
-            return out
+        if flash.faster_than_torch(q, k):
+            out = flash(
+                q,
+                k,
+                v,
+                mask[0] if has_mask else None,
+                is_causal=is_causal,
+                scale=scale,
+                enable_gqa=enable_gqa,
+            )
+            if out is not None:
+                return out
         return reference(
             q, k, v, *mask, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa, has_mask=has_mask
         )
