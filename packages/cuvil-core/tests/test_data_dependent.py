@@ -248,6 +248,7 @@ def test_deciding_on_a_data_size_is_a_located_error(fn):
     with pytest.raises(cu.CompileError, match="computed from tensor data") as e:
         c(torch.randn(6))
     assert e.value.loc is not None and e.value.loc.file == __file__
+    assert "sym_min" in (e.value.hint or "")
 
 
 def test_float_value_is_refused():

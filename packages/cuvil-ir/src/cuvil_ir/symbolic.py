@@ -60,6 +60,10 @@ class UndecidableError(Exception):
     """A shape rule needed a fact that is neither provable nor assumed."""
 
 
+class DataSizeError(UndecidableError):
+    """A fact about a size computed from tensor data was needed: it has no example value."""
+
+
 def symbol(name: str) -> sympy.Symbol:
     """The size symbol called ``name`` (an integer >= 0)."""
     if name in _RESERVED or not name.isidentifier():
@@ -454,7 +458,7 @@ class ShapeContext:
         assert self.hints is not None
         unknown = sorted(str(s) for s in expr.free_symbols - set(self.hints) - set(self.local_symbols))
         if unknown:
-            raise UndecidableError(
+            raise DataSizeError(
                 f"this needs {what}, but {', '.join(unknown)} is a size computed from tensor data, "
                 "known only when the compiled code runs"
             )

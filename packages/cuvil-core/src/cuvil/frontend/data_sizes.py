@@ -30,6 +30,12 @@ from cuvil_ir.symbolic import canonical, expr_str
 if TYPE_CHECKING:
     from cuvil.frontend.tracer import Tracer
 
+#: what to do when something needs a fact about such a size
+HINT = (
+    "a size computed from tensor data (nonzero, x[mask], int(t)) is known only when the code runs: "
+    "use it where no decision about it is needed (broadcast against 1 or an equal size, reduce "
+    "over it, torch.sym_min/sym_max for min/max)"
+)
 #: the concrete size a proxy reports for a size computed from tensor data (no code reads
 #: it: shapes are answered from the IR type)
 _PLACEHOLDER = 2
@@ -79,8 +85,7 @@ def guards(tracer: Tracer, loc: SourceLoc | None) -> Iterator[None]:
             f"this needs the value of {sympy.sympify(e.cond).xreplace(tracer.mirror.theirs_to_ours)}, "
             "a size computed from tensor data, which is known only when the compiled code runs",
             loc,
-            "keep such a size in tensor ops and shapes (torch.sym_min/sym_max for min/max); "
-            "its value cannot steer Python code",
+            HINT,
         ) from None
 
 
@@ -150,4 +155,13 @@ def free(x: Any) -> set[sympy.Symbol]:
     return {s for s in sympy.sympify(x).free_symbols if isinstance(s, sympy.Symbol)}
 
 
-__all__ = ["assert_sizes", "binding_nodes", "builtin", "check_bindable", "data_size", "example_dim", "guards"]
+__all__ = [
+    "HINT",
+    "assert_sizes",
+    "binding_nodes",
+    "builtin",
+    "check_bindable",
+    "data_size",
+    "example_dim",
+    "guards",
+]

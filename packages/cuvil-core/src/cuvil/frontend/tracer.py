@@ -34,7 +34,7 @@ from cuvil_ir.graph_ir.ops import ShapeError
 from cuvil_ir.graph_ir.registry import REGISTRY, NotCaptured, infer_types
 from cuvil_ir.graph_ir.torch_names import qualname
 from cuvil_ir.graph_ir.types import DType, ScalarKind, ScalarType, TensorType, Type
-from cuvil_ir.symbolic import ShapeContext, UndecidableError, symbol
+from cuvil_ir.symbolic import DataSizeError, ShapeContext, UndecidableError, symbol
 
 #: The code of the trace entry points (:func:`cuvil.frontend.capture.capture`): the frames
 #: above one are not part of the program. Registered by :func:`trace_entry`, not imported:
@@ -276,6 +276,8 @@ class Tracer:
             out_types = infer_types(opdef, self.ctx, [v.type for v in vals], norm)
         except (CompileError, NotCaptured):
             raise
+        except DataSizeError as e:
+            raise CompileError(f"{op}: {e}", self.source_loc(), data_sizes.HINT) from None
         except Exception as e:
             raise CompileError(f"{op}: {e}", self.source_loc()) from e
         if len(self.ctx.assumptions) > known:
