@@ -235,8 +235,16 @@ def test_opinfo(name: str) -> None:
 
 
 def main(argv: list[str]) -> int:
-    """``python test_opinfo.py [--update] [op ...]``: run the sweep, print every outcome."""
+    """``python test_opinfo.py [--update] [--target=cpu] [op ...]``: run the sweep, print
+    every outcome that is not a pass (``--target``: another target than the test's)."""
     import logging
+
+    global TARGET
+    for a in argv:
+        if a.startswith("--target="):
+            TARGET = a.split("=", 1)[1]
+    if "--update" in argv and TARGET != "reference":
+        raise SystemExit("the pass list is the reference target's: --update takes no --target")
 
     logging.getLogger("torch._subclasses.fake_tensor").setLevel(logging.CRITICAL)
     names = [a for a in argv if not a.startswith("--")] or sorted(sweep_ops())

@@ -307,6 +307,21 @@ class SymMirror:
             return torch.empty_strided(sizes, list(reversed(strides)), dtype=t.dtype.torch, device=t.device)
 
 
+@contextlib.contextmanager
+def _quiet_meta_log() -> Iterator[None]:
+    """FakeTensorMode logs every failing meta kernel with its stack trace at ERROR level;
+    the failure reaches the user as a located CompileError instead."""
+    import logging
+
+    log = logging.getLogger("torch._subclasses.fake_tensor")
+    was = log.disabled
+    log.disabled = True
+    try:
+        yield
+    finally:
+        log.disabled = was
+
+
 def fake_call(
     ctx: ShapeContext,
     fn: Callable[..., Any],
@@ -345,7 +360,7 @@ def fake_call(
     # (``torch._refs``, ``torch._decomp``) for composite ops, as torch itself does for
     # symbolic shapes; without it their C++ kernels run and ask the fake tensors for
     # concrete sizes or storage offsets (``diag``, ``trace``, ``linalg.*`` ...).
-    with enable_python_dispatcher(), m.mode:
+    with enable_python_dispatcher(), m.mode, _quiet_meta_log():
         call_args = materialize(args, refs, m.symint)
         call_kwargs = materialize(kwargs, refs, m.symint)
         try:
@@ -353,8 +368,9 @@ def fake_call(
             if mutates is not None:  # an in-place call: its result is the updated input
                 out = refs[mutates]
         except Exception as e:
+            first = (str(e).strip().splitlines() or [""])[0]  # not torch's C++ stack trace
             raise FakeInferenceError(
-                f"{what}: torch could not compute the output type: {type(e).__name__}: {e}"
+                f"{what}: torch could not compute the output type: {type(e).__name__}: {first}"
             ) from e
 
     types: list[Type] = []
