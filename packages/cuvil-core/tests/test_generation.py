@@ -239,3 +239,17 @@ def test_state_a_registered_flatten_loses_is_refused_never_stale() -> None:
     with pytest.raises(CompileError, match=r"_Lossy\.seen is 3 in the argument but 0 when rebuilt"):
         cf(torch.ones(2), s)
     assert cf.stats.recompile_reasons[-1] == "argument object _Lossy.seen: was 0, now 3"
+
+
+def test_change_a_registered_flatten_loses_is_refused() -> None:
+    def f(x: torch.Tensor, s: _Lossy) -> torch.Tensor:
+        s.seen += 1  # eager counts; a write-back from the leaves would drop it
+        return x + s.t
+
+    cf = cu.compile(f, target="reference", fallback="error")
+    s = _Lossy(torch.ones(2))
+    with pytest.raises(
+        CompileError, match=r"changes argument s \(a _Lossy\).*_Lossy\.seen is 1 after the call"
+    ):
+        cf(torch.ones(2), s)
+    assert s.seen == 0 and cf.stats.fallbacks == 0

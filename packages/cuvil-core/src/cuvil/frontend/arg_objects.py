@@ -157,21 +157,40 @@ def check_round_trip(tree: Any, name_of: Any) -> None:
             continue
         leaves, spec = pytree.tree_flatten(node)
         before, after = state(node), state(pytree.tree_unflatten(leaves, spec))
-        if before == after:
-            continue
-        diff = next(((a, b) for a, b in zip(before, after) if a != b), None)
-        what = (
-            f"{diff[0][0]} is {_show(diff[0][1])} in the argument but {_show(diff[1][1])} when rebuilt"
-            if diff is not None
-            else "the rebuilt object has other attributes"
-        )
+        if before != after:
+            raise CompileError(
+                f"argument {name_of(path)} (a {type(node).__name__}) does not survive pytree "
+                f"flattening: {difference(before, after, 'in the argument')}; the compiled function "
+                "runs on the rebuilt object, so it would compute with other values than eager",
+                hint=_KEEP_HINT.format(type(node).__name__),
+            )
+
+
+_KEEP_HINT = (
+    "make the flatten function of {} keep that state (in its leaves or its context), or "
+    "pass the value as an argument of its own"
+)
+
+
+def check_changed(after: tuple[Any, ...], rebuilt: tuple[Any, ...], name: str, kind: str) -> None:
+    """Rule 3 needs the state a function leaves in a registered object to survive flattening
+    (else the write-back would silently drop it): ``after`` is the traced object's state at
+    the end of the trace, ``rebuilt`` that of the object rebuilt from its new leaves."""
+    if after != rebuilt:
         raise CompileError(
-            f"argument {name_of(path)} (a {type(node).__name__}) does not survive pytree "
-            f"flattening: {what}; the compiled function runs on the rebuilt object, so it would "
-            "compute with other values than eager",
-            hint=f"make the flatten function of {type(node).__name__} keep that state (in its "
-            "leaves or its context), or pass the value as an argument of its own",
+            f"the function changes argument {name} (a {kind}) in a way its pytree flattening "
+            f"loses: {difference(after, rebuilt, 'after the call')}, so the change could not be "
+            "written back",
+            hint=_KEEP_HINT.format(kind),
         )
+
+
+def difference(a: tuple[Any, ...], b: tuple[Any, ...], a_is: str) -> str:
+    """The first place two :func:`state` results differ, in words."""
+    diff = next(((x, y) for x, y in zip(a, b) if x != y), None)
+    if diff is None:
+        return "the rebuilt object has other attributes"
+    return f"{diff[0][0]} is {_show(diff[0][1])} {a_is} but {_show(diff[1][1])} when rebuilt"
 
 
 def _show(key: Any) -> str:
@@ -372,9 +391,11 @@ __all__ = [
     "WriteBack",
     "at",
     "check_leaf",
+    "check_changed",
     "check_plain",
     "check_round_trip",
     "check_syncable",
+    "difference",
     "has_objects",
     "is_object_node",
     "nodes",

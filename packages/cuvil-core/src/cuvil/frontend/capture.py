@@ -11,6 +11,7 @@ call time instead of baking them in.
 from __future__ import annotations
 
 import functools
+import inspect
 import types
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -203,7 +204,7 @@ def capture(
         args, kwargs = pytree.tree_unflatten(traced_leaves, spec)
         # the argument objects the function gets, alive until the end (ids are compared)
         arg_nodes = list(arg_objects.nodes((args, kwargs)))
-        before = {path: _flat(node) for path, node in arg_nodes if len(path) == 2}
+        before = {path: _Snapshot(node) for path, node in arg_nodes if len(path) == 2}
         target = root_callable(fn, module)
         _guard_defaults(tracer, fn, module)
         tracer.reads.add_file(getattr(getattr(target, "__func__", target), "__code__", None))
@@ -252,7 +253,7 @@ def capture(
             # an object holding traced values is rebuilt per call ([Note: objects in the argument tree])
             skeleton = None if isinstance(leaf, _SCALARS) else arg_objects.template(leaf, output)
             out_plan.append(("const", leaf) if skeleton is None else ("object", skeleton))
-    write_backs = _write_backs(tracer, arg_nodes, before, traced_leaves, outputs, spec)
+    write_backs = _write_backs(tracer, arg_nodes, before, traced_leaves, outputs, spec, fn, module)
     for lifted in tracer.lifted:
         plan.append(("lifted", lifted.getter))
     graph = tracer.graph(outputs)
@@ -278,21 +279,26 @@ def capture(
 def _write_backs(
     tracer: Tracer,
     arg_nodes: list[tuple[tuple[int, ...], Any]],
-    before: dict[tuple[int, ...], tuple[list[Any], pytree.TreeSpec]],
+    before: dict[tuple[int, ...], _Snapshot],
     traced_leaves: list[Any],
     outputs: list[Value],
     spec: pytree.TreeSpec,
+    fn: Any,
+    module: Any,
 ) -> list[WriteBack]:
     """The arguments the function changed in place, their new leaves appended to
     ``outputs`` ([Note: objects in the argument tree], rule 3)."""
     input_index = {id(p): i for i, p in enumerate(traced_leaves) if isinstance(p, TensorProxy)}
     out = []
     for path, node in arg_nodes:
-        if path not in before or _same_flat(before[path], _flat(node)):
+        if path not in before or before[path] == _Snapshot(node):
             continue
-        name = _arg_name(path, spec)
+        name = _arg_name(path, spec, fn, module)
         arg_objects.check_syncable(node, name)
         new_leaves, new_spec = pytree.tree_flatten(node)
+        if arg_objects.has_objects(new_spec):
+            after, rebuilt = _rebuilt_state(tracer, node, new_leaves, new_spec)
+            arg_objects.check_changed(after, rebuilt, name, type(node).__name__)
         plan: list[tuple[str, Any]] = []
         for leaf in new_leaves:
             if id(leaf) in input_index:  # unchanged: the caller's own tensor, as in eager
@@ -307,24 +313,54 @@ def _write_backs(
     return out
 
 
-def _flat(node: Any) -> tuple[list[Any], pytree.TreeSpec]:
-    return pytree.tree_flatten(node)  # type: ignore[no-any-return]
+def _rebuilt_state(
+    tracer: Tracer, node: Any, leaves: list[Any], spec: pytree.TreeSpec
+) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """The state of ``node`` and of the object rebuilt from its leaves, rebuilt under the
+    tracer (what unflatten computes is dead code in the graph)."""
+    previous, Tracer.active = Tracer.active, tracer
+    try:
+        with tracer.mode():
+            return arg_objects.state(node), arg_objects.state(pytree.tree_unflatten(leaves, spec))
+    finally:
+        Tracer.active = previous
 
 
-def _same_flat(a: tuple[list[Any], pytree.TreeSpec], b: tuple[list[Any], pytree.TreeSpec]) -> bool:
-    """Whether an argument flattens as it did: same structure, the same leaf objects
-    (a changed counter is a new int, a grown cache a new tensor)."""
-    return a[1] == b[1] and all(
-        x is y or (type(x) is type(y) and _scalar_eq(x, y)) for x, y in zip(a[0], b[0])
-    )
+class _Snapshot:
+    """How an argument flattens, and the state of the registered objects in it: equal
+    when the function left it alone (the same leaf objects, a changed counter being a new
+    int and a grown cache a new tensor; state the flatten does not hold changed too)."""
+
+    def __init__(self, node: Any) -> None:
+        self.leaves, self.spec = pytree.tree_flatten(node)
+        self.state = arg_objects.state(node) if arg_objects.has_objects(self.spec) else None
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            isinstance(other, _Snapshot)
+            and self.spec == other.spec
+            and all(
+                x is y or (type(x) is type(y) and _scalar_eq(x, y)) for x, y in zip(self.leaves, other.leaves)
+            )
+            and self.state == other.state
+        )
+
+    __hash__ = None  # type: ignore[assignment]
 
 
 def _scalar_eq(x: Any, y: Any) -> bool:
     return isinstance(x, _SCALARS) and x == y
 
 
-def _arg_name(path: tuple[int, ...], spec: pytree.TreeSpec) -> str:
+def _arg_name(path: tuple[int, ...], spec: pytree.TreeSpec, fn: Any, module: Any) -> str:
     """The top-level argument at ``path``: ``(0, i)`` positional, ``(1, j)`` keyword."""
     if path[0] == 1:
         return str(spec.child(1).context[path[1]])
-    return f"#{path[1]} (positional)"
+    try:
+        params = list(
+            inspect.signature(type(module).forward if module is not None else fn).parameters.values()
+        )
+    except (TypeError, ValueError):
+        params = []
+    params = [p for p in params[1 if module is not None else 0 :] if p.kind is not p.VAR_POSITIONAL]
+    return params[path[1]].name if path[1] < len(params) else f"#{path[1]}"
