@@ -64,6 +64,13 @@ def result_type(x):
     return x.to(torch.result_type(x, 2.5)) + torch.ones((), dtype=torch.result_type(1, x))
 
 
+def same_size(x):
+    # x[1:] is never x's size: decided once for every size, no recompile
+    if torch.is_same_size(x, x * 2) and x.is_same_size(x) and not torch.is_same_size(x, x[1:]):
+        return x + 1
+    return x
+
+
 PROGRAMS = [
     diag,
     trace,
@@ -76,6 +83,7 @@ PROGRAMS = [
     method_queries,
     numel,
     result_type,
+    same_size,
 ]
 
 

@@ -64,9 +64,16 @@ _METHODS: dict[Any, Any] = {
     T.contiguous: lambda tr, p, memory_format=None: p,
 }
 
+
 # the torch-level spellings (``torch.is_floating_point(x)``) are other callables than the methods
+def _same_size(tracer: Tracer, p: TensorProxy, other: Any) -> Any:
+    # compared as SymInts: torch decides, and what it decides becomes a size assumption
+    return _shape(tracer, p) == (_shape(tracer, other) if isinstance(other, TensorProxy) else other.shape)
+
+
+_METHODS[T.is_same_size] = _same_size
 _QUERIES = ("numel", "is_floating_point", "is_complex", "is_signed", "is_conj", "is_neg", "is_inference")
-for _name in (*_QUERIES, "get_device"):
+for _name in (*_QUERIES, "get_device", "is_same_size"):
     _METHODS[getattr(torch, _name)] = _METHODS[getattr(T, _name)]
 
 
