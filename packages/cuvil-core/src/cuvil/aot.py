@@ -53,6 +53,7 @@ from cuvil.call_plan import (
     dtype_name,
     dtype_of,
     encode_call,
+    output_leaf,
     rebuild_signature,
     state_slot,
 )
@@ -505,7 +506,7 @@ class _CallPlan:
         return [g(leaves) for g in self._getters]
 
     def result(self, results: tuple[Any, ...]) -> Any:
-        out = [results[v] if kind == "graph" else v for kind, v in self.outputs]
+        out = [output_leaf(kind, v, results) for kind, v in self.outputs]
         return unflatten(out, self.result_spec)
 
 

@@ -16,6 +16,7 @@ from torch.utils import _pytree as pytree
 
 from cuvil import warm
 from cuvil.arguments import check_tensors
+from cuvil.call_plan import output_leaf
 from cuvil.capabilities import check_capabilities
 from cuvil.errors import CompileError
 from cuvil.frontend import arg_objects, hooks
@@ -558,7 +559,7 @@ def _result_leaf(kind: str, v: Any, results: Any, tree: Any) -> Any:
         return arg_objects.at(tree, v)
     if kind == "object":
         return arg_objects.rebuild(v, results)
-    return results[v] if kind == "graph" else v
+    return output_leaf(kind, v, results)
 
 
 def _explain_objects(old: tuple[Any, ...], new: tuple[Any, ...]) -> str:

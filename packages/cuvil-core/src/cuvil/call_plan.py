@@ -12,6 +12,7 @@ evaluated.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -74,7 +75,19 @@ def decode_check(call: dict[str, Any], graph: Any) -> AssumptionCheck:
 
 
 def decode_outputs(call: dict[str, Any]) -> list[tuple[str, Any]]:
-    return [(o["kind"], o["index"] if o["kind"] == "graph" else o.get("value")) for o in call["outputs"]]
+    return [
+        (o["kind"], o["index"] if o["kind"] in ("graph", "item") else o.get("value")) for o in call["outputs"]
+    ]
+
+
+def output_leaf(kind: str, value: Any, results: Sequence[Any]) -> Any:
+    """One leaf of the result: a graph output, a Python number a graph output holds as a
+    0-d tensor (cuvil/frontend/numbers.py), or a constant."""
+    if kind == "graph":
+        return results[value]
+    if kind == "item":
+        return results[value].item()
+    return value
 
 
 def decode_spec(text: str) -> Any:
@@ -133,8 +146,8 @@ def leaf_json(key: tuple[Any, ...], name: str) -> dict[str, Any]:
 
 
 def output_json(kind: str, value: Any) -> dict[str, Any]:
-    if kind == "graph":
-        return {"kind": "graph", "index": value}
+    if kind in ("graph", "item"):
+        return {"kind": kind, "index": value}
     if isinstance(value, (bool, int, float, str, type(None))):
         return {"kind": "const", "value": value}
     raise CompileError(
@@ -188,6 +201,7 @@ __all__ = [
     "dtype_of",
     "encode_call",
     "leaf_json",
+    "output_leaf",
     "rebuild_signature",
     "signature_json",
     "state_slot",

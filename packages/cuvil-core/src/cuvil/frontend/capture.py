@@ -24,6 +24,7 @@ from cuvil.errors import CompileError
 from cuvil.frontend import arg_objects, hooks
 from cuvil.frontend.arg_objects import WriteBack
 from cuvil.frontend.convert import ConversionError, convert, is_user_function
+from cuvil.frontend.numbers import NumberProxy
 from cuvil.frontend.proxy import TensorProxy
 from cuvil.frontend.reads import LiftSource
 from cuvil.frontend.regions import Undefined
@@ -44,7 +45,8 @@ class Captured:
     inputs: InputPlan
     check: AssumptionCheck
     out_spec: pytree.TreeSpec
-    #: per output leaf: ("graph", i) for graph output i, ("const", value), ("arg", path) the caller's
+    #: per output leaf: ("graph", i) for graph output i, ("item", i) for the Python number
+    #: graph output i holds as a 0-d tensor, ("const", value), ("arg", path) the caller's
     #: argument object at that path, or ("object", skeleton) an object rebuilt per call
     #: ([Note: objects in the argument tree])
     outputs: list[tuple[str, Any]]
@@ -246,6 +248,9 @@ def capture(
             out_plan.append(("arg", path_of[id(leaf)]))
         elif isinstance(leaf, torch.SymBool):
             out_plan.append(("const", bool(leaf)))
+        elif isinstance(leaf, NumberProxy):  # a Python number only known at run time
+            out_plan.append(("item", len(outputs)))
+            outputs.append(tracer.value_of(leaf))
         elif isinstance(leaf, (torch.Tensor, torch.SymInt, torch.SymFloat)):
             out_plan.append(("graph", len(outputs)))
             outputs.append(tracer.value_of(leaf))
