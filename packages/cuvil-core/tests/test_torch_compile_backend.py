@@ -262,3 +262,47 @@ def test_transformers_model_is_one_graph_and_one_compile(name):
     assert _dynamo_graphs() == 1
     (cf,) = _new_graphs(before)
     assert cf.stats.compiles == 1 and cf.stats.fallbacks == 0
+
+
+def autocast_mm(x):
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        return torch.mm(x, x.t())
+
+
+@pytest.mark.slow
+def test_autocast_is_refused_at_the_users_line_never_run_in_float32():
+    import torch._dynamo
+
+    with pytest.raises(
+        torch._dynamo.exc.BackendCompilerFailed, match=r"(?s)_enter_autocast.*mm\(x, x.t\(\)\)"
+    ):
+        torch.compile(autocast_mm, backend="cuvil")(torch.randn(3, 3))
+    torch._dynamo.reset()
+    x = torch.randn(3, 3)
+    with pytest.warns(cu.CuvilFallbackWarning, match="_enter_autocast"):
+        out = torch.compile(autocast_mm, backend="cuvil", options={"fallback": "eager"})(x)
+    _same(out, autocast_mm(x))
+
+
+@pytest.mark.slow
+def test_no_grad_blocks_and_size_checks_in_the_graph():
+    def f(x, w):
+        with torch.no_grad():
+            z = torch.ones(3) + torch.arange(3)
+        torch._check(x.shape[0] > 1)  # Dynamo's aten._assert_scalar: a Cuvil assumption
+        return x @ w + 1, z
+
+    before = fx_backend.compiled_graphs()
+    g = torch.compile(f, backend="cuvil", dynamic=True, options={"target": TARGETS[-1]})
+    for rows in (2, 5):
+        x, w = torch.randn(rows, 3), torch.randn(3, 4)
+        for got, want in zip(g(x, w), f(x, w)):
+            _same(got, want)
+    (cf,) = _new_graphs(before)
+    assert cf.stats.compiles == 1
+    # the check is an assumption of the graph over x's first dimension, false for 1
+    (x_in,) = [v for v in cf.graphs[0].inputs if v.name == "l_x_"]
+    rows = x_in.type.shape[0]
+    assert any(
+        fact.free_symbols == {rows} and bool(fact.subs(rows, 1)) is False for fact in cf.graphs[0].assumptions
+    )

@@ -25,6 +25,15 @@ tensor's value while tracing, so such an input is passed to the compiled functio
 the Python number (read with ``.item()`` per call: specialized and guarded by value)
 and the graph is rewritten to use it directly, one rule for every such input.
 
+[Note: global state in Dynamo's graphs] Dynamo records some context managers as calls
+that take no graph value and return nothing: ``torch.amp.autocast_mode._enter_autocast``
+around an autocast block, ``torch._C._set_grad_enabled`` around ``no_grad``. Under
+the tracer such a call would just run once, at capture, and its effect on the ops
+between would be lost (autocast's dtypes: a wrong result). Grad and inference mode
+change no value Cuvil computes (it computes without autograd), nor does API-usage
+logging, so those run once at capture and no more; any other such call is refused,
+with the user's line.
+
 Nothing here imports ``torch._dynamo``: Dynamo calls this module, never the reverse.
 """
 
@@ -32,6 +41,9 @@ from __future__ import annotations
 
 import inspect
 import itertools
+import linecache
+import re
+import warnings
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -39,14 +51,28 @@ from typing import Any
 
 import torch
 
-from cuvil.api import CompiledFunction
+from cuvil.api import CompiledFunction, CuvilFallbackWarning
 from cuvil.api import compile as cu_compile
-from cuvil.errors import CompileError
+from cuvil.errors import CompileError, SourceLoc
 from cuvil.frontend.tracer import Tracer
 
 #: the ``options`` keys this backend reads itself; any other key is a target option
 #: (``cuda_graphs`` on ``cuda``), checked by ``cu.compile`` like its own keywords
 _OWN_OPTIONS = ("target", "opt_level", "fallback")
+
+#: Dynamo's runtime assertion of a size fact (``torch._check(x.shape[0] > 1)``)
+_ASSERT_SCALAR = torch.ops.aten._assert_scalar.default
+
+#: calls that only set state no value Cuvil computes depends on: [Note: global state in
+#: Dynamo's graphs]
+_VALUE_NEUTRAL = frozenset(
+    {
+        torch._C._set_grad_enabled,
+        torch._C._log_api_usage_once,
+        torch.autograd.grad_mode._enter_inference_mode,
+        torch.autograd.grad_mode._exit_inference_mode,
+    }
+)
 
 #: the runners of the graphs Dynamo handed us that are still alive (Dynamo holds them
 #: in its code cache), oldest first: what ``compiled_graphs()`` shows
@@ -119,10 +145,20 @@ def backend(
         raise CompileError(
             f"the graph has {len(placeholders)} inputs but Dynamo passed {len(example_inputs)} examples"
         )
+    state = _state_call(gm)
+    if state is not None:
+        if own.get("fallback", "error") != "eager":
+            raise state
+        warnings.warn(
+            f"cuvil: running a torch.compile graph eagerly: {state.reason}",
+            CuvilFallbackWarning,
+            stacklevel=2,
+        )
+        return gm
     examples = [n.meta.get("example_value", ex) for n, ex in zip(placeholders, example_inputs)]
     numbers = _unspecialized_scalars(placeholders)
-    if numbers:
-        gm = _read_numbers_directly(gm, numbers)
+    if numbers or _ASSERT_SCALAR in {n.target for n in gm.graph.nodes}:
+        gm = _for_the_tracer(gm, numbers)
     names = [n.name for n in placeholders]
     sizes = _sizes_from_dims(examples)
     keep = tuple(i for i in range(len(placeholders)) if i not in sizes)
@@ -179,6 +215,46 @@ def compiled_graphs() -> list[CompiledFunction]:
     return [r.compiled for r in list(_LIVE.values())]
 
 
+def _state_call(gm: torch.fx.GraphModule) -> CompileError | None:
+    """The error for the first call in ``gm`` that only changes global state Cuvil does
+    not model, if any: [Note: global state in Dynamo's graphs]. Dynamo records such a
+    call without an example value (it records one for every op it traces); a graph
+    without example values (not from Dynamo) cannot be judged and is not."""
+    nodes = list(gm.graph.nodes)
+    if not any("example_value" in n.meta for n in nodes):
+        return None
+    for i, node in enumerate(nodes):
+        if node.op not in ("call_function", "call_method") or node.target in _VALUE_NEUTRAL:
+            continue
+        if node.all_input_nodes or "example_value" in node.meta:
+            continue
+        name = getattr(node.target, "__qualname__", None) or str(node.target)
+        # the call itself has no stack trace: the first op after it, inside the block
+        loc = next((_user_loc(n) for n in nodes[i:] if n.meta.get("stack_trace")), None)
+        return CompileError(
+            f"torch.compile recorded `{name}` in the graph; Cuvil does not model the state it "
+            "sets for the ops that follow (near here)",
+            loc,
+            (
+                "autocast is not supported by Cuvil: cast explicitly (`x.to(torch.bfloat16)`); or pass "
+                if "autocast" in name
+                else "pass "
+            )
+            + 'options={"fallback": "eager"} to run such graphs as Dynamo captured them',
+        )
+    return None
+
+
+def _user_loc(node: torch.fx.Node) -> SourceLoc | None:
+    """The user's line a node was traced from (the innermost frame of Dynamo's stack trace)."""
+    frames = re.findall(r'File "([^"]+)", line (\d+)', node.meta.get("stack_trace") or "")
+    if not frames:
+        return None
+    file, line = frames[-1][0], int(frames[-1][1])
+    text = linecache.getline(file, line)
+    return SourceLoc(file, line, len(text) - len(text.lstrip()))
+
+
 def _symbol_of(size: Any) -> Any:
     """The sympy symbol a ``torch.SymInt`` stands for, or ``None`` (an int, an expression)."""
     if not isinstance(size, torch.SymInt):
@@ -226,13 +302,25 @@ def _unspecialized_scalars(placeholders: Sequence[torch.fx.Node]) -> list[int]:
     ]
 
 
-def _read_numbers_directly(gm: torch.fx.GraphModule, numbers: Sequence[int]) -> torch.fx.GraphModule:
-    """A copy of ``gm`` taking those inputs as numbers: each ``.item()`` of one is the
-    number itself, any other use a 0-d tensor made from it (Dynamo's graph is left as
-    it was, since Dynamo may run it again for debugging)."""
+def _check_size_fact(cond: Any, message: str = "") -> None:
+    """What ``aten._assert_scalar`` (Dynamo's ``torch._check``) becomes: under the tracer,
+    deciding a size condition makes it an assumption of the graph, checked on every call
+    (a call breaking it recompiles, and fails here like eager)."""
+    if not cond:
+        raise RuntimeError(message or "torch._check failed")
+
+
+def _for_the_tracer(gm: torch.fx.GraphModule, numbers: Sequence[int]) -> torch.fx.GraphModule:
+    """A copy of ``gm`` (Dynamo's own is left as it was: it may run it again to debug)
+    taking those inputs as numbers, each ``.item()`` of one being the number itself and
+    any other use a 0-d tensor made from it ([Note: Dynamo's unspecialized scalars]),
+    and with Dynamo's runtime size assertions as ``_check_size_fact``."""
     graph = torch.fx.Graph()
     out = graph.graph_copy(gm.graph, {})
     graph.output(out)
+    for node in graph.nodes:
+        if node.target is _ASSERT_SCALAR:
+            node.target = _check_size_fact
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
     for i in numbers:
         ph = placeholders[i]
