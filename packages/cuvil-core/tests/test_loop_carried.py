@@ -150,6 +150,47 @@ def test_python_number_that_becomes_a_tensor(target):
     check(f, target, (torch.ones(3) * 4,), (torch.ones(5) * 2,))
 
 
+@pytest.mark.parametrize("target", TARGETS)
+def test_python_arithmetic_on_carried_numbers(target):
+    def f(x):
+        i = 0
+        flag = False
+        while x.sum() > 1:
+            x = x / 2
+            i += 1
+            flag = True
+        return i + 1, 2 * i, -i, i // 2, i / 2, i + 0.5, i > 3, flag + flag, x * i
+
+    check(f, target, (torch.ones(3) * 4,), (torch.ones(2) * 0.25,))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_int_widened_to_float_by_the_body(target):
+    def f(x):
+        t = 0
+        while x.sum() > 1:
+            x = x / 2
+            t += 0.5
+        return t
+
+    c = check(f, target, (torch.ones(3) * 4,), (torch.ones(4) * 16,))
+    assert "f64" in c.graphs[0].text
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_documented_example(target):
+    def f(x):
+        i, done = 0, False
+        while x.norm() > 1:
+            x = x * 0.5
+            i += 1
+            if x.min() < 0:
+                done = True
+        return x * i, i, done
+
+    check(f, target, (torch.tensor([-4.0, 3.0]),), (torch.tensor([0.1, 0.2, 0.3]),))
+
+
 def test_alias_keeps_the_old_value():
     def f(x):
         i = 0
@@ -182,3 +223,19 @@ def test_uses_that_need_a_python_value_are_located_errors(use, message):
     with pytest.raises(cu.CompileError, match=message) as info:
         cu.compile(f, target="reference", fallback="error")(torch.ones(3))
     assert "test_loop_carried.py" in str(info.value)
+
+
+def halvings(x):
+    i = 0
+    while x.sum() > 1:
+        x = x / 2
+        i += 1
+    return x, i
+
+
+@torch.no_grad()
+def test_saved_artifact_returns_the_carried_number(tmp_path):
+    f = cu.compile(halvings, target="reference", fallback="error")
+    g = cu.load(cu.save(f, tmp_path / "halvings.cuvil", torch.ones(3)))
+    for x in (torch.ones(2) * 8, torch.ones(5) * 0.1):
+        same(g(x), halvings(x))
