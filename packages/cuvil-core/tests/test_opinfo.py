@@ -212,15 +212,21 @@ def pass_list() -> set[str]:
     return {line.strip() for line in PASS_LIST.read_text().splitlines() if line.strip()}
 
 
-def _params() -> list[Any]:
-    try:
-        return sorted(sweep_ops())
-    except ImportError:  # expecttest missing: the collection still works, the test skips
-        return []
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    # importing op_db costs ~10 s of CPU: only when the slow tests are selected
+    if "name" in metafunc.fixturenames:
+        names = sorted(sweep_ops()) if _slow_selected(metafunc.config) else []
+        metafunc.parametrize("name", names)
+
+
+def _slow_selected(config: pytest.Config) -> bool:
+    from _pytest.mark.expression import Expression
+
+    expr = config.option.markexpr
+    return not expr or Expression.compile(expr).evaluate(lambda mark, **_: mark == "slow")
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", _params())
 def test_opinfo(name: str) -> None:
     outcome = check(sweep_ops()[name])
     if outcome.kind == "finding":
