@@ -191,6 +191,22 @@ def test_documented_example(target):
     check(f, target, (torch.tensor([-4.0, 3.0]),), (torch.tensor([0.1, 0.2, 0.3]),))
 
 
+@pytest.mark.parametrize("target", TARGETS)
+def test_python_loop_whose_condition_becomes_data_dependent(target):
+    def f(x):
+        i = 0
+        while i < 5:  # a Python condition until a tensor `if` sets i
+            if x.sum() > 0:
+                i += 1
+            else:
+                i += 2
+            x = x - 1
+        return x, i
+
+    c = check(f, target, (torch.ones(3) * 2,), (torch.zeros(2),))
+    assert "while" in ops_of(c.graphs[0])
+
+
 def test_alias_keeps_the_old_value():
     def f(x):
         i = 0

@@ -248,6 +248,10 @@ def while_(cond_fn: Any, body_fn: Any, site: int, names: tuple[str, ...], values
     while truth(cond, site):
         values = body_fn(*values)
         cond = cond_fn(*values)
+        if tracer is not None and isinstance(cond, TensorProxy):
+            # the body made the condition data-dependent (a counter set in a tensor `if`,
+            # see numbers.py): the iterations so far were certain, the rest is one `while` op
+            return capture_while(tracer, cond_fn, body_fn, values, names, SITES[site].loc)
     return values
 
 

@@ -342,7 +342,7 @@ def _carry_loop(
     """Trace a loop until the types of what it carries are stable: each round widens
     the variables the body changes (a Python number becomes a 0-d tensor ...)."""
     promoted: dict[int, TensorType] = {}
-    for _ in range(3 * len(values) + 1):  # each round widens a variable; three kinds of numbers
+    for _ in range(3 * len(_flatten(tuple(values))[0]) + 1):  # each round widens a variable
         carry = _Carry(values, promoted)
         regions, numbers, more = trace(carry)
         if not more:
