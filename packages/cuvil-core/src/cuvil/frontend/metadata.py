@@ -91,6 +91,8 @@ def _stand_in(v: Any) -> Any:
 _ATTRS: dict[str, Any] = {
     "shape": _shape,
     "dtype": lambda tr, p: p.ir_type.dtype.torch,
+    "itemsize": lambda tr, p: p.ir_type.dtype.torch.itemsize,
+    "nbytes": lambda tr, p: _numel(tr, p) * p.ir_type.dtype.torch.itemsize,
     "device": lambda tr, p: torch.device(p.ir_type.device),
     "ndim": lambda tr, p: p.ir_type.rank,
     "is_cuda": lambda tr, p: p.ir_type.device.startswith("cuda"),
