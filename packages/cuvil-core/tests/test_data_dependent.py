@@ -57,6 +57,13 @@ def item_as_size(x):
     return torch.arange(n) * 2
 
 
+def slice_to_count(x):
+    n = int((x > 0).sum())
+    v = x.sort(descending=True).values
+    # bounds clamped as torch does: Min(u0, x_0), Max(Min(u0, x_0), 1) ... when it runs
+    return v[:n] * 2, v[n:], v[1:n]
+
+
 def post(boxes, scores, thr: float = 0.5, k: int = 3):
     keep = scores > thr
     b, s = boxes[keep], scores[keep]
@@ -89,6 +96,7 @@ CASES = {
     "int_as_size": (int_as_size, lambda n, c: (_signed((n,), c),)),
     "item_as_size": (item_as_size, lambda n, c: (_signed((n,), c),)),
     "post": (post, lambda n, c: (torch.randn(n, 4), _scores(n, c))),
+    "slice_to_count": (slice_to_count, lambda n, c: (_signed((n,), c),)),
 }
 # (size, count): a first call, more selected at another size, none selected, one
 CALLS = [(6, 4), (9, 7), (5, 0), (7, 1)]
@@ -267,7 +275,7 @@ def _graph(fn, *args):
 
 
 def test_graph_round_trips_and_verifies():
-    for name in ("post", "int_as_size", "bool_mask_rows"):
+    for name in ("post", "int_as_size", "bool_mask_rows", "slice_to_count"):
         fn, make = CASES[name]
         g = _graph(fn, *make(6, 3))
         verify(g)

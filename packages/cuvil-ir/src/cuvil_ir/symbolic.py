@@ -317,7 +317,7 @@ class ShapeContext:
     without hints (verification) only recorded assumptions and proofs answer.
     """
 
-    __slots__ = ("hints", "assumptions", "reasons", "_known", "local_symbols", "path")
+    __slots__ = ("hints", "assumptions", "reasons", "_known", "local_symbols", "path", "data_symbols")
 
     def __init__(
         self,
@@ -337,6 +337,9 @@ class ShapeContext:
         #: fact learnt here is recorded as ``Or(Not(And(*path)), fact)``, so a branch
         #: traced with example sizes on its other side cannot over-constrain the graph
         self.path: list[sympy.Basic] = []
+        #: sizes computed from tensor data known to be bound here (verification: they
+        #: have no example values, and tracing has none of them either)
+        self.data_symbols: set[sympy.Symbol] = set()
         for fact in self.assumptions:
             self._learn(fact)
 
@@ -375,6 +378,8 @@ class ShapeContext:
         if local:
             return self._decide_at_ends(cond, local[0], reason)
         if self.hints is None:
+            if cond.free_symbols & self.data_symbols:
+                raise DataSizeError(f"{expr_str(cond)} is about a size computed from tensor data")
             raise UndecidableError(f"cannot decide {expr_str(cond)} without an assumption")
         self._check_hinted(cond, f"whether {expr_str(cond)}")
         value = evaluate_bool(cond, self.hints)

@@ -127,7 +127,9 @@ class _State:
         for n in nodes:
             self.node(n, scopes, ctx, bound)
             # a data-dependent size is bound from here on (see cuvil_ir.graph_ir.unbacked)
-            bound = bound | {b.symbol for b in defined_symbols(n, bound)}
+            defined = {b.symbol for b in defined_symbols(n, bound)}
+            bound = bound | defined
+            ctx.data_symbols |= defined
 
     def node(
         self, n: Node, scopes: list[set[Value]], ctx: ShapeContext, bound: frozenset[sympy.Symbol]
@@ -271,6 +273,7 @@ class RegionChecker:
             ctx = ShapeContext(None, self.ctx.assumptions)
             ctx.local_symbols.update(self.ctx.local_symbols)
             ctx.local_symbols.update(local)
+            ctx.data_symbols = self.ctx.data_symbols  # shared: a block may bind more
             ctx.path = [*self.ctx.path, *(f for f in path if f not in (sympy.true, sympy.false))]
         self._state.block(b, self._scopes, ctx, self.bound | frozenset(ranges))
 

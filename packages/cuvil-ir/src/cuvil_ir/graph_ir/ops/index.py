@@ -32,7 +32,7 @@ from cuvil_ir.graph_ir.ops._rules import (
 )
 from cuvil_ir.graph_ir.registry import Emitter, NotCaptured, Op
 from cuvil_ir.graph_ir.types import TensorType, Type
-from cuvil_ir.symbolic import Dim, ShapeContext
+from cuvil_ir.symbolic import DataSizeError, Dim, ShapeContext, as_dim
 
 T = torch.Tensor
 
@@ -43,6 +43,15 @@ def _lt(ctx: ShapeContext, a: Dim, b: Dim, reason: str) -> bool:
     return ctx.decide(sympy.Lt(a, b), reason)
 
 
+def _at_most(ctx: ShapeContext, v: Dim, hi: Dim, reason: str) -> Dim:
+    """``min(v, hi)``: decided when it can be, else (``v`` a size computed from tensor
+    data, which has no example value) ``Min(v, hi)``, evaluated when the code runs."""
+    try:
+        return v if _lt(ctx, v, hi, reason) else hi
+    except DataSizeError:
+        return as_dim(sympy.Min(v, hi))
+
+
 def slice_bounds(ctx: ShapeContext, size: Dim, start: Dim | None, end: Dim | None) -> tuple[Dim, Dim]:
     """torch's slice normalisation: wrap negative bounds once, then clamp into [0, size], end >= start."""
     s: Dim = 0 if start is None else start
@@ -51,17 +60,19 @@ def slice_bounds(ctx: ShapeContext, size: Dim, start: Dim | None, end: Dim | Non
             s = s + size
         if _lt(ctx, s, 0, "slice start before the beginning"):
             s = 0
-        elif not _lt(ctx, s, size, "slice start past the end"):
-            s = size
+        else:
+            s = _at_most(ctx, s, size, "slice start past the end")
     if end is None:  # s <= size already
         return s, size
     e: Dim = end
     if _lt(ctx, e, 0, "negative slice end"):
         e = e + size
-    if not _lt(ctx, e, size, "slice end past the end"):
-        e = size
-    if _lt(ctx, e, s, "empty slice"):
-        e = s
+    e = _at_most(ctx, e, size, "slice end past the end")
+    try:
+        if _lt(ctx, e, s, "empty slice"):
+            e = s
+    except DataSizeError:
+        e = as_dim(sympy.Max(e, s))
     return s, e
 
 
