@@ -81,6 +81,17 @@ def test_fully_masked_rows_are_zero(flash: FlashAttention) -> None:
     _check(flash, q, k, v, bias)
 
 
+def test_nan_propagates(flash: FlashAttention) -> None:
+    q, k, v = _qkv(1, 2, 2, 20, 30, 8, 8)
+    q[0, 0, 3] = float("nan")  # a whole row of scores
+    q[0, 1, 5, 2] = float("nan")
+    k[0, 1, 7, 0] = float("nan")  # one score in every row of head 1
+    want = F.scaled_dot_product_attention(q, k, v)
+    got = flash(q, k, v)
+    assert got is not None
+    torch.testing.assert_close(got, want, equal_nan=True)
+
+
 def test_grouped_query_heads(flash: FlashAttention) -> None:
     _check(flash, *_qkv(2, 6, 2, 33, 70, 16, 16), enable_gqa=True)
     _check(flash, *_qkv(1, 4, 1, 1, 70, 16, 16), enable_gqa=True, is_causal=True)

@@ -65,8 +65,10 @@ static inline vf splat(float x) { return x - (vf){0}; /* x - 0 is x for every x,
 static inline vf select(vi mask, vf yes, vf no) { return (vf)(((vi)yes & mask) | ((vi)no & ~mask)); }
 
 /* exp(x) for x <= 0 (all this kernel asks): 2^n e^r with |r| <= ln2/2, Cephes' degree-6 polynomial
- * (within 2 ulp of expf); x below -87.3 (e^x under the smallest normal, and -inf) gives 0. */
+ * (within 2 ulp of expf); x below -87.3 (e^x under the smallest normal, and -inf) gives 0, NaN NaN. */
 static inline vf vexp(vf x) {
+    const vf nan_in = x;
+    const vi nan = x != x; /* NaN stays NaN (scores of NaN inputs), as in eager */
     const vi under = x < splat(-87.33654f);
     x = select(x > splat(88.0f), splat(88.0f), select(under, splat(-87.0f), x));
     const vf magic = splat(12582912.0f); /* 1.5 * 2^23: adding it rounds to an integer */
@@ -80,7 +82,7 @@ static inline vf vexp(vf x) {
     p = FMA(p, r, splat(5.0000001201e-1f));
     const vf y = FMA(p, r * r, r + splat(1.0f));
     const vi scaled = (vi)y + (__builtin_convertvector(n, vi) << 23);
-    return (vf)(scaled & ~under);
+    return select(nan, nan_in, (vf)(scaled & ~under));
 }
 
 /* The tiles take their row count as a constant (TILE_CASES below), so each unrolls fully and keeps
@@ -168,7 +170,7 @@ void cuvil_attention_tile(int64_t *mr, int64_t *nr) {
 }
 
 enum { P_B, P_HQ, P_HK, P_L, P_S, P_E, P_EV, P_QB, P_QH, P_QL, P_KB, P_KH, P_KL, P_VB, P_VH, P_VL,
-       P_MB, P_MH, P_ML, P_MASK, P_CAUSAL, P_BQ, P_BK, P_THREADS, P_COUNT };
+       P_MB, P_MH, P_ML, P_MASK, P_CAUSAL, P_BQ, P_BK, P_THREADS, P_COUNT /* 24: attention.py packs that many */ };
 
 /* What one thread works in: the block's queries transposed, its scores (then probabilities)
  * transposed, its output accumulator, the running max and sum per query, and the last columns of v
@@ -290,7 +292,7 @@ int cuvil_attention(const float *q, const float *k, const float *v, const void *
                              min64(BK, kend - j0), &t);
             float *ob = out + (bh * L + i0) * Ev;
             for (int64_t i = 0; i < bq; ++i) {
-                const float inv = t.l[i] > 0.0f ? 1.0f / t.l[i] : 0.0f;
+                const float inv = t.l[i] == 0.0f ? 0.0f : 1.0f / t.l[i]; /* (NaN stays NaN) */
                 for (int64_t c = 0; c < Ev; ++c) ob[i * Ev + c] = t.o[i * evp + c] * inv;
             }
         }

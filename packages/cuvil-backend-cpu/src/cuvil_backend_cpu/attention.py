@@ -107,7 +107,9 @@ def _fits(
     enable_gqa: bool,
     is_causal: bool,
 ) -> bool:
-    if not (q.dtype == k.dtype == v.dtype == torch.float32) or q.device.type != "cpu":
+    if not (q.dtype == k.dtype == v.dtype == torch.float32) or not (
+        q.device.type == k.device.type == v.device.type == "cpu"
+    ):
         return False
     if not (2 <= q.dim() == k.dim() == v.dim()) or q.shape[-1] == 0:
         return False
