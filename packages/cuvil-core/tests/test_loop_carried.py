@@ -207,6 +207,33 @@ def test_python_loop_whose_condition_becomes_data_dependent(target):
     assert "while" in ops_of(c.graphs[0])
 
 
+@pytest.mark.parametrize("target", TARGETS)
+def test_branches_widen_a_carried_number(target):
+    def f(x):
+        t = 0
+        while x.sum() > 1:
+            x = x / 2
+            if x.sum() > 3:
+                t = t + 1
+            else:
+                t = 0.5
+        return t
+
+    check(f, target, (torch.ones(3) * 4,), (torch.ones(2) * 1.5,))
+
+
+def test_float_assigned_to_an_int_tensor_is_a_located_error():
+    def f(x):
+        n = torch.zeros((), dtype=torch.int64)
+        while x.sum() > 1:
+            x = x / 2
+            n = 0.5
+        return n
+
+    with pytest.raises(cu.CompileError, match="turns the tensor 'n' into a float"):
+        cu.compile(f, target="reference", fallback="error")(torch.ones(3))
+
+
 def test_alias_keeps_the_old_value():
     def f(x):
         i = 0

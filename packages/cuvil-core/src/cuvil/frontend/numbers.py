@@ -71,9 +71,13 @@ def carried_type(a: Any, b: Any, device: str) -> TensorType | None:
 
 def as_tensor(tracer: Tracer, v: Any, t: TensorType, loc: SourceLoc | None) -> Any:
     """``v`` (a proxy, a Python number or a size) as a tensor of type ``t``, emitted
-    in the region being traced."""
-    if isinstance(v, TensorProxy):
+    in the region being traced; ``v`` itself when ``t`` cannot hold it (the caller's
+    type check reports it)."""
+    k = kind(v)
+    if k is None or not _fits(k, t.dtype):
         return v
+    if isinstance(v, NumberProxy):
+        return v if v.ir_type == t else torch.Tensor.to(v, t.dtype.torch)  # a wider number
     if isinstance(v, torch.SymBool):
         raise CompileError(
             "a size predicate is carried through a captured loop or `if`",
