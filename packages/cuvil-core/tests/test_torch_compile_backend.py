@@ -285,6 +285,19 @@ def test_autocast_is_refused_at_the_users_line_never_run_in_float32():
 
 
 @pytest.mark.slow
+def test_higher_order_ops_are_refused_at_the_users_line():
+    import torch._dynamo
+
+    def f(x):
+        return torch.cond(x.sum() > 0, lambda y: y * 2, lambda y: y - 1, (x,))
+
+    with pytest.raises(
+        torch._dynamo.exc.BackendCompilerFailed, match=r"(?s)higher-order op `cond`.*torch.cond"
+    ):
+        torch.compile(f, backend="cuvil", dynamic=True)(torch.ones(3))
+
+
+@pytest.mark.slow
 def test_no_grad_blocks_and_size_checks_in_the_graph():
     def f(x, w):
         with torch.no_grad():

@@ -145,12 +145,12 @@ def backend(
         raise CompileError(
             f"the graph has {len(placeholders)} inputs but Dynamo passed {len(example_inputs)} examples"
         )
-    state = _state_call(gm)
-    if state is not None:
+    refused = _refused_call(gm)
+    if refused is not None:
         if own.get("fallback", "error") != "eager":
-            raise state
+            raise refused
         warnings.warn(
-            f"cuvil: running a torch.compile graph eagerly: {state.reason}",
+            f"cuvil: running a torch.compile graph eagerly: {refused.reason}",
             CuvilFallbackWarning,
             stacklevel=2,
         )
@@ -215,33 +215,36 @@ def compiled_graphs() -> list[CompiledFunction]:
     return [r.compiled for r in list(_LIVE.values())]
 
 
-def _state_call(gm: torch.fx.GraphModule) -> CompileError | None:
-    """The error for the first call in ``gm`` that only changes global state Cuvil does
-    not model, if any: [Note: global state in Dynamo's graphs]. Dynamo records such a
-    call without an example value (it records one for every op it traces); a graph
-    without example values (not from Dynamo) cannot be judged and is not."""
+def _refused_call(gm: torch.fx.GraphModule) -> CompileError | None:
+    """The error for the first call in ``gm`` Cuvil must not trace, if any: a higher-order
+    op (``torch.cond``, checkpoint's ``wrap``: its subgraphs are Dynamo's, not Python the
+    tracer can run), or a call that only changes global state Cuvil does not model
+    ([Note: global state in Dynamo's graphs]). Dynamo records such a call without an
+    example value (it records one for every op it traces); a graph without example
+    values (not from Dynamo) cannot be judged that way and is not."""
     nodes = list(gm.graph.nodes)
-    if not any("example_value" in n.meta for n in nodes):
-        return None
+    from_dynamo = any("example_value" in n.meta for n in nodes)
     for i, node in enumerate(nodes):
         if node.op not in ("call_function", "call_method") or node.target in _VALUE_NEUTRAL:
             continue
-        if node.all_input_nodes or "example_value" in node.meta:
-            continue
-        name = getattr(node.target, "__qualname__", None) or str(node.target)
-        # the call itself has no stack trace: the first op after it, inside the block
+        name = str(getattr(node.target, "__name__", node.target))
+        # a call Dynamo inserted has no stack trace: the first op after it, inside its block
         loc = next((_user_loc(n) for n in nodes[i:] if n.meta.get("stack_trace")), None)
-        return CompileError(
-            f"torch.compile recorded `{name}` in the graph; Cuvil does not model the state it "
-            "sets for the ops that follow (near here)",
-            loc,
-            (
-                "autocast is not supported by Cuvil: cast explicitly (`x.to(torch.bfloat16)`); or pass "
-                if "autocast" in name
-                else "pass "
+        fallback = 'options={"fallback": "eager"} runs such graphs as Dynamo captured them'
+        if isinstance(node.target, torch._ops.HigherOrderOperator):
+            return CompileError(
+                f"torch.compile recorded the higher-order op `{name}`, which the cuvil backend does not run",
+                loc,
+                f"keep the condition or checkpointed code out of the compiled region; or {fallback}",
             )
-            + 'options={"fallback": "eager"} to run such graphs as Dynamo captured them',
-        )
+        if from_dynamo and not node.all_input_nodes and "example_value" not in node.meta:
+            cast = "autocast is not supported by Cuvil: cast explicitly (`x.to(torch.bfloat16)`); or "
+            return CompileError(
+                f"torch.compile recorded `{name}` in the graph; Cuvil does not model the state it "
+                "sets for the ops that follow (near here)",
+                loc,
+                (cast if "autocast" in name else "") + fallback,
+            )
     return None
 
 
