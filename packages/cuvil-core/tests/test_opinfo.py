@@ -2,8 +2,9 @@
 
 For each op of ``torch.testing._internal.common_methods_invocations.op_db`` that supports
 float32 on CPU, the first ``SAMPLES`` float32 CPU samples are called through one compiled
-function (``fallback="error"``, reference target): the samples' sizes differ, so a later
-sample with the structure of an earlier one is a cache hit that runs the symbolic artifact.
+function per target (``fallback="error"``; ``reference`` and ``cpu``): the samples' sizes
+differ, so a later sample with the structure of an earlier one is a cache hit that runs the
+symbolic artifact.
 Each op ends in one of three outcomes:
 
 - ``pass``: every sample compiled and matched eager (values, dtypes, NaN where eager has NaN);
@@ -16,8 +17,9 @@ runs an aten op tagged ``nondeterministic_seeded`` or disagrees with itself unde
 (:func:`random_sample`: ``sdpa`` with ``dropout_p > 0``); an op whose samples are all random
 is excluded.
 
-``opinfo_pass.txt`` (sorted, one op a line) lists the ops that pass: one of them failing is a
-regression; an op passing that is not listed is reported (a warning saying to add it).
+``opinfo_pass.txt`` (sorted, one op a line) lists the ops that pass on every target: one
+failing is a regression; an op passing that is not listed is reported (a warning saying to
+add it).
 Regenerate the list with ``python test_opinfo.py --update``.
 """
 
@@ -38,7 +40,8 @@ from cuvil.errors import CompileError
 
 PASS_LIST = Path(__file__).with_name("opinfo_pass.txt")
 SAMPLES = 3
-TARGET = "reference"
+#: the targets the sweep runs on (the cpu target costs about as much as the reference)
+TARGETS = [t for t in ("reference", "cpu") if t in {b.name for b in cu.backends() if b.available}]
 
 #: ops that draw random numbers or return uninitialized memory: eager itself disagrees
 #: with itself, so no comparison is meaningful (the seed check below catches the rest)
@@ -161,17 +164,17 @@ class Outcome:
     detail: str = ""
 
 
-def _compiled(op: Any) -> Any:
+def _compiled(op: Any, target: str) -> Any:
     fn = op.op
 
     def run(args: Any, kwargs: Any) -> Any:
         return fn(*args, **kwargs)
 
-    return cu.compile(run, target=TARGET, fallback="error")
+    return cu.compile(run, target=target, fallback="error")
 
 
-def check(op: Any) -> Outcome:
-    """Compile ``op`` once and run its samples through it against eager."""
+def check(op: Any, target: str) -> Outcome:
+    """Compile ``op`` for ``target`` and run its samples through it against eager."""
     todo = samples(op)
     if not todo:
         return Outcome("skipped", "no float32 samples")
@@ -192,7 +195,9 @@ def check(op: Any) -> Outcome:
             continue  # a sample eager refuses says nothing about us
         args, kwargs = _clone((s.input, *s.args)), _clone(s.kwargs)
         leaves, spec = torch.utils._pytree.tree_flatten((list(args), kwargs))
-        f = compiled.setdefault((spec, tuple(isinstance(v, torch.Tensor) for v in leaves)), _compiled(op))
+        f = compiled.setdefault(
+            (spec, tuple(isinstance(v, torch.Tensor) for v in leaves)), _compiled(op, target)
+        )
         try:
             actual = f(list(args), kwargs)
         except CompileError as e:
@@ -217,6 +222,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "name" in metafunc.fixturenames:
         names = sorted(sweep_ops()) if _slow_selected(metafunc.config) else []
         metafunc.parametrize("name", names)
+        metafunc.parametrize("target", TARGETS)
 
 
 def _slow_selected(config: pytest.Config) -> bool:
@@ -227,8 +233,8 @@ def _slow_selected(config: pytest.Config) -> bool:
 
 
 @pytest.mark.slow
-def test_opinfo(name: str) -> None:
-    outcome = check(sweep_ops()[name])
+def test_opinfo(name: str, target: str) -> None:
+    outcome = check(sweep_ops()[name], target)
     if outcome.kind == "finding":
         pytest.fail(f"{name}: {outcome.detail}")
     listed = name in pass_list()
@@ -241,28 +247,27 @@ def test_opinfo(name: str) -> None:
 
 
 def main(argv: list[str]) -> int:
-    """``python test_opinfo.py [--update] [--target=cpu] [op ...]``: run the sweep, print
-    every outcome that is not a pass (``--target``: another target than the test's)."""
+    """``python test_opinfo.py [--update] [--target=cpu] [op ...]``: run the sweep on every
+    target (or one), print every outcome that is not a pass; ``--update`` lists the ops
+    that pass on every target."""
     import logging
 
-    global TARGET
-    for a in argv:
-        if a.startswith("--target="):
-            TARGET = a.split("=", 1)[1]
-    if "--update" in argv and TARGET != "reference":
-        raise SystemExit("the pass list is the reference target's: --update takes no --target")
+    targets = [a.split("=", 1)[1] for a in argv if a.startswith("--target=")] or TARGETS
+    if "--update" in argv and targets != TARGETS:
+        raise SystemExit("the pass list holds the ops passing on every target: --update takes no --target")
 
     logging.getLogger("torch._subclasses.fake_tensor").setLevel(logging.CRITICAL)
     names = [a for a in argv if not a.startswith("--")] or sorted(sweep_ops())
     counts: dict[str, int] = {}
     passing = []
     for name in names:
-        outcome = check(sweep_ops()[name])
-        counts[outcome.kind] = counts.get(outcome.kind, 0) + 1
-        if outcome.kind == "pass":
+        outcomes = [(t, check(sweep_ops()[name], t)) for t in targets]
+        for t, outcome in outcomes:
+            counts[outcome.kind] = counts.get(outcome.kind, 0) + 1
+            if outcome.kind != "pass":
+                print(f"{outcome.kind:9} {name} ({t}): {outcome.detail}", flush=True)
+        if all(o.kind == "pass" for _, o in outcomes):
             passing.append(name)
-        else:
-            print(f"{outcome.kind:9} {name}: {outcome.detail}", flush=True)
     print(counts)
     if "--update" in argv:
         PASS_LIST.write_text("".join(f"{n}\n" for n in sorted(passing)))
