@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from cuvil import warm
+from cuvil import autocast, warm
 from cuvil.arguments import check_tensors
 from cuvil.call_plan import output_leaf
 from cuvil.capabilities import check_capabilities
@@ -35,6 +35,10 @@ MAX_ARTIFACTS = 64
 MANY_RECOMPILES = 16
 #: recompile reasons kept in ``stats.recompile_reasons`` (the most recent)
 MAX_REASONS = 256
+#: argument types the fast path in ``_prepare`` takes: pytree leaves whose structure key
+#: is their tensor metadata alone (a Parameter is a plain tensor to a graph; the
+#: torch.compile backend passes them as inputs)
+_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
 
 #: executables of this process by (graph hash, target, options): compiled functions
 #: whose captured graphs are the same share one compile
@@ -78,6 +82,8 @@ class _Artifact:
     lifted_keys: tuple[Any, ...] = ()
     #: the argument leaves' names (for recompile reasons)
     names: tuple[str, ...] = ()
+    #: the call's autocast state (cuvil/autocast.py); part of the structure key
+    amp: tuple[Any, ...] = ()
 
 
 class CompiledFunction:
@@ -265,20 +271,21 @@ class CompiledFunction:
         # Fast path: plain positional tensors, checked and flattened like this before
         # (no containers), reuse the remembered tree spec.
         spec = None if kwargs else self._flat_specs.get(len(args))
-        if spec is not None and all(type(a) is torch.Tensor for a in args):
+        if spec is not None and all(type(a) in _PLAIN_TENSORS for a in args):
             leaves: list[Any] = list(args)
             bargs, bkwargs = args, dict[str, Any]()
         else:
             bargs, bkwargs = self._check_call(args, kwargs)
             leaves, spec = pytree.tree_flatten((bargs, bkwargs))
-            if not kwargs and all(type(a) is torch.Tensor for a in args):
+            if not kwargs and all(type(a) in _PLAIN_TENSORS for a in args):
                 self._flat_specs[len(args)] = spec
         key: tuple[Any, ...] = (spec, tuple(leaf_key(x, self.dynamic) for x in leaves))
         if arg_objects.has_objects(spec):
             # registered objects' state besides their tensors ([Note: objects in the argument tree])
             key += (arg_objects.object_states((bargs, bkwargs)),)
         extra = self._extra_key()
-        art = self._find(key, extra, leaves, self.artifacts)
+        amp = autocast.state(leaves)
+        art = self._find(key, extra, amp, leaves, self.artifacts)
         if art is not None:
             return art, leaves, True
         names = self._leaf_names(bargs, bkwargs)
@@ -286,12 +293,12 @@ class CompiledFunction:
         # One compile per key: threads missing at once queue here, and each looks again
         # at what the ones before it compiled.
         with self._compile_lock:
-            art = self._find(key, extra, leaves, self.artifacts)  # with what others just compiled
+            art = self._find(key, extra, amp, leaves, self.artifacts)  # with what others just compiled
             if art is not None:
                 return art, leaves, True
             if self.artifacts:
-                self._note_recompile(self._why_miss(key, extra, leaves, names))
-            art = self._compile(key, extra, leaves, names, spec, (bargs, bkwargs))
+                self._note_recompile(self._why_miss(key, extra, amp, leaves, names))
+            art = self._compile(key, extra, amp, leaves, names, spec, (bargs, bkwargs))
             # a new list, not an in-place change: other threads may be scanning the old one
             self.artifacts = [*self.artifacts[-(MAX_ARTIFACTS - 1) :], art]
         return art, leaves, False
@@ -314,12 +321,17 @@ class CompiledFunction:
 
     @staticmethod
     def _find(
-        key: tuple[Any, ...], extra: tuple[Any, ...], leaves: list[Any], artifacts: list[_Artifact]
+        key: tuple[Any, ...],
+        extra: tuple[Any, ...],
+        amp: tuple[Any, ...],
+        leaves: list[Any],
+        artifacts: list[_Artifact],
     ) -> _Artifact | None:
         for art in artifacts:
             if (
                 art.key == key
                 and art.extra == extra
+                and art.amp == amp
                 and (art.captured is None or art.captured.guards.holds())
                 and _lifted_ok(art)
                 and (art.captured is None or art.captured.check.holds(leaves))
@@ -350,9 +362,16 @@ class CompiledFunction:
                     )
 
     def _why_miss(
-        self, key: tuple[Any, ...], extra: tuple[Any, ...], leaves: list[Any], names: list[str]
+        self,
+        key: tuple[Any, ...],
+        extra: tuple[Any, ...],
+        amp: tuple[Any, ...],
+        leaves: list[Any],
+        names: list[str],
     ) -> str:
         last = self.artifacts[-1]
+        if last.amp != amp:
+            return f"autocast changed (was {autocast.describe(last.amp)}, now {autocast.describe(amp)})"
         if last.key[:2] == key[:2] and last.key[2:] != key[2:] and last.extra == extra:
             return _explain_objects(last.key[2:], key[2:])
         if last.key != key or last.extra != extra:
@@ -368,6 +387,7 @@ class CompiledFunction:
         self,
         key: tuple[Any, ...],
         extra: tuple[Any, ...],
+        amp: tuple[Any, ...],
         leaves: list[Any],
         names: list[str],
         spec: Any,
@@ -382,6 +402,8 @@ class CompiledFunction:
             target = get_target(target_name)
             # before capture: an unsupported tensor must not reach tracing or kernels
             check_tensors(leaves, names, target.capabilities.devices, target_name)
+            if amp:  # before a warm start too: a variant captured without autocast is wrong here
+                raise autocast.at_call(amp)
             _check_options(dict(self.options), target.capabilities, target_name)
             if self.module is not None and torch.is_grad_enabled():
                 self._warn_parameters_need_no_grad()
@@ -417,7 +439,7 @@ class CompiledFunction:
                 if isinstance(e, CompileError):
                     raise
                 raise CompileError(reason) from e
-            return _Artifact(key, extra, None, None, None, reason, names=tuple(names))
+            return _Artifact(key, extra, None, None, None, reason, names=tuple(names), amp=amp)
         return _Artifact(
             key,
             extra,
@@ -426,6 +448,7 @@ class CompiledFunction:
             target_name,
             lifted_keys=_lifted_keys(captured),
             names=tuple(names),
+            amp=amp,
         )
 
     def _warn_parameters_need_no_grad(self) -> None:

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from cuvil import autocast
 from cuvil.errors import CompileError
 from cuvil.frontend import data_sizes
 from cuvil.frontend.convert import SITES, ConversionError, convert, is_user_function
@@ -110,7 +111,9 @@ def call(site: int, fn: Any, *args: Any, **kwargs: Any) -> Any:
         return target(*args, **kwargs)
     if code is None:
         with data_sizes.guards(tracer, SITES[site].loc):  # float(n) of a size computed from data
-            return target(*args, **kwargs)
+            result = target(*args, **kwargs)
+        autocast.check_entered(tracer, fn, args, result, SITES[site].loc)
+        return result
     tracer.reads.add_file(code)
     depth = tracer.depth.get(code, 0)
     if depth >= RECURSION_LIMIT:

@@ -23,6 +23,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
 
+from cuvil import autocast
 from cuvil.errors import CompileError, SourceLoc
 from cuvil.frontend import data_sizes
 from cuvil.frontend.convert import is_user_frame
@@ -397,6 +398,7 @@ class Tracer:
         from cuvil.frontend import metadata
 
         self.sync()
+        autocast.check_in_trace(self)  # eager would cast; the graph would not
         answered = metadata.answer(self, func, args, kwargs)
         if answered is not metadata.UNHANDLED:
             return answered
