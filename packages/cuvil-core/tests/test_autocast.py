@@ -155,3 +155,15 @@ def test_autocast_of_another_device_does_not_matter_on_cpu(target: str) -> None:
     finally:
         torch.set_autocast_enabled("cuda", False)
     assert f.stats.compiles == 1 and g.stats.compiles == 1
+
+
+def test_submitted_call_under_autocast_runs_eagerly_under_it() -> None:
+    # submit runs on the runtime's pool, where the caller's (thread-local) autocast is off
+    f = cu.compile(_plain, target="reference")
+    with torch.autocast("cpu", dtype=BF16):
+        want = _plain(*_inputs(2))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", cu.CuvilFallbackWarning)
+            got = f.submit(*_inputs(2)).result()
+    _same(got, want)
+    assert want.dtype == BF16 and f.stats.fallbacks == 1

@@ -344,7 +344,8 @@ class CompiledFunction:
     ) -> Any:
         self._last = art
         if art.captured is None:
-            return self._eager(art.reason or "", args, kwargs)
+            with autocast.entered_again(art.amp):  # autocast is per thread; submit runs on another
+                return self._eager(art.reason or "", args, kwargs)
         if hit:
             self.stats.cache_hits += 1
         return _run(art, leaves, (args, kwargs))

@@ -15,6 +15,8 @@ Only the devices the tensors live on matter: CUDA autocast does not change CPU o
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -47,6 +49,16 @@ def _enabled(device: str) -> bool:
         return torch.is_autocast_enabled(device)
     except RuntimeError:  # a device type autocast does not know (meta): it never casts there
         return False
+
+
+@contextlib.contextmanager
+def entered_again(amp: tuple[tuple[str, torch.dtype], ...]) -> Iterator[None]:
+    """Autocast as it was at the call (``state``), on this thread: an eager fallback of a
+    call made under autocast that runs on another thread (``submit``) casts like eager."""
+    with contextlib.ExitStack() as stack:
+        for device, dtype in amp:
+            stack.enter_context(torch.autocast(device, dtype=dtype))
+        yield
 
 
 def describe(amp: tuple[tuple[str, torch.dtype], ...]) -> str:
