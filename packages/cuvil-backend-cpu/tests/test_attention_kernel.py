@@ -17,9 +17,13 @@ from cuvil_backend_cpu.attention import FlashAttention
 from cuvil_backend_cpu.kernel_cache import KernelCache
 
 
-@pytest.fixture(scope="module")
-def flash() -> FlashAttention:
-    return attention.kernel(KernelCache())
+@pytest.fixture(scope="module", params=[None, 16, 4], ids=["host", "lanes16", "lanes4"])
+def flash(request: pytest.FixtureRequest) -> FlashAttention:
+    """The host's kernel, and the kernel with 16 and 4 lanes forced (the AVX-512 and NEON
+    tilings, in plain vector arithmetic), so every host checks every tiling's logic."""
+    if request.param is None:
+        return attention.kernel(KernelCache())
+    return FlashAttention(KernelCache(), lanes=request.param)
 
 
 def _qkv(

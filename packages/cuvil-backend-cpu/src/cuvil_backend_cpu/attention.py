@@ -45,8 +45,10 @@ _MASK_KIND = {torch.float32: 1, torch.bool: 2}
 class FlashAttention:
     """The compiled kernel of ``attention.c``, loaded from ``cache``."""
 
-    def __init__(self, cache: KernelCache) -> None:
-        lib = cache.load(cache.build(SOURCE, name="attention"), SOURCE, name="attention")
+    def __init__(self, cache: KernelCache, lanes: int | None = None) -> None:
+        """``lanes`` forces the vector width (tests: the AVX-512 tiling on any host)."""
+        source = SOURCE if lanes is None else f"#define CUVIL_ATTENTION_VW {lanes}\n{SOURCE}"
+        lib = cache.load(cache.build(source, name="attention"), source, name="attention")
         self._fn = lib.cuvil_attention
         self._fn.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_char_p, ctypes.c_float]
         self._fn.restype = ctypes.c_int
