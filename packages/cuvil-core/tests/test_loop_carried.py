@@ -282,3 +282,17 @@ def test_saved_artifact_returns_the_carried_number(tmp_path):
     g = cu.load(cu.save(f, tmp_path / "halvings.cuvil", torch.ones(3)))
     for x in (torch.ones(2) * 8, torch.ones(5) * 0.1):
         same(g(x), halvings(x))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_carried_float_is_weak_with_integer_tensors(target):
+    # a Python float times an int tensor is the default dtype in eager, not float64
+    def f(x, n):
+        s = 0.0
+        while x.sum() < 10:
+            x = x + 1
+            s += 0.25
+        return n * s, s * n, n + s, (n > s), torch.mul(n, s), x
+
+    n = torch.arange(4)
+    check(f, target, (torch.zeros(3), n), (torch.zeros(5), n[:3]))

@@ -27,6 +27,8 @@ class TensorProxy(torch.Tensor):
     _cuvil_base: TensorProxy | None
     _cuvil_has_views: bool
     _cuvil_is_input: bool
+    #: stands for a Python number (a NumberProxy): weak in type promotion, as the number is
+    _cuvil_weak = False
 
     @staticmethod
     def __new__(cls, tracer: Tracer, value: Value) -> TensorProxy:

@@ -399,6 +399,7 @@ class Tracer:
 
         self.sync()
         autocast.check_in_trace(self)  # eager would cast; the graph would not
+        args, kwargs = weak_numbers(args, kwargs)
         answered = metadata.answer(self, func, args, kwargs)
         if answered is not metadata.UNHANDLED:
             return answered
@@ -587,6 +588,28 @@ class Region:
     @property
     def block(self) -> Block:
         return Block(self.arg_values, self.nodes, self.results)
+
+
+def weak_numbers(args: Any, kwargs: Any) -> tuple[Any, Any]:
+    """A carried Python float (a float64 :class:`NumberProxy`) combined with tensors none
+    of which is floating is cast to the default dtype first: eager promotes the number it
+    stands for with them to the default dtype (``int_tensor * 0.5`` is float32), while a
+    float64 0-d tensor would make the result float64. With a floating tensor the 0-d
+    float64 already loses to it, as the number would."""
+    leaves = pytree.tree_leaves((args, kwargs))
+    if not any(isinstance(x, TensorProxy) and x._cuvil_weak and x.ir_type.dtype == DType.f64 for x in leaves):
+        return args, kwargs
+    others = [x for x in leaves if isinstance(x, torch.Tensor) and not getattr(x, "_cuvil_weak", False)]
+    dtypes = [x.ir_type.dtype.torch if isinstance(x, TensorProxy) else x.dtype for x in others]
+    if not others or any(d.is_floating_point or d.is_complex for d in dtypes):
+        return args, kwargs
+    default = torch.get_default_dtype()
+
+    def cast(x: Any) -> Any:
+        weak = isinstance(x, TensorProxy) and x._cuvil_weak and x.ir_type.dtype == DType.f64
+        return torch.Tensor.to(x, default) if weak else x
+
+    return pytree.tree_map(cast, (args, kwargs))  # type: ignore[no-any-return]
 
 
 def _dead_code_elimination(nodes: tuple[Node, ...], live: set[Value], binds: set[int]) -> tuple[Node, ...]:
