@@ -296,3 +296,41 @@ def test_carried_float_is_weak_with_integer_tensors(target):
 
     n = torch.arange(4)
     check(f, target, (torch.zeros(3), n), (torch.zeros(5), n[:3]))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_not_and_or_on_carried_bools(target):
+    def f(x):
+        done = False
+        n = 0
+        while x.sum() < 20 and not done:
+            x = x + 1
+            n += 1
+            if n > 3 or x.sum() > 15:
+                done = True
+        if not done:
+            x = x * 2
+        return x, not done, done or n > 2, n
+
+    check(f, target, (torch.zeros(3),), (torch.zeros(5),), (torch.full((2,), 9.0),))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_and_or_keep_python_semantics_for_python_values(target):
+    def f(x, y=None, flag=True):
+        if y is not None and y.shape[0] > 1:  # short circuit: y.shape is never read for None
+            x = x + y
+        z = flag and x  # the last operand is returned as it is, a tensor
+        w = (x.shape[0] > 100) or x * 2
+        return z, w, 0 or 3, None and x
+
+    check(f, target, (torch.ones(3),), (torch.ones(4),))
+
+
+def test_and_of_a_non_bool_tensor_is_a_located_error():
+    def f(x):
+        return (x.sum() and x.mean()) + 1
+
+    with pytest.raises(cu.CompileError, match="not a bool") as e:
+        cu.compile(f, target="reference", fallback="error")(torch.ones(3))
+    assert "test_loop_carried.py" in str(e.value)

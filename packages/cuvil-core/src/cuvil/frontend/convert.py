@@ -37,6 +37,19 @@ HOOKS = "__cuvil_hooks__"
 _FRAME_SENSITIVE = frozenset({"super", "locals", "globals", "vars", "eval", "exec", "dir"})
 
 
+#: the arguments of a thunk (``lambda: operand``)
+_NO_ARGS = ast.arguments(
+    posonlyargs=[], args=[], vararg=None, kwonlyargs=[], kw_defaults=[], kwarg=None, defaults=[]
+)
+
+
+def _not_a_thunk(node: ast.AST) -> bool:
+    """Would ``node`` mean something else inside a ``lambda``?"""
+    if isinstance(node, (ast.NamedExpr, ast.Yield, ast.YieldFrom, ast.Await)):
+        return True
+    return isinstance(node, ast.Name) and node.id in _FRAME_SENSITIVE
+
+
 @dataclass(frozen=True, slots=True)
 class Site:
     """A rewritten construct: where it is and what it is (``if``, ``while`` ...)."""
@@ -165,16 +178,22 @@ class _Rewriter(ast.NodeTransformer):
     def visit_BoolOp(self, node: ast.BoolOp) -> ast.AST:
         self.generic_visit(node)
         kind = "and" if isinstance(node.op, ast.And) else "or"
-        # every operand but the last is asked for its truth by Python
-        node.values = [self._hook("boolop", v, self._site(kind, v)) for v in node.values[:-1]] + [
-            node.values[-1]
-        ]
-        return node
+        if any(_not_a_thunk(n) for v in node.values[1:] for n in ast.walk(v)):
+            # a later operand binds a name or reads its frame: it cannot become a thunk
+            node.values = [self._hook("boolop", v, self._site(kind, v)) for v in node.values[:-1]] + [
+                node.values[-1]
+            ]
+            return node
+        # hooks.and_/or_(site, first, lambda: second, ...): Python's short circuit for
+        # Python values, a bool number for data-dependent ones (`not done and x.sum() > 0`)
+        later = [ast.Lambda(_NO_ARGS, v) for v in node.values[1:]]
+        call = self._hook(f"{kind}_", self._site(kind, node.values[0]), node.values[0], *later)
+        return ast.copy_location(call, node)
 
     def visit_UnaryOp(self, node: ast.UnaryOp) -> ast.AST:
         self.generic_visit(node)
         if isinstance(node.op, ast.Not):
-            node.operand = self._test("not", node.operand)
+            return ast.copy_location(self._hook("not_", node.operand, self._site("not", node.operand)), node)
         return node
 
     def visit_For(self, node: ast.For) -> ast.AST:

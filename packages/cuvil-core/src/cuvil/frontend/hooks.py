@@ -24,6 +24,7 @@ from cuvil import autocast
 from cuvil.errors import CompileError
 from cuvil.frontend import data_sizes
 from cuvil.frontend.convert import SITES, ConversionError, convert, is_user_function
+from cuvil.frontend.numbers import number
 from cuvil.frontend.proxy import TensorProxy
 from cuvil.frontend.reads import MUTATORS
 from cuvil.frontend.regions import (
@@ -36,6 +37,7 @@ from cuvil.frontend.regions import (
     static_truth,
 )
 from cuvil.frontend.tracer import Tracer
+from cuvil_ir.graph_ir.types import DType
 
 #: The class of ``cu.compile``'s results (:class:`cuvil.api.CompiledFunction`), set by
 #: :mod:`cuvil.api` (which imports this module, through capture): one called from compiled
@@ -78,6 +80,69 @@ def boolop(value: Any, site: int) -> Any:
     if isinstance(value, TensorProxy):
         raise _reject(SITES[site].kind, site, "a tensor value")
     return value
+
+
+def not_(value: Any, site: int) -> Any:
+    """``not value``: Python's for a Python value or a size predicate; for a one-element
+    tensor (a carried number, ``x.sum() > 0``) a bool number known when the code runs."""
+    if isinstance(value, TensorProxy):
+        return number(torch.logical_not(_truth_tensor(value, site)))
+    return not truth(value, site)
+
+
+def and_(site: int, first: Any, *rest: Any) -> Any:
+    """``first and rest[0]() and ...`` (the later operands are thunks)."""
+    return _boolop(site, first, rest, is_and=True)
+
+
+def or_(site: int, first: Any, *rest: Any) -> Any:
+    """``first or rest[0]() or ...`` (the later operands are thunks)."""
+    return _boolop(site, first, rest, is_and=False)
+
+
+def _boolop(site: int, value: Any, thunks: tuple[Any, ...], *, is_and: bool) -> Any:
+    """Python's short circuit while the operands are Python values or size predicates
+    (decided and guarded as ``truth`` does). Once an operand that is not the last is a
+    tensor, the rest are evaluated too and the result is a bool number: an ``and``/``or``
+    of bools is the bool Python's operator returns. A non-bool operand is then refused
+    (Python would return one of the operands, which one is only known at run time)."""
+    i = 0
+    while not isinstance(value, TensorProxy) or i == len(thunks):
+        if i == len(thunks) or truth(value, site) != is_and:
+            return value  # the last operand, or `a and b` with a falsy `a` (`a or b`: truthy)
+        value = thunks[i]()
+        i += 1
+    acc = _bool_operand(value, site)
+    for thunk in thunks[i:]:
+        nxt = thunk()
+        if isinstance(nxt, TensorProxy):
+            acc = (torch.logical_and if is_and else torch.logical_or)(acc, _bool_operand(nxt, site))
+        elif isinstance(nxt, (bool, torch.SymBool)):
+            if truth(nxt, site) != is_and:
+                return nxt  # `acc and False` is False, `acc or True` is True, whatever acc is
+        else:
+            raise _reject(SITES[site].kind, site, "a tensor value beside an operand that is not a bool")
+    return number(acc)
+
+
+def _one_element(value: TensorProxy, site: int) -> TensorProxy:
+    """``value`` as a 0-d tensor: Python's truth of a tensor needs exactly one element."""
+    shape = value.ir_type.shape
+    if any(d != 1 for d in shape):
+        raise _reject(SITES[site].kind, site, "a tensor that may have more than one element")
+    return value.reshape(()) if shape else value
+
+
+def _bool_operand(value: TensorProxy, site: int) -> TensorProxy:
+    if value.ir_type.dtype != DType.bool:
+        raise _reject(SITES[site].kind, site, f"a {value.ir_type.dtype.value} tensor value (not a bool)")
+    return _one_element(value, site)
+
+
+def _truth_tensor(value: TensorProxy, site: int) -> TensorProxy:
+    """Python's truth of a one-element tensor, as a 0-d bool tensor."""
+    one = _one_element(value, site)
+    return one if one.ir_type.dtype == DType.bool else torch.ne(one, 0)
 
 
 def iterate(value: Any, site: int) -> Any:
