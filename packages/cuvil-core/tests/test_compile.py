@@ -369,3 +369,26 @@ def test_a_compiled_function_called_from_compiled_code_is_inlined() -> None:
     torch.testing.assert_close(cf(x), torch.sin(x) * 2 + 1)
     assert inner.stats.compiles == 0  # traced through, not compiled (or called) on its own
     assert "sin(" in str(cf.graphs[0]) and "extern" not in str(cf.graphs[0])
+
+
+def _seeds_globally(x):
+    torch.manual_seed(0)
+    return x + torch.rand(3)
+
+
+def _seeds_a_generator(x):
+    gen = torch.Generator().manual_seed(0)
+    return x + torch.rand(3, generator=gen)
+
+
+@pytest.mark.parametrize("fn", [_seeds_globally, _seeds_a_generator])
+def test_seeding_inside_compiled_code_is_a_located_error(fn):
+    # it would run once, at capture: later calls would draw other numbers than eager
+    with pytest.raises(cu.CompileError, match="would run once") as e:
+        cu.compile(fn, target="reference", fallback="error")(torch.zeros(3))
+    assert "test_compile.py" in str(e.value) and "manual_seed" in str(e.value)
+    with pytest.warns(cu.CuvilFallbackWarning):
+        f = cu.compile(fn, target="reference")
+        f(torch.zeros(3))
+    for _ in range(2):  # the eager fallback seeds on every call, like eager
+        torch.testing.assert_close(f(torch.zeros(3)), fn(torch.zeros(3)))

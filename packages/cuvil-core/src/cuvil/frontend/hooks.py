@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import builtins
 import functools
+import inspect
 import sys
 import types
 import warnings
@@ -164,6 +165,13 @@ def call(site: int, fn: Any, *args: Any, **kwargs: Any) -> Any:
     if tracer is not None:
         if fn is builtins.print:
             return _print(tracer, site, args, kwargs)
+        if _sets_rng_state(fn):
+            raise CompileError(
+                f"`{getattr(fn, '__qualname__', fn)}` inside compiled code would run once, while it "
+                "is captured: later calls would draw other random numbers than eager",
+                SITES[site].loc,
+                "seed before calling the compiled function",
+            )
         if fn in (builtins.setattr, builtins.delattr) and args:
             tracer.reads.store(args[0], "attribute", SITES[site].loc)
         if fn in (builtins.int, builtins.min, builtins.max):
@@ -194,6 +202,25 @@ def call(site: int, fn: Any, *args: Any, **kwargs: Any) -> Any:
         return target(*args, **kwargs)
     finally:
         tracer.depth[code] = depth
+
+
+#: (module, name) of the functions that set the global random state; by name, since
+#: importing torch._dynamo replaces ``torch.manual_seed`` with a wrapper of it
+_RNG_STATE_SETTERS = frozenset(("torch.random", name) for name in ("manual_seed", "seed", "set_rng_state"))
+
+
+def _sets_rng_state(fn: Any) -> bool:
+    """Does calling ``fn`` set a random generator's state (the global one's, or a
+    ``torch.Generator``'s: ``g.manual_seed(0)``)?"""
+    if isinstance(fn, types.FunctionType):
+        fn = inspect.unwrap(fn)
+        return (getattr(fn, "__module__", None), getattr(fn, "__name__", None)) in _RNG_STATE_SETTERS
+    owner = getattr(fn, "__self__", None)
+    return isinstance(owner, torch.Generator) and getattr(fn, "__name__", "") in (
+        "manual_seed",
+        "seed",
+        "set_state",
+    )
 
 
 def _unwrap(fn: Any) -> Any:
