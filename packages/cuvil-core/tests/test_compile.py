@@ -392,3 +392,14 @@ def test_seeding_inside_compiled_code_is_a_located_error(fn):
         f(torch.zeros(3))
     for _ in range(2):  # the eager fallback seeds on every call, like eager
         torch.testing.assert_close(f(torch.zeros(3)), fn(torch.zeros(3)))
+
+
+def test_a_capture_counts_as_compiling():
+    # libraries leave data-dependent checks out when compiling ([Note: captures count as
+    # compiling]); the flag is set only while the capture runs
+    def f(x):
+        return x * 2 if torch.compiler.is_compiling() else x * 3
+
+    c = cu.compile(f, target="reference", fallback="error")
+    torch.testing.assert_close(c(torch.ones(2)), torch.full((2,), 2.0))
+    assert not torch.compiler.is_compiling()

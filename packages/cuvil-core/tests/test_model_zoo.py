@@ -39,6 +39,12 @@ def _small(**kw: Any) -> dict[str, Any]:
 ZOO: dict[str, tuple[Callable[[], Any], Callable[[int, int], dict[str, Any]]]] = {
     "bert": (lambda: T.BertModel(T.BertConfig(vocab_size=V, hidden_size=32, **_small())), _ids),
     "gpt2": (lambda: T.GPT2Model(T.GPT2Config(vocab_size=V, n_embd=32, n_layer=2, n_head=2)), _ids),
+    # without a cache transformers checks for packed sequences on tensor data, unless
+    # torch.compiler.is_compiling() ([Note: captures count as compiling])
+    "gpt2_no_cache": (
+        lambda: T.GPT2Model(T.GPT2Config(vocab_size=V, n_embd=32, n_layer=2, n_head=2, use_cache=False)),
+        _ids,
+    ),
     # decoder-only with rotary embeddings and grouped-query attention (4 heads, 2 kv heads)
     "llama": (
         lambda: T.LlamaModel(
@@ -96,7 +102,7 @@ ZOO: dict[str, tuple[Callable[[], Any], Callable[[int, int], dict[str, Any]]]] =
         },
     ),
 }
-FAST = ("bert", "gpt2")
+FAST = ("bert", "gpt2", "gpt2_no_cache")
 
 
 @pytest.mark.parametrize("name", [n if n in FAST else pytest.param(n, marks=pytest.mark.slow) for n in ZOO])

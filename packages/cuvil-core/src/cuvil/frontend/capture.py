@@ -10,6 +10,7 @@ call time instead of baking them in.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import types
@@ -225,7 +226,7 @@ def capture(
                 tracer.reads.long_lived(fn.__self__, "self")
         previous, Tracer.active = Tracer.active, tracer
         try:
-            with tracer.mode():
+            with tracer.mode(), _compiling():
                 out = target(*args, **kwargs)
         finally:
             Tracer.active = previous
@@ -329,6 +330,21 @@ def _rebuilt_state(
             return arg_objects.state(node), arg_objects.state(pytree.tree_unflatten(leaves, spec))
     finally:
         Tracer.active = previous
+
+
+def _compiling() -> contextlib.AbstractContextManager[Any]:
+    """``torch.compiler.is_compiling()`` is true while a capture runs the function.
+
+    [Note: captures count as compiling] Libraries ask ``torch.compiler.is_compiling()``
+    to leave out what a graph compiler cannot capture and does not need: Python checks
+    on tensor data (transformers' packed-sequence test ``(mask[:, -1] == 0).all()``),
+    eager-only fast paths (``nn.TransformerEncoderLayer``'s fused kernel). Both paths give
+    the same results (torch.compile and torch.export rely on that); the compile path is
+    the one a capture can follow. torch.export sets the same flag for its non-strict
+    tracing; like there, it is process-wide while the capture runs.
+    """
+    session = getattr(torch.compiler, "_compile_session_context", None)
+    return session() if session is not None else contextlib.nullcontext()
 
 
 class _Snapshot:
