@@ -274,13 +274,15 @@ class CompiledFunction:
         if spec is not None and all(type(a) in _PLAIN_TENSORS for a in args):
             leaves: list[Any] = list(args)
             bargs, bkwargs = args, dict[str, Any]()
+            objects = False  # plain tensors only
         else:
             bargs, bkwargs = self._check_call(args, kwargs)
             leaves, spec = pytree.tree_flatten((bargs, bkwargs))
             if not kwargs and all(type(a) in _PLAIN_TENSORS for a in args):
                 self._flat_specs[len(args)] = spec
+            objects = arg_objects.has_objects(spec)
         key: tuple[Any, ...] = (spec, tuple(leaf_key(x, self.dynamic) for x in leaves))
-        if arg_objects.has_objects(spec):
+        if objects:
             # registered objects' state besides their tensors ([Note: objects in the argument tree])
             key += (arg_objects.object_states((bargs, bkwargs)),)
         extra = self._extra_key()
