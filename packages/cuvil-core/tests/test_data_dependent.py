@@ -302,3 +302,69 @@ def test_saved_artifact_runs_other_counts(target, tmp_path):
     for n, count in CALLS:
         args = make(n, count)
         same(g(*args), fn(*args))
+
+
+# -- sizes that live inside one torch call (the OpInfo sweep's `narrow`, `combinations`) --
+
+
+def narrow_tensor_start(x, start):
+    return torch.narrow(x, 1, start, 2) * 2
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_narrow_with_a_tensor_start(target):
+    """torch reads the start into a size inside the call (``u0``) and checks ``u0 + 2 <=
+    x.shape[1]`` there: no node of the graph binds ``u0``, so the check is the call's own
+    (it runs the same code on the real value), and the result's size is the length."""
+    f = cu.compile(narrow_tensor_start, target=target, fallback="error")
+    for shape, start in [((5, 5, 5), 2), ((3, 7, 4), 5), ((4, 6, 2), -3), ((2, 3, 3), 0)]:
+        x, s = torch.randn(shape), torch.tensor(start)
+        same(f(x, s), narrow_tensor_start(x, s))
+    assert f.stats.compiles == 1, f.stats.recompile_reasons
+    assert "assert_size" not in f.graphs[0].text
+    x = torch.randn(3, 5, 2)
+    with pytest.raises(RuntimeError, match="exceeds dimension size"):  # torch's check, as in eager
+        narrow_tensor_start(x, torch.tensor(4))
+    with pytest.raises(RuntimeError, match="exceeds dimension size"):
+        f(x, torch.tensor(4))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("r, with_replacement", [(2, False), (3, False), (2, True)])
+def test_combinations(target, r, with_replacement):
+    """``combinations`` masks its index grids (``masked_select``: data sizes) and stacks
+    them, checking inside the call that the selections agree; the result's row count is
+    bound from the result. torch's implementation reads the input's length as a plain
+    int, so each length is its own compile (a guard, never a stale result)."""
+
+    def fn(x):
+        return torch.combinations(x, r=r, with_replacement=with_replacement) + 1
+
+    f = cu.compile(fn, target=target, fallback="error")
+    for n in (4, 1, 5, 4):
+        x = torch.randn(n)
+        same(f(x), fn(x))
+    assert f.stats.compiles == 3, f.stats.recompile_reasons
+
+
+def tensor_split_by_count(x, sections):
+    return torch.tensor_split(x, sections)
+
+
+def test_tensor_split_by_a_0d_tensor_is_a_clear_refusal():
+    """The number of results would come from the tensor's value: no graph can have it."""
+    f = cu.compile(tensor_split_by_count, target="reference", fallback="error")
+    with pytest.raises(cu.CompileError, match="number read from a tensor argument's data") as e:
+        f(torch.randn(5, 4), torch.tensor(2))
+    assert e.value.loc is not None and e.value.loc.file == __file__
+    assert "Python int" in str(e.value) and "verify" not in str(e.value)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_tensor_split_by_tensor_indices(target):
+    """A 1-d index tensor: as many results as indices, each a data size."""
+    f = cu.compile(tensor_split_by_count, target=target, fallback="error")
+    for n, idx in [(5, [1, 2, 3]), (8, [0, 6, 7]), (4, [3, 3, 9])]:
+        x, i = torch.randn(n, 3), torch.tensor(idx)
+        same(f(x, i), tensor_split_by_count(x, i))
+    assert f.stats.compiles == 1, f.stats.recompile_reasons

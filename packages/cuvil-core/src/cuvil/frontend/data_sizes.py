@@ -60,6 +60,7 @@ def data_size(tracer: Tracer, t: Any, what: str) -> Any:
         raise CompileError(str(e), tracer.source_loc(), "use a one-element tensor (`t.sum()`)") from None
     out = tracer._fresh(ScalarType(ScalarKind.int))
     tracer.nodes.append(Node("bind_size", (v,), (out,), attrs, loc=tracer.loc()))
+    tracer.seen_data_sizes.add(ours)
     assert_sizes(tracer, "int() of a tensor")
     return value
 
@@ -105,9 +106,21 @@ def builtin(tracer: Tracer, fn: Any, args: tuple[Any, ...], kwargs: dict[str, An
 
 def assert_sizes(tracer: Tracer, why: str) -> None:
     """Facts torch needed about data-dependent sizes become ``assert_size`` nodes,
-    checked when the compiled code runs (never assumed)."""
-    for fact in tracer.mirror.runtime_asserts():
+    checked when the compiled code runs (never assumed).
+
+    A fact about a size no node of the graph binds is left to the call that made it:
+    such a size lives only inside one extern call (``narrow(x, 0, t, 2)`` reads ``t``
+    into ``u0`` and checks ``u0 + 2 <= x.shape[0]``; ``combinations`` checks that its
+    ``masked_select`` rows agree). The result types never name it (``check_bindable``),
+    and the extern runs the same torch code when the compiled code runs, which makes the
+    same check on the real value (the fake kernel's check is that code's own); the graph
+    could not evaluate the fact anyway."""
+    facts = tracer.mirror.runtime_asserts()
+    unbound = set(tracer.mirror.unbacked) - tracer.seen_data_sizes
+    for fact in facts:
         fact = canonical(fact)
+        if free(fact) & unbound:
+            continue
         proved = tracer.ctx.prove(fact)
         if proved:
             continue

@@ -368,6 +368,20 @@ def fake_call(
             if mutates is not None:  # an in-place call: its result is the updated input
                 out = refs[mutates]
         except Exception as e:
+            from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+
+            cond = getattr(e, "cond", None)
+            inner = {s for s in getattr(cond, "free_symbols", ()) if _is_unbacked(s)} - set(m.theirs_to_ours)
+            if isinstance(e, GuardOnDataDependentSymNode) and inner:
+                # torch's own code decides on a number it read from a tensor argument
+                # during this call (tensor_split's count of sections from a 0-d tensor):
+                # the result's structure depends on data no capture sees
+                raise FakeInferenceError(
+                    f"{what}: the result depends on a number read from a tensor argument's data "
+                    "(torch's implementation decides on it), which is known only when the "
+                    "compiled code runs; pass that argument as a Python int (or list of ints) "
+                    "instead of a tensor, or call this outside the compiled function"
+                ) from e
             first = (str(e).strip().splitlines() or [""])[0]  # not torch's C++ stack trace
             raise FakeInferenceError(
                 f"{what}: torch could not compute the output type: {type(e).__name__}: {first}"
