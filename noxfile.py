@@ -211,7 +211,10 @@ def tests_pkg(session: nox.Session, package: str) -> None:
 #: paths an AVX-512 development host never takes by itself.
 ISAS = ["avx2", "portable"]
 #: What runs per ISA: the program corpus, one to two minutes on 2 cores with a cold kernel cache.
-ISA_TESTS = ["packages/cuvil-backend-cpu/tests/test_conformance.py"]
+ISA_TESTS = [
+    "packages/cuvil-backend-cpu/tests/test_conformance.py",
+    "packages/cuvil-backend-cpu/tests/test_row_kernels.py",  # softmax/log_softmax/layer_norm rows
+]
 #: Says whether this CPU can run $CUVIL_CPU_ISA's code (an aarch64 host cannot run avx2 kernels).
 CAN_RUN_ISA = """
 from cuvil_backend_cpu import toolchain as t

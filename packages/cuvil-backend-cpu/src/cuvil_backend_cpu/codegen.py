@@ -19,7 +19,7 @@ from typing import Any
 
 import sympy
 
-from cuvil_backend_cpu.loop_ir.nodes import Accumulate, Let, Loop, LoopFunc, Stmt, Store
+from cuvil_backend_cpu.loop_ir.nodes import Accumulate, Let, Loop, LoopFunc, Prefetch, Stmt, Store
 from cuvil_ir.graph_ir.types import DType
 from cuvil_ir.tensor_ir import expr as E
 from cuvil_ir.tensor_ir.index_text import IndexPrinter
@@ -137,6 +137,8 @@ _INFIX = {
     "bitor": "|",
     "bitxor": "^",
 }
+#: the most bytes of a row a Prefetch statement touches (see loop_ir.schedule._prefetches)
+PREFETCH_BYTES = 8192
 _OMP_REDUCTION = {"sum": "+", "prod": "*", "max": "max", "min": "min", "any": "|", "all": "&"}
 
 
@@ -320,7 +322,11 @@ class _Gen(IndexPrinter):
             nans = [n for n, k in s.reduces if k in ("max", "min") and self.local_types[n].is_floating]
             new_nans = [n for n in nans if n not in self.nan_flags]
             for n in new_nans:
-                self.lines.append(f"{ind}uint8_t {n}_nan = 0;")
+                # an integer as wide as the float's lane: the flag's vector is the compare's
+                # mask itself (a uint8_t flag makes every vector iteration pack the mask, which
+                # doubles the cost of a row's max pass)
+                flag = "int32_t" if self.local_types[n] == DType.f32 else "int64_t"
+                self.lines.append(f"{ind}{flag} {n}_nan = 0;")
                 self.nan_flags.add(n)
             if s.reduces:
                 clauses = " " + " ".join(f"reduction({_OMP_REDUCTION[k]}:{n})" for n, k in s.reduces)
@@ -363,6 +369,22 @@ class _Gen(IndexPrinter):
                 self.lines.append(f"{ind}{n} &= (({x}) != 0);")
             else:
                 raise CodegenError(f"reduction {s.kind}")
+        elif isinstance(s, Prefetch):
+            # one prefetch per 64-byte line, at most PREFETCH_BYTES of the run (a longer row
+            # streams through the hardware prefetcher; what matters is its first lines)
+            dtype = next(p.dtype for p in self.func.buffers if p.name == s.buf)
+            size = dtype.torch.itemsize
+            v = s.var.name[1:]
+            nbytes = f"({self.index(s.extent)}) * {size}"
+            self.lines.append(f"{ind}if ({v} + 1 < {self.index(s.limit)}) {{")
+            self.lines.append(f"{ind}  const char* pf_ = (const char*)&p_{s.buf}[{self.index(s.offset)}];")
+            self.lines.append(
+                f"{ind}  const int64_t pf_n = {nbytes} < {PREFETCH_BYTES} ? {nbytes} : {PREFETCH_BYTES};"
+            )
+            self.lines.append(
+                f"{ind}  for (int64_t pf_b = 0; pf_b < pf_n; pf_b += 64) __builtin_prefetch(pf_ + pf_b, 0, 3);"
+            )
+            self.lines.append(f"{ind}}}")
         else:
             assert isinstance(s, Store)
             self.lines.append(f"{ind}p_{s.buf}[{self.index(s.offset)}] = {self.expr(s.expr)};")

@@ -77,6 +77,7 @@ __attribute__((simd("notinbranch"))) float log1pf(float);
 /* Loop IR:
 func k0(in %in0: f32*, in %in1: f32*, in %in2: f32*, out %b0: f32*, b_0: i64, x_0: i64) {
   par _i0 in [0, x_0) if work >= 3*b_0*x_0 {
+    prefetch %in0[_i0*b_0 + b_0 : +b_0] if _i0 + 1 < x_0
     var acc0: f32 = 0.0
     vec _r100 in [0, b_0) reduce(sum: acc0) {
       acc0 sum= %in0[_i0*b_0 + _r100]
@@ -97,6 +98,11 @@ func k0(in %in0: f32*, in %in1: f32*, in %in2: f32*, out %b0: f32*, b_0: i64, x_
 void k0(const float* restrict p_in0, const float* restrict p_in1, const float* restrict p_in2, float* restrict p_b0, int64_t s_b_0, int64_t s_x_0) {
   #pragma omp parallel for schedule(static) if((3 * s_b_0 * s_x_0) >= 32768)
   for (int64_t i0 = 0; i0 < s_x_0; ++i0) {
+    if (i0 + 1 < s_x_0) {
+      const char* pf_ = (const char*)&p_in0[(s_b_0 + (i0 * s_b_0))];
+      const int64_t pf_n = (s_b_0) * 4 < 8192 ? (s_b_0) * 4 : 8192;
+      for (int64_t pf_b = 0; pf_b < pf_n; pf_b += 64) __builtin_prefetch(pf_ + pf_b, 0, 3);
+    }
     float acc0 = 0.0f;
     #pragma omp simd reduction(+:acc0)
     for (int64_t r100 = 0; r100 < s_b_0; ++r100) {

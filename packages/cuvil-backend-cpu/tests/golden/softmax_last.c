@@ -77,6 +77,7 @@ __attribute__((simd("notinbranch"))) float log1pf(float);
 /* Loop IR:
 func k0(in %in0: f32*, out %b0: f32*, x_0: i64, x_1: i64) {
   par _i0 in [0, x_0) if work >= 3*x_0*x_1 {
+    prefetch %in0[_i0*x_1 + x_1 : +x_1] if _i0 + 1 < x_0
     var acc0: f32 = -inf
     vec _r100 in [0, x_1) reduce(max: acc0) {
       acc0 max= %in0[_i0*x_1 + _r100]
@@ -97,8 +98,13 @@ func k0(in %in0: f32*, out %b0: f32*, x_0: i64, x_1: i64) {
 void k0(const float* restrict p_in0, float* restrict p_b0, int64_t s_x_0, int64_t s_x_1) {
   #pragma omp parallel for schedule(static) if((3 * s_x_0 * s_x_1) >= 32768)
   for (int64_t i0 = 0; i0 < s_x_0; ++i0) {
+    if (i0 + 1 < s_x_0) {
+      const char* pf_ = (const char*)&p_in0[(s_x_1 + (i0 * s_x_1))];
+      const int64_t pf_n = (s_x_1) * 4 < 8192 ? (s_x_1) * 4 : 8192;
+      for (int64_t pf_b = 0; pf_b < pf_n; pf_b += 64) __builtin_prefetch(pf_ + pf_b, 0, 3);
+    }
     float acc0 = (-INFINITY);
-    uint8_t acc0_nan = 0;
+    int32_t acc0_nan = 0;
     #pragma omp simd reduction(max:acc0) reduction(|:acc0_nan)
     for (int64_t r100 = 0; r100 < s_x_1; ++r100) {
       { const float v_ = p_in0[(r100 + (i0 * s_x_1))]; acc0 = v_ > acc0 ? v_ : acc0; acc0_nan |= (v_ != v_); }

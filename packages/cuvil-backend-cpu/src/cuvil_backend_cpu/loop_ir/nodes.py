@@ -65,7 +65,20 @@ class Store:
     expr: Expr
 
 
-Stmt = Union[Loop, Let, Accumulate, Store]
+@dataclass(frozen=True, slots=True)
+class Prefetch:
+    """A hint: bring ``extent`` elements of ``buf`` from ``offset`` on into cache, when
+    ``var + 1 < limit`` (``offset`` is written for the next iteration of ``var``). Never
+    changes a value; the C generator may cap how much of a long run it touches."""
+
+    buf: str
+    offset: sympy.Expr
+    extent: sympy.Expr
+    var: sympy.Symbol
+    limit: sympy.Expr
+
+
+Stmt = Union[Loop, Let, Accumulate, Store, Prefetch]
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +128,11 @@ def _stmt_lines(s: Stmt, indent: str) -> list[str]:
         return [f"{indent}{kw} {s.name}: {s.dtype.value} = {expr_str(s.expr)}"]
     if isinstance(s, Accumulate):
         return [f"{indent}{s.name} {s.kind}= {expr_str(s.expr)}"]
+    if isinstance(s, Prefetch):
+        return [
+            f"{indent}prefetch %{s.buf}[{sexpr(s.offset)} : +{dim_str(s.extent)}]"
+            f" if {s.var} + 1 < {dim_str(s.limit)}"
+        ]
     return [f"{indent}%{s.buf}[{sexpr(s.offset)}] = {expr_str(s.expr)}"]
 
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import sympy
 
-from cuvil_backend_cpu.loop_ir.nodes import Accumulate, Let, Loop, LoopFunc, Param, Stmt, Store
+from cuvil_backend_cpu.loop_ir.nodes import Accumulate, Let, Loop, LoopFunc, Param, Prefetch, Stmt, Store
 from cuvil_ir.graph_ir.types import DType
 from cuvil_ir.tensor_ir import expr as E
 from cuvil_ir.tensor_ir.hoist import hoist_depth, postorder_reduces
@@ -43,6 +43,8 @@ class SchedulePolicy:
     stash: bool = True
     #: block size of the tiling pass for transposing accesses (1: no tiling)
     tile_size: int = 32
+    #: a row kernel (reduction phases inside an outer loop) prefetches its next row (see _prefetches)
+    prefetch: bool = True
 
 
 def _sym(x: Any) -> sympy.Expr:
@@ -311,6 +313,8 @@ def schedule_kernel(kernel: Kernel, program: TensorProgram, policy: SchedulePoli
             Loop(s, ext, kind, tuple(store), work=total if kind in ("par", "parvec") else None, start=start)
         ]
     level.extend(store)
+    if outer and phases and policy.prefetch:
+        level = [*_prefetches(phases, outer, kernel, sub), *level]
     for j in range(len(outer) - 1, -1, -1):
         s, ext = outer[j]
         kind = "par" if j == 0 and _big(total, policy) else "seq"
@@ -516,6 +520,46 @@ def _find_stash(
     return None
 
 
+def _prefetches(
+    phases: Sequence[tuple[E.Var, E.Reduce, E.Expr]],
+    outer: Sequence[tuple[sympy.Symbol, Any]],
+    kernel: Kernel,
+    sub: Any,
+) -> list[Prefetch]:
+    """Prefetch the next outer iteration's row of every input a reduction phase walks
+    contiguously (softmax's, log_softmax's and layer_norm's ``x[i, :]``).
+
+    A row kernel reads its row once from memory (the first phase) and then from cache
+    (the later phases and the store). The hardware prefetcher follows a stream only
+    inside a 4 KiB page, so each new row starts with cache misses that nothing
+    overlaps; fetching row ``i + 1`` while row ``i`` computes (its exp, its normalize)
+    overlaps them. Only rows whose offset moves with the innermost outer loop count
+    (a weight read by every row stays in cache anyway).
+    """
+    o, limit = outer[-1]
+    outer_syms = {s for s, _ in outer}
+    out: dict[tuple[str, sympy.Expr], Prefetch] = {}
+    for _, r, body in phases:
+        if len(r.ranges) != 1:
+            continue
+        rsym, rext = r.ranges[0]
+        for x in E.walk(sub(body)):
+            if not isinstance(x, E.Load) or x.buf == kernel.buf:
+                continue
+            off = sympy.expand(_sym(x.offset))
+            form = _affine(off, [o, rsym])
+            if form is None or form.get(rsym) != 1 or form.get(o, 0) == 0:
+                continue
+            start = sympy.expand(off.xreplace({rsym: sympy.Integer(0), o: o + 1}))
+            loop_syms = {s for s in start.free_symbols if E.is_loop_symbol(s)}
+            if not loop_syms <= outer_syms:
+                continue
+            key = (x.buf, start)
+            if key not in out:
+                out[key] = Prefetch(x.buf, start, sympy.sympify(rext), o, sympy.sympify(limit))
+    return [out[k] for k in sorted(out, key=lambda k: (k[0], sympy.srepr(k[1])))]
+
+
 def _hoist_invariants(e: E.Expr, inner: set[sympy.Symbol], out: list[Stmt], names: _Names) -> E.Expr:
     """Compute once, before the inner loops, every call that does not vary in them
     (``rsqrt(var + eps)`` of a row); ``a / b`` with such a ``b`` becomes ``a * (1 / b)``
@@ -590,6 +634,10 @@ def _collect(stmts: Sequence[Stmt], sizes: set[sympy.Symbol], args: dict[str, DT
         elif isinstance(s, Store):
             syms_of(s.offset)
             expr(s.expr)
+        elif isinstance(s, Prefetch):
+            syms_of(s.offset)
+            syms_of(s.extent)
+            syms_of(s.limit)
 
 
 def schedule_program(program: TensorProgram, policy: SchedulePolicy | None = None) -> list[LoopFunc]:
