@@ -94,11 +94,19 @@ class SymbolSlot:
 
 
 class AssumptionCheck:
-    """The graph's assumptions as one fast predicate over the inputs' sizes."""
+    """The graph's assumptions as one fast predicate over the inputs' sizes, and the
+    layout guards: ``(leaf, order, name)``, argument leaf ``leaf`` is contiguous in the
+    dim order ``order`` (``leaf.permute(order).is_contiguous()``), which traced code
+    asking ``is_contiguous()`` was answered from (cuvil/frontend/layout.py)."""
 
     def __init__(
-        self, assumptions: Sequence[sympy.Basic], slots: Sequence[SymbolSlot], reasons: dict[Any, str]
+        self,
+        assumptions: Sequence[sympy.Basic],
+        slots: Sequence[SymbolSlot],
+        reasons: dict[Any, str],
+        layouts: Sequence[tuple[int, tuple[int, ...], str]] = (),
     ):
+        self.layouts = tuple((int(i), tuple(int(d) for d in o), str(n)) for i, o, n in layouts)
         self.assumptions = tuple(assumptions)
         self.slots = tuple(slots)
         self.reasons = reasons
@@ -122,12 +130,26 @@ class AssumptionCheck:
         return values  # type: ignore[return-value]
 
     def holds(self, leaves: Sequence[Any]) -> bool:
+        for i, order, _ in self.layouts:
+            if not leaves[i].permute(order).is_contiguous():
+                return False
         values = self.bind(leaves)
         if isinstance(values, str):
             return False
         return self._all is None or bool(self._all(*values))
 
     def explain(self, leaves: Sequence[Any]) -> str:
+        for i, order, name in self.layouts:
+            if not leaves[i].permute(order).is_contiguous():
+                was = (
+                    "contiguous"
+                    if order == tuple(range(len(order)))
+                    else f"contiguous in the dim order {list(order)}"
+                )
+                return (
+                    f"layout guard: {name} was {was} when compiled (traced code asked is_contiguous()), "
+                    f"now its strides are {list(leaves[i].stride())}"
+                )
         values = self.bind(leaves)
         if isinstance(values, str):
             return values

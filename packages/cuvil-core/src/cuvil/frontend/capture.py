@@ -22,7 +22,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from cuvil.errors import CompileError
-from cuvil.frontend import arg_objects, hooks
+from cuvil.frontend import arg_objects, hooks, layout
 from cuvil.frontend.arg_objects import WriteBack
 from cuvil.frontend.convert import ConversionError, convert, is_user_function
 from cuvil.frontend.numbers import NumberProxy
@@ -183,6 +183,7 @@ def capture(
     for i, (leaf, lname) in enumerate(zip(leaves, leaf_names)):
         if isinstance(leaf, torch.Tensor):
             p = tracer.add_input(lname, leaf, symbolic=dynamic, dim_names=(dims or {}).get(lname))
+            layout.note_argument(p, i, lname, leaf)
             plan.append(("leaf", i))
             for axis, d in enumerate(p.ir_type.shape):
                 if not isinstance(d, int):
@@ -226,7 +227,7 @@ def capture(
                 tracer.reads.long_lived(fn.__self__, "self")
         previous, Tracer.active = Tracer.active, tracer
         try:
-            with tracer.mode(), _compiling():
+            with layout.mode(tracer), _compiling():
                 out = target(*args, **kwargs)
         finally:
             Tracer.active = previous
@@ -267,7 +268,7 @@ def capture(
         verify(graph)
     except Exception as e:
         raise CompileError(f"internal error: the captured graph does not verify: {e}") from e
-    check = AssumptionCheck(graph.assumptions, slots, tracer.ctx.reasons)
+    check = AssumptionCheck(graph.assumptions, slots, tracer.ctx.reasons, layout.guards(tracer))
     return Captured(
         graph,
         plan,

@@ -1,6 +1,7 @@
 """Answers to metadata queries on proxies (``x.shape``, ``x.dtype``, ``x.dim()`` ...).
 
-These never become graph nodes: they are answered from the proxy's IR type.
+These never become graph nodes: they are answered from the proxy's IR type
+(``is_contiguous``: from eager's layout, :mod:`cuvil.frontend.layout`).
 Sizes come back as ``torch.SymInt`` so arithmetic on them stays symbolic.
 """
 
@@ -10,6 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from cuvil.errors import CompileError
+from cuvil.frontend import layout
 from cuvil.frontend.proxy import TensorProxy
 
 if TYPE_CHECKING:
@@ -47,7 +50,10 @@ _METHODS: dict[Any, Any] = {
     T.numel: _numel,
     T.nelement: _numel,
     T.__len__: lambda tr, p: int(_shape(tr, p)[0]) if p.ir_type.rank else _len_error(),
-    T.is_contiguous: lambda tr, p, memory_format=None: True,
+    T.is_contiguous: lambda tr, p, memory_format=torch.contiguous_format: layout.is_contiguous(
+        tr, p, memory_format
+    ),
+    T.stride: lambda tr, p, *a, **k: _stride_error(tr),
     T.is_floating_point: lambda tr, p: p.ir_type.dtype.is_floating,
     T.is_complex: lambda tr, p: p.ir_type.dtype.is_complex,
     T.is_signed: lambda tr, p: p.ir_type.dtype.torch.is_signed,
@@ -61,7 +67,7 @@ _METHODS: dict[Any, Any] = {
     T.__repr__: lambda tr, p: repr(p),
     T.requires_grad_: lambda tr, p, requires_grad=True: p,
     T.detach: lambda tr, p: p,
-    T.contiguous: lambda tr, p, memory_format=None: p,
+    T.contiguous: lambda tr, p, memory_format=None: layout.contiguous(tr, p, memory_format),
 }
 
 
@@ -115,6 +121,15 @@ _ATTRS: dict[str, Any] = {
 
 def _len_error() -> Any:
     raise TypeError("len() of a 0-d tensor")
+
+
+def _stride_error(tracer: Tracer) -> Any:
+    # eager's strides of a size-1 dim, an argument's exact strides ...: not worth a guard
+    raise CompileError(
+        "x.stride() is not answered in compiled code: the compiled code picks its own layouts",
+        tracer.source_loc(),
+        "ask x.is_contiguous() (answered as eager would), or call x.stride() outside the compiled function",
+    )
 
 
 def answer(tracer: Tracer, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
