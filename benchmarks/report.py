@@ -23,6 +23,9 @@ COLUMNS = [
     "x vs torch.compile",
     "onnxruntime ms",
     "x vs ort",
+    "bound ms",
+    "cuvil x bound",
+    "ort x bound",
     "cuvil cold s",
     "tc cold s",
     "cuvil warm first call s",
@@ -124,6 +127,22 @@ def _ort_state(entry: dict[str, Any]) -> str:
     return "no export" if state.startswith("error") else "mismatch"
 
 
+def _bound(entry: dict[str, Any]) -> str:
+    """``copy 1.23`` / ``gemm 4.56``: the workload's bound (benchmarks/roofline.py) and its kind."""
+    rl = entry.get("roofline") or {}
+    if "bound_ms" not in rl:
+        return "error" if "error" in rl else "-"
+    return f"{rl['kind']} {_fmt_ms(rl['bound_ms'])}"
+
+
+def _x_bound(entry: dict[str, Any], impl: str) -> str:
+    """impl's median / the bound (1.00x: at the bound); in parentheses when its output did not match."""
+    value = (entry.get("roofline") or {}).get(f"{impl}_x_bound")
+    if value is None:
+        return "-"
+    return _fmt_x(value, _ok(entry, impl))
+
+
 def row(entry: dict[str, Any]) -> list[str]:
     children = entry.get("children", {})
     vs_eager = ratio(entry, "eager", "cuvil")
@@ -139,6 +158,9 @@ def row(entry: dict[str, Any]) -> list[str]:
         _fmt_x(vs_tc, cuvil_ok and tc_ok),
         _fmt_ms(_median(entry, "onnxruntime")) if _ok(entry, "onnxruntime") else _ort_state(entry),
         _fmt_x(ratio(entry, "onnxruntime", "cuvil"), cuvil_ok) if _ok(entry, "onnxruntime") else "-",
+        _bound(entry),
+        _x_bound(entry, "cuvil"),
+        _x_bound(entry, "onnxruntime"),
         _fmt_s(children.get("cuvil_cold")),
         _fmt_s(children.get("torch_compile_cold")),
         _fmt_s(children.get("cuvil_warm")),
@@ -168,6 +190,34 @@ def summary(results: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def _isa_line(m: dict[str, Any], cfg: dict[str, Any]) -> str:
+    if "host_isa" not in m:
+        return "- ISA: not recorded (a run from before `--isa`)"
+    host = m.get("host_isa") or {}
+    feats = ", ".join(f"{k} {'yes' if host.get(k) else 'no'}" for k in ("avx2", "avx512", "bf16")) or "?"
+    cu = m.get("cuvil_isa")
+    if not cu:
+        built = "Cuvil's kernels: - (not the cpu target)"
+    elif "error" in cu:
+        built = f"Cuvil's cpu target unusable ({cu['error']})"
+    else:
+        built = (
+            f"Cuvil's kernels built for `{cu['isa']}` ({cu['march']}, {cu['vector_bytes'] * 8}-bit vectors)"
+        )
+    return f"- ISA: host {feats}; `CUVIL_CPU_ISA={cfg.get('isa', 'native')}`: {built}"
+
+
+def _rates_line(rates: dict[str, Any] | None) -> str:
+    if not rates:
+        return "- roofline: not measured (`--skip-roofline`, or a run from before it existed)"
+    copies = ", ".join(f"{c['bytes'] >> 20} MiB {c['gbps']:.1f} GB/s" for c in rates.get("copy", []))
+    g = rates.get("sgemm", {})
+    return (
+        f"- roofline rates (same run, {rates.get('threads', '?')} threads): copy `dst.copy_(src)` {copies} "
+        f"(bytes read + written); SGEMM `torch.mm` {g.get('n', '?')}^3 fp32 {g.get('gflops', 0):.0f} GFLOP/s"
+    )
+
+
 def render_markdown(data: dict[str, Any]) -> str:
     m = data.get("machine", {})
     cfg = data.get("config", {})
@@ -182,6 +232,8 @@ def render_markdown(data: dict[str, Any]) -> str:
         + f"; torch threads used: {m.get('threads_used', '?')}",
         f"- torch {m.get('torch', '?')}; cuvil {m.get('cuvil', '?')}; Python {m.get('python', '?')}; {m.get('gcc', '?')}",
         f"- OS: {m.get('os', '?')}",
+        _isa_line(m, cfg),
+        _rates_line(data.get("roofline")),
         f"- Cuvil target: `{cfg.get('target', '?')}`; torch.compile: inductor, default settings"
         + ("; **quick run** (short timings)" if cfg.get("quick") else ""),
         f"- command: `{cfg.get('command', '?')}`",
@@ -211,6 +263,9 @@ def render_markdown(data: dict[str, Any]) -> str:
         "compiler's one-time imports (torch.compile: at torch.compile(); Cuvil: cu.warmup()). Peak RSS: "
         "eager child / torch.compile cold child / cuvil cold child. Compiles in sweep: graphs compiled "
         "while calling one fresh compiled callable at every size of the sweep (1 = no recompile). "
+        "Bound: the larger of the copy-bound time (bytes read + written / copy bandwidth; for a copy-bound "
+        "workload the median of a same-size copy timed in the same round-robin) and the GEMM-bound time "
+        "(matmul/conv FLOPs / SGEMM rate, the 1024^3 mm timed in the same round-robin); `x bound` = that implementation's ms / bound ms (1.00x: at the bound). "
         "See benchmarks/README.md.",
         "",
         "## Workloads",

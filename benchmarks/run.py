@@ -3,11 +3,13 @@ the workloads of ``benchmarks/workloads.py``.
 
     python -m benchmarks.run                          every workload, Cuvil target cpu
     python -m benchmarks.run --quick --workloads head  a smoke run
+    python -m benchmarks.run --isa avx2                Cuvil's kernels built for AVX2 (CUVIL_CPU_ISA)
     nox -s bench -- --workloads gelu_mlp,head          the same through nox
 
 Writes ``<out>/latest.md`` (table), ``<out>/latest.json`` (raw numbers) and
 ``<out>/latest.png`` (speedup chart, when matplotlib is installed). What each
-column means and how cold/warm compile times are measured: benchmarks/README.md.
+column means, how cold/warm compile times and the roofline (``benchmarks/roofline.py``:
+copy-bound and GEMM-bound time per workload) are measured: benchmarks/README.md.
 """
 
 from __future__ import annotations
@@ -30,11 +32,12 @@ from typing import Any
 
 import torch
 
-from benchmarks import report
+from benchmarks import report, roofline
 from benchmarks.measure_one import EXTRA_IMPLS, IMPLS, build_impl, cache_env, tc_graph_breaks, tc_graph_count
 from benchmarks.workloads import Workload, select
 
 ROOT = Path(__file__).resolve().parent.parent
+MiB = 1 << 20
 RTOL = ATOL = 1e-3
 
 
@@ -171,9 +174,18 @@ def time_round_robin(
     return out
 
 
-def measure_in_process(wl: Workload, target: str, quick: bool) -> dict[str, Any]:
+def measure_in_process(
+    wl: Workload, target: str, quick: bool, machine_rates: dict[str, Any] | None = None
+) -> dict[str, Any]:
     fn, args = wl.build()
     ref = fn(*args)
+    bound: dict[str, Any] | None = None
+    if machine_rates is not None:
+        try:
+            cost = roofline.workload_cost(fn, args)
+            bound = {**cost, **roofline.bound(cost, machine_rates)}
+        except Exception as exc:
+            bound = {"error": short_error(exc)}
     impls: dict[str, Any] = {}
     info: dict[str, dict[str, Any]] = {name: {} for name in (*IMPLS, *EXTRA_IMPLS)}
     correct: dict[str, str] = {}
@@ -215,10 +227,42 @@ def measure_in_process(wl: Workload, target: str, quick: bool) -> dict[str, Any]
                 correct[name] = f"FALLBACK to eager ({reason.splitlines()[0][:200]})"
         impls[name] = impl
     budget, min_reps = (0.2, 3) if quick else (1.0, 10)
-    timed = time_round_robin(impls, args, budget, min_reps) if impls else {}
+    timed_impls = dict(impls)
+    if impls and bound is not None and bound.get("kind") == "copy":
+        # the copy bound: a same-size copy timed in the same round-robin as the implementations
+        timed_impls[COPY] = roofline.same_size_copy(bound)
+    elif impls and bound is not None and bound.get("kind") == "gemm":
+        # the GEMM bound: the SGEMM rate measured in the same round-robin
+        timed_impls[SGEMM] = roofline.sgemm_call(roofline.GEMM_N)
+    timed = time_round_robin(timed_impls, args, budget, min_reps) if impls else {}
     for name, t in timed.items():
+        if name == COPY:
+            assert bound is not None
+            bound["copy_ms"] = t["median_ms"]
+            bound["bound_ms"] = max(t["median_ms"], bound["gemm_ms"])
+            continue
+        if name == SGEMM:
+            assert bound is not None
+            gflops = 2 * roofline.GEMM_N**3 / (t["median_ms"] * 1e-3) / 1e9
+            bound["sgemm_gflops"] = gflops
+            bound["gemm_ms"] = bound["flops"] / (gflops * 1e9) * 1e3
+            bound["bound_ms"] = max(bound["gemm_ms"], bound["copy_est_ms"])
+            bound["kind"] = "gemm" if bound["gemm_ms"] >= bound["copy_est_ms"] else "copy"
+            continue
         info[name].update(t)
-    return {"impls": info, "correct": correct}
+    out: dict[str, Any] = {"impls": info, "correct": correct}
+    if bound is not None:
+        for name in info:
+            if "median_ms" in info[name] and bound.get("bound_ms"):
+                bound[f"{name}_x_bound"] = info[name]["median_ms"] / bound["bound_ms"]
+        out["roofline"] = bound
+    return out
+
+
+#: the round-robin names of the same-size copy of a copy-bound workload and the SGEMM of a
+#: GEMM-bound one (references timed with the implementations, not implementations)
+COPY = "__copy__"
+SGEMM = "__sgemm__"
 
 
 # -- recompiles over a size sweep ------------------------------------------------------------------
@@ -329,20 +373,42 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--child-timeout", type=float, default=1800, help="seconds per child process")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"), help="output folder")
+    parser.add_argument(
+        "--isa",
+        choices=("native", "avx512", "avx2", "portable"),
+        default=None,
+        help="build Cuvil's cpu kernels for this ISA (sets CUVIL_CPU_ISA, here and in the children; "
+        "default: as the environment says, else the host's own)",
+    )
+    parser.add_argument(
+        "--skip-roofline", action="store_true", help="no copy bandwidth / SGEMM rate / per-workload bound"
+    )
     args = parser.parse_args(argv)
+    if args.isa is not None:
+        os.environ["CUVIL_CPU_ISA"] = args.isa  # before any cpu target exists; children inherit it
 
     workloads = select(args.workloads)
     torch.set_num_threads(args.threads)
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
+    machine = describe_machine(args.threads)
+    machine["host_isa"] = roofline.host_isa()
+    machine["cuvil_isa"] = roofline.cuvil_isa() if args.target == "cpu" else None
+    if machine["cuvil_isa"] and "error" in machine["cuvil_isa"]:
+        log(
+            f"cuvil cpu target unusable with CUVIL_CPU_ISA={machine['cuvil_isa']['requested']}: "
+            f"{machine['cuvil_isa']['error']}"
+        )
     data: dict[str, Any] = {
-        "machine": describe_machine(args.threads),
+        "machine": machine,
         "config": {
             "target": args.target,
             "quick": args.quick,
             "children": not args.skip_compile_children,
             "tc_children": not (args.skip_compile_children or args.quick),
             "sweep": not args.skip_sweep,
+            "isa": os.environ.get("CUVIL_CPU_ISA", "") or "native",
+            "roofline": not args.skip_roofline,
             "rtol": RTOL,
             "atol": ATOL,
             "command": " ".join(["python -m benchmarks.run", *(argv if argv is not None else sys.argv[1:])]),
@@ -350,6 +416,15 @@ def main(argv: list[str] | None = None) -> int:
         "results": [],
     }
     log(f"machine: {data['machine']['cpu']}, torch {data['machine']['torch']}, {args.threads} threads")
+    rates: dict[str, Any] | None = None
+    if not args.skip_roofline:
+        rates = roofline.measure_machine(args.quick)
+        data["roofline"] = rates
+        log(
+            "roofline: copy "
+            + ", ".join(f"{c['bytes'] >> 20} MiB {c['gbps']:.1f} GB/s" for c in rates["copy"])
+            + f"; SGEMM {rates['sgemm']['n']}^3 {rates['sgemm']['gflops']:.0f} GFLOP/s"
+        )
     sweeps: dict[str, dict[str, Any]] = {}
     for wl in workloads:
         log(f"{wl.name}: steady state (eager, torch.compile, cuvil[{args.target}])")
@@ -359,10 +434,17 @@ def main(argv: list[str] | None = None) -> int:
             "description": wl.description,
             "size": wl.default_size,
         }
-        entry.update(measure_in_process(wl, args.target, args.quick))
+        entry.update(measure_in_process(wl, args.target, args.quick, rates))
         for name, info in entry["impls"].items():
             if "median_ms" in info:
                 log(f"  {name:<14} median {info['median_ms']:9.3f} ms over {info['reps']} calls")
+        rl = entry.get("roofline") or {}
+        if "bound_ms" in rl:
+            log(
+                f"  bound: {rl['kind']} {rl['bound_ms']:.3f} ms ({rl['bytes'] / MiB:.1f} MiB moved, "
+                f"{rl['flops'] / 1e9:.2f} GFLOP)"
+                + (f"; cuvil {rl['cuvil_x_bound']:.2f}x of it" if "cuvil_x_bound" in rl else "")
+            )
         if not args.skip_sweep:
             key = wl.sweep_group or wl.name
             if key not in sweeps:
