@@ -13,6 +13,7 @@ Passes, in order (each small; the backend's :class:`SchedulePolicy` is data):
    kernel's work reaches ``parallel_threshold``; the innermost loop of each nest
    is a SIMD loop (with reduction clauses for accumulators).
 4. **cse** -- a subexpression used twice in one statement is computed once (``let``).
+5. **prefetch** -- a row loop with reduction phases prefetches its next row (``_prefetches``).
 """
 
 from __future__ import annotations
