@@ -9,10 +9,12 @@ exactly as the op's reference takes ``(*inputs, **attrs)``.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+
+from cuvil_backend_cpu import epilogues
 
 
 def linear_into(
@@ -64,10 +66,29 @@ def channels_last_weight(w: torch.Tensor) -> torch.Tensor:
 
 def _conv_channels_last(reference: Callable[..., Any]) -> Callable[..., Any]:
     def conv(x: torch.Tensor, w: torch.Tensor, *rest: Any, **attrs: Any) -> Any:
+        if _ONEDNN and PACKED_CONVS and w.dim() == 4 and not isinstance(attrs["padding"], str):
+            # a 2-d convolution: oneDNN with its weight prepacked once per version
+            # (conv_epilogue runs the reference for what oneDNN does not take)
+            return conv_epilogue(
+                x,
+                w,
+                *rest,
+                **attrs,
+                bn=False,
+                eps=0.0,
+                has_bn_weight=False,
+                has_bn_bias=False,
+                has_other=False,
+                act="none",
+            )
         return reference(x, channels_last_weight(w), *rest, **attrs)
 
     return conv
 
+
+#: 2-d float32 convolutions run with a weight prepacked for oneDNN (measured faster here:
+#: docs/cpu-backend.md, "Fused epilogues and BatchNorm folding")
+PACKED_CONVS = True
 
 #: ops whose extern call wants its weight prepacked channels-last (the input already is)
 _LAYOUT_WRAPPERS: dict[str, Callable[[Callable[..., Any]], Callable[..., Any]]] = {
@@ -121,9 +142,189 @@ def linear(x: torch.Tensor, w: torch.Tensor, *bias: torch.Tensor, has_bias: bool
 
 _ONEDNN = _onednn_available()
 
+
+#: Graph IR activation -> (oneDNN unary post-op attr, its algorithm)
+_ACTIVATIONS = {
+    "relu": ("relu", ""),
+    "gelu": ("gelu", "none"),
+    "gelu_tanh": ("gelu", "tanh"),
+    "silu": ("swish", ""),
+}
+
+
+# -- fused epilogues and prepacked convolutions (cuvil_backend_cpu.epilogues' ops) ---------------
+
+
+def linear_epilogue(
+    x: torch.Tensor, w: torch.Tensor, *rest: torch.Tensor, has_bias: bool, has_other: bool, act: str
+) -> Any:
+    """One oneDNN call with the activation (or the residual add) as a post-op, for float32
+    products large enough for oneDNN (:func:`cuvil_backend_cpu.externs.linear`'s rule);
+    else the eager composition."""
+    rows = x.numel() // max(x.shape[-1], 1)
+    b = rest[0] if has_bias else None
+    if not (
+        _ONEDNN
+        and x.dtype == torch.float32
+        and w.dtype == torch.float32
+        and x.device.type == "cpu"
+        and rows * w.shape[0] * w.shape[1] >= ONEDNN_MIN_MACS
+        and not (has_other and (act != "none" or rest[-1].shape != (*x.shape[:-1], w.shape[0])))
+    ):
+        return epilogues.LinearEpilogue.reference(
+            x, w, *rest, has_bias=has_bias, has_other=has_other, act=act
+        )
+    wp = _packed_linear_weight(w, rows)
+    x = x.contiguous()
+    if has_other:
+        other = rest[-1].contiguous()
+        return torch.ops.mkldnn._linear_pointwise.binary(x, other, wp, b, "add")
+    attr, algorithm = _ACTIVATIONS.get(act, ("none", ""))
+    return torch.ops.mkldnn._linear_pointwise(x, wp, b, attr, [], algorithm)
+
+
+#: id(conv weight) -> (weak references to the weight, its bias and the batch norm's
+#: mean, var, weight, bias (None where absent), their versions, the convolution's
+#: hyper-parameters, the prepacked weight, the folded bias)
+_FOLDED: dict[
+    int, tuple[tuple[Any, ...], tuple[int, ...], tuple[Any, ...], torch.Tensor, torch.Tensor | None]
+] = {}
+
+
+def packed_conv(
+    w: torch.Tensor,
+    b: torch.Tensor | None,
+    bn: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None, float] | None,
+    hyper: tuple[list[int], list[int], list[int], int],
+    input_size: list[int],
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The convolution's weight, with the batch norm folded in and prepacked in oneDNN's
+    blocked layout for this convolution (``_reorder_convolution_weight``), and its bias,
+    computed once per weight/statistics and version (see the module doc). Packing once
+    saves the weight reorder every ``F.conv2d`` call does (a third of a 512-channel 3x3
+    convolution's time at batch 1). The layout is chosen for the input size of the call
+    that packs; other sizes give the same results (oneDNN reorders where it must)."""
+    params: tuple[torch.Tensor | None, ...] = (w, b, *(bn[:4] if bn is not None else ()))
+    versions = tuple(-1 if t is None else t._version for t in params)
+    key = id(w)
+    hit = _FOLDED.get(key)
+    if (
+        hit is not None
+        and len(hit[0]) == len(params)
+        and all((r is None and t is None) or (r is not None and r() is t) for r, t in zip(hit[0], params))
+        and hit[1] == versions
+        and hit[2] == (*hyper, bn is not None and bn[4])
+    ):
+        return hit[3], hit[4]
+    if bn is None:
+        wf, bf = w, b
+    else:
+        mean, var, g, beta, eps = bn
+        scale = torch.rsqrt(var.double() + eps)
+        if g is not None:
+            scale = scale * g.double()
+        wf = (w.double() * scale.view(-1, 1, 1, 1)).to(w.dtype)
+        shift = -mean.double() * scale
+        if b is not None:
+            shift = shift + b.double() * scale
+        if beta is not None:
+            shift = shift + beta.double()
+        bf = shift.to(w.dtype)
+    padding, stride, dilation, groups = hyper
+    wp = torch.ops.mkldnn._reorder_convolution_weight(
+        wf.contiguous(), padding, stride, dilation, groups, input_size
+    )
+
+    def forget(_: object, key: int = key) -> None:
+        _FOLDED.pop(key, None)
+
+    refs = tuple(None if t is None else weakref.ref(t, forget) for t in params)
+    _FOLDED[key] = (refs, versions, (*hyper, bn is not None and bn[4]), wp, bf)
+    return wp, bf
+
+
+def _conv_shape(
+    x: torch.Tensor, w: torch.Tensor, stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int]
+) -> tuple[int, ...]:
+    spatial = (
+        (n + 2 * p - d * (k - 1) - 1) // s + 1
+        for n, k, s, p, d in zip(x.shape[2:], w.shape[2:], stride, padding, dilation)
+    )
+    return (x.shape[0], w.shape[0], *spatial)
+
+
+def conv_epilogue(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    *rest: torch.Tensor,
+    stride: Sequence[int],
+    padding: Sequence[int],
+    dilation: Sequence[int],
+    groups: int,
+    has_bias: bool,
+    bn: bool,
+    eps: float,
+    has_bn_weight: bool,
+    has_bn_bias: bool,
+    has_other: bool,
+    act: str,
+) -> Any:
+    """One oneDNN convolution (``_convolution_pointwise``) on channels-last tensors, its
+    weight prepacked and its bias, with the batch norm folded in (:func:`packed_conv`), ReLU and the residual
+    add as post-ops; the eager composition for anything but float32 4-d CPU tensors
+    (the weight's version is checked on every call: an in-place update repacks)."""
+    kw: dict[str, Any] = dict(
+        stride=stride,
+        padding=padding,
+        dilation=dilation,
+        groups=groups,
+        has_bias=has_bias,
+        bn=bn,
+        eps=eps,
+        has_bn_weight=has_bn_weight,
+        has_bn_bias=has_bn_bias,
+        has_other=has_other,
+        act=act,
+    )
+    tensors = (x, w, *rest)
+    if not (
+        _ONEDNN and x.dim() == 4 and all(t.dtype == torch.float32 and t.device.type == "cpu" for t in tensors)
+    ):
+        return epilogues.ConvEpilogue.reference(x, w, *rest, **kw)
+    if has_other and rest[-1].shape != _conv_shape(x, w, stride, padding, dilation):
+        return epilogues.ConvEpilogue.reference(x, w, *rest, **kw)  # a residual that broadcasts
+    k = int(has_bias)
+    b = rest[0] if has_bias else None
+    stats = None
+    if bn:
+        g = rest[k + 2] if has_bn_weight else None
+        beta = rest[k + 2 + int(has_bn_weight)] if has_bn_bias else None
+        stats = (rest[k], rest[k + 1], g, beta, eps)
+    pad, st, dil = list(padding), list(stride), list(dilation)
+    wp, bf = packed_conv(w, b, stats, (pad, st, dil, groups), list(x.shape))
+    cl = torch.channels_last
+    x = x.contiguous(memory_format=cl)
+    unary = "relu" if act == "relu" else "none"
+    if has_other:
+        other = rest[-1].contiguous(memory_format=cl)
+        return torch.ops.mkldnn._convolution_pointwise.binary(
+            x, other, wp, bf, pad, st, dil, groups, "add", None, unary if act == "relu" else None, [], ""
+        )
+    return torch.ops.mkldnn._convolution_pointwise(x, wp, bf, pad, st, dil, groups, unary, [], "")
+
+
+#: the ops of cuvil_backend_cpu.epilogues -> their implementation
+EPILOGUES: dict[str, Callable[..., Any]] = {
+    "cpu_linear_epilogue": linear_epilogue,
+    "cpu_conv_epilogue": conv_epilogue,
+}
+
 #: ops run by a faster implementation than their eager reference (same results within
 #: float reassociation)
 FAST_EXTERNS: dict[str, Callable[..., Any]] = {"linear": linear} if _ONEDNN else {}
+#: the fused ops of :mod:`cuvil_backend_cpu.epilogues` (each falls back to its eager
+#: composition where oneDNN cannot run it)
+FAST_EXTERNS.update(EPILOGUES)
 
 
 def implementation(op: str, reference: Callable[..., Any], channels_last: bool) -> Callable[..., Any]:

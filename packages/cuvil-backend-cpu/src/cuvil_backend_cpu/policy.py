@@ -17,7 +17,9 @@ from cuvil_runtime.target import CompileOptions
 FUSION = FusionPolicy(
     out_variants=frozenset(OUT_VARIANTS) - frozenset(FAST_EXTERNS),
     # oneDNN runs these about twice as fast on channels-last tensors (measured here)
-    channels_last_ops=frozenset({"conv", "max_pool", "avg_pool", "adaptive_avg_pool", "adaptive_max_pool"}),
+    channels_last_ops=frozenset(
+        {"conv", "cpu_conv_epilogue", "max_pool", "avg_pool", "adaptive_avg_pool", "adaptive_max_pool"}
+    ),
     realize_reduction=must_realize,
     native="cpu",  # cu.custom_op(..., lower={"cpu": "<C expression>"})
 )

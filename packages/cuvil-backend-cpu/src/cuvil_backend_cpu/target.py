@@ -20,7 +20,7 @@ from typing import Any
 import cuvil_backend_cpu
 import cuvil_ir
 import cuvil_runtime
-from cuvil_backend_cpu import attention, externs
+from cuvil_backend_cpu import attention, epilogues, externs
 from cuvil_backend_cpu.codegen import C_TYPES, CKernel, generate_c
 from cuvil_backend_cpu.declared import CAPABILITIES, STAGES
 from cuvil_backend_cpu.kernel_cache import KernelCache
@@ -76,6 +76,9 @@ class CpuTarget(CpuHooks):
         return _hash(package_hash(cuvil_ir, cuvil_runtime, cuvil_backend_cpu), self.cache.toolchain.identity)
 
     def compile(self, graph: Graph, options: CompileOptions) -> ProgramExecutable:
+        # fused GEMM/convolution epilogues, BatchNorm folded (docs/cpu-backend.md)
+        if options.opt_level > 0:
+            graph = epilogues.rewrite(graph)
         return compile_program(self, graph, options, self._programs())
 
     def _programs(self) -> Path:
