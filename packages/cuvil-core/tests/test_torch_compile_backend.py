@@ -87,6 +87,65 @@ def test_mlp_new_batch_size_compiles_nothing_again(target):
     assert cf.artifacts[-1].captured.storable is False
 
 
+def test_sizes_dynamo_keeps_static_are_static_in_cuvil():
+    """Dynamic shapes are not all or nothing: the batch is Dynamo's symbol in the Cuvil
+    graph, while weight sizes and the feature size (plain ints in Dynamo's examples)
+    are constants there, guarded per call."""
+    torch.manual_seed(0)
+    m = MLP().eval()
+    before = fx_backend.compiled_graphs()
+    f = torch.compile(m, backend="cuvil", dynamic=True, options={"target": TARGETS[-1]})
+    with torch.no_grad():
+        for batch in (2, 5, 3):
+            x = torch.randn(batch, 4)
+            _same(f(x), m(x))
+    (cf,) = _new_graphs(before)
+    assert cf.stats.compiles == 1
+    types = {v.name: v.type.shape for v in cf.graphs[0].inputs}
+    x_shape = types.pop("l_x_")
+    assert not isinstance(x_shape[0], int) and x_shape[1] == 4
+    assert sorted(types.values()) == [(3,), (3, 8), (8,), (8, 4)]
+    # the static sizes are guarded per call, not assumed: another feature size misses
+    (check,) = {a.captured.check for a in cf.artifacts}
+    params = dict(m.named_parameters())
+
+    def leaves(features):
+        return [
+            torch.randn(7, features) if v.name == "l_x_" else params[_param_name(v.name)]
+            for v in cf.graphs[0].inputs
+        ]
+
+    assert check.holds(leaves(4)) and not check.holds(leaves(5))
+    assert "l_x_.shape[1] is 5, it was 4" in check.explain(leaves(5))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_dims_none_keeps_a_size_static(target):
+    """The mechanism under the backend's static sizes, through ``cu.compile`` itself."""
+
+    def f(x, w):
+        return torch.relu(x @ w) * x.shape[1]
+
+    c = cu.compile(f, target=target, fallback="error", dims={"w": {0: None, 1: None}, "x": {-1: None}})
+    w = torch.randn(4, 3)
+    for batch in (2, 5, 7):
+        x = torch.randn(batch, 4)
+        _same(c(x, w), f(x, w))
+    assert c.stats.compiles == 1
+    x_in, w_in = c.graphs[0].inputs
+    assert not isinstance(x_in.type.shape[0], int) and x_in.type.shape[1] == 4 and w_in.type.shape == (4, 3)
+    w6 = torch.randn(4, 6)  # another static size: a recompile, never the graph typed for 3
+    _same(c(x, w6), f(x, w6))
+    assert c.stats.compiles == 2 and "static size guard: w.shape[1] is 6" in c.stats.recompile_reasons[-1]
+
+
+def _param_name(graph_input: str) -> str:
+    """``l_self_modules_fc1_parameters_weight_`` -> ``fc1.weight``."""
+    inner = graph_input.removeprefix("l_self_modules_").removesuffix("_")
+    module, _, param = inner.partition("_parameters_")
+    return f"{module}.{param}"
+
+
 def branchy(x):
     if x.shape[0] > 3:  # Dynamo guards on this and compiles each side once
         return (x * 2).sum(-1)

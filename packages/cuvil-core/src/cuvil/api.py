@@ -97,7 +97,7 @@ class CompiledFunction:
         opt_level: int,
         dynamic: bool,
         fallback: str,
-        dims: dict[str, dict[int, str]] | None = None,
+        dims: dict[str, dict[int, str | None]] | None = None,
         options: dict[str, Any] | None = None,
     ) -> None:
         if fallback not in FALLBACKS:
@@ -609,16 +609,18 @@ def _leaf_name(path: tuple[Any, ...], names: list[str]) -> str:
     return "_".join(parts)
 
 
-def _check_dims(dims: Any) -> dict[str, dict[int, str]]:
+def _check_dims(dims: Any) -> dict[str, dict[int, str | None]]:
     if dims is None:
         return {}
     if not isinstance(dims, dict):
         raise TypeError('dims must be a dict like {"x": {0: "B"}, "y": {0: "B"}}')
-    out: dict[str, dict[int, str]] = {}
+    out: dict[str, dict[int, str | None]] = {}
     for arg, axes in dims.items():
         if not isinstance(axes, dict) or not all(isinstance(a, int) for a in axes):
             raise TypeError(f"dims[{arg!r}] must map axis numbers to names, e.g. {{0: 'B'}}")
         for name in axes.values():
+            if name is None:  # a static size: see the docstring of `compile`
+                continue
             try:
                 symbol(name)
             except ValueError:
@@ -651,7 +653,7 @@ def compile(
     opt_level: int = 2,
     dynamic: bool = True,
     fallback: str = "eager",
-    dims: dict[str, dict[int, str]] | None = None,
+    dims: dict[str, dict[int, str | None]] | None = None,
     **options: Any,
 ) -> Any:
     """Compile a function or ``nn.Module`` for inference; usable bare or with arguments.
@@ -663,7 +665,9 @@ def compile(
     original code (with a warning, counted in ``stats``) when compiling fails,
     ``"error"`` raises :class:`CompileError` instead. ``dims`` names sizes
     (``{"x": {0: "B"}, "y": {0: "B"}}``): one name is one symbol, so those sizes
-    are known equal (a call where they differ is refused by the guards). Other
+    are known equal (a call where they differ is refused by the guards); ``None``
+    for a name keeps that size static under ``dynamic=True`` (a constant in the
+    graph, guarded: another value recompiles). Other
     keywords are the target's own options (``cuda_graphs=False`` on ``cuda``; each
     target lists its options in ``Capabilities.options``): one the target does not
     take is a ``TypeError``.

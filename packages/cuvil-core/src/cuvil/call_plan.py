@@ -56,6 +56,7 @@ def encode_call(
         ],
         "reasons": [[expr_text(a), why] for a, why in c.check.reasons.items() if a in c.graph.assumptions],
         "layouts": [[i, list(order), name] for i, order, name in c.check.layouts],
+        "fixed": [list(f) for f in c.check.fixed],
         "outputs": [output_json(kind, v) for kind, v in c.outputs],
         "result": spec_text(c.out_spec, "the result's tree"),
         "frozen": [f"{g.what} = {g.shown}" for g in c.guards.guards],
@@ -73,7 +74,8 @@ def decode_check(call: dict[str, Any], graph: Any) -> AssumptionCheck:
     saved = {text: why for text, why in call.get("reasons", [])}
     reasons = {a: saved[expr_text(a)] for a in graph.assumptions if expr_text(a) in saved}
     layouts = [(int(i), tuple(int(d) for d in order), str(n)) for i, order, n in call.get("layouts", [])]
-    return AssumptionCheck(graph.assumptions, slots, reasons, layouts)
+    fixed = [(int(i), int(a), int(n), str(name)) for i, a, n, name in call.get("fixed", [])]
+    return AssumptionCheck(graph.assumptions, slots, reasons, layouts, fixed)
 
 
 def decode_outputs(call: dict[str, Any]) -> list[tuple[str, Any]]:

@@ -18,6 +18,14 @@ sizes Dynamo knows equal are one Cuvil symbol. A SymInt no tensor dimension equa
 (an ``int`` argument Dynamo made dynamic) stays an argument: specialized and guarded
 by value on the Cuvil side.
 
+[Note: Dynamo's static sizes] With dynamic shapes Dynamo still keeps some sizes
+static: parameters' and buffers' sizes, and sizes it specialized (an input's feature
+dim that must equal a weight's). Its example values say which: a plain ``int`` there is
+static. Cuvil keeps exactly those static too (``dims`` maps them to ``None``: a constant
+in the graph, guarded per call) and the others symbolic, not all or nothing: static
+weight and hidden sizes let Cuvil's rules decide (``Ne(hidden, 1)``) without guards and
+its code generators see constants.
+
 [Note: Dynamo's unspecialized scalars] A Python float Dynamo chose not to specialize
 (an ``eps`` attribute, a float argument) reaches the graph as a 0-d float64 tensor
 input whose value the graph reads with ``.item()``. Cuvil cannot know a float
@@ -187,15 +195,18 @@ def backend(
         [inspect.Parameter(names[i], inspect.Parameter.POSITIONAL_ONLY) for i in keep]
     )
     dims = _dim_names(examples, names, keep)
+    # static shapes from Dynamo (dynamic=False, or before automatic dynamic kicks in) are
+    # static here too: Dynamo recompiles on a new size anyway; with dynamic shapes, each
+    # size Dynamo keeps static (a plain int in its example: weight dims, the hidden size)
+    # stays static too ([Note: Dynamo's static sizes])
+    dynamic = bool(sizes) or any(any(isinstance(n, str) for n in d.values()) for d in dims.values())
     compiled = cu_compile(
         dynamo_graph,
         target=own.get("target"),
         opt_level=own.get("opt_level", 2),
-        # static shapes from Dynamo (dynamic=False, or before automatic dynamic kicks
-        # in) are static here too: Dynamo recompiles on a new size anyway
-        dynamic=bool(sizes) or any(dims.values()),
+        dynamic=dynamic,
         fallback=own.get("fallback", "error"),
-        dims={k: v for k, v in dims.items() if v},
+        dims={k: v for k, v in dims.items() if v} if dynamic else None,
         **opts,
     )
     concrete = _concrete([example_inputs[i] for i in keep], [i in numbers for i in keep])
@@ -266,6 +277,18 @@ def _symbol_of(size: Any) -> Any:
     return expr if getattr(expr, "is_Symbol", False) else None
 
 
+def _static_size(size: Any) -> bool:
+    """Whether Dynamo's example size is a constant: an int, or a SymInt its ShapeEnv
+    has since specialized (a guard ``Eq(s1, 4)`` made ``s1`` 4)."""
+    if isinstance(size, int):
+        return True
+    if not isinstance(size, torch.SymInt):
+        return False
+    env = getattr(size.node, "shape_env", None)
+    expr = env.replace(size.node.expr) if env is not None else size.node.expr
+    return bool(getattr(expr, "is_number", False))
+
+
 def _sizes_from_dims(examples: Sequence[Any]) -> dict[int, _SizeFromDim]:
     """The SymInt inputs a tensor input's dimension equals: [Note: Dynamo's SymInt inputs]."""
     where: dict[Any, _SizeFromDim] = {}
@@ -285,15 +308,22 @@ def _sizes_from_dims(examples: Sequence[Any]) -> dict[int, _SizeFromDim]:
 
 def _dim_names(
     examples: Sequence[Any], names: Sequence[str], keep: Sequence[int]
-) -> dict[str, dict[int, str]]:
-    """Per kept tensor input, its dimensions Dynamo made symbolic, by Dynamo's symbol name."""
-    out: dict[str, dict[int, str]] = {}
+) -> dict[str, dict[int, str | None]]:
+    """Per kept tensor input, its dimensions: Dynamo's symbol name where it made the size
+    symbolic, ``None`` (static) where its example holds a plain int. A size that is an
+    expression of symbols (``2*s0``) is neither: Cuvil gives it a symbol of its own."""
+    out: dict[str, dict[int, str | None]] = {}
     for i in keep:
         ex = examples[i]
         if isinstance(ex, torch.Tensor):
-            out[names[i]] = {
-                axis: str(sym) for axis, size in enumerate(ex.shape) if (sym := _symbol_of(size)) is not None
-            }
+            axes: dict[int, str | None] = {}
+            for axis, size in enumerate(ex.shape):
+                sym = _symbol_of(size)
+                if _static_size(size):
+                    axes[axis] = None
+                elif sym is not None:
+                    axes[axis] = str(sym)
+            out[names[i]] = axes
     return out
 
 

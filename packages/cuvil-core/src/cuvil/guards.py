@@ -105,8 +105,11 @@ class AssumptionCheck:
         slots: Sequence[SymbolSlot],
         reasons: dict[Any, str],
         layouts: Sequence[tuple[int, tuple[int, ...], str]] = (),
+        fixed: Sequence[tuple[int, int, int, str]] = (),
     ):
         self.layouts = tuple((int(i), tuple(int(d) for d in o), str(n)) for i, o, n in layouts)
+        #: (leaf, axis, size, name): a size kept static under dynamic shapes (``dims`` None)
+        self.fixed = tuple((int(i), int(a), int(n), str(name)) for i, a, n, name in fixed)
         self.assumptions = tuple(assumptions)
         self.slots = tuple(slots)
         self.reasons = reasons
@@ -130,6 +133,9 @@ class AssumptionCheck:
         return values  # type: ignore[return-value]
 
     def holds(self, leaves: Sequence[Any]) -> bool:
+        for i, axis, size, _ in self.fixed:
+            if leaves[i].shape[axis] != size:
+                return False
         for i, order, _ in self.layouts:
             if not leaves[i].permute(order).is_contiguous():
                 return False
@@ -139,6 +145,11 @@ class AssumptionCheck:
         return self._all is None or bool(self._all(*values))
 
     def explain(self, leaves: Sequence[Any]) -> str:
+        for i, axis, size, name in self.fixed:
+            if leaves[i].shape[axis] != size:
+                return (
+                    f"static size guard: {name}.shape[{axis}] is {int(leaves[i].shape[axis])}, it was {size}"
+                )
         for i, order, name in self.layouts:
             if not leaves[i].permute(order).is_contiguous():
                 was = (

@@ -170,7 +170,7 @@ def capture(
     leaf_names: Sequence[str],
     spec: pytree.TreeSpec,
     dynamic: bool,
-    dims: dict[str, dict[int, str]] | None = None,
+    dims: dict[str, dict[int, str | None]] | None = None,
 ) -> Captured:
     tracer = Tracer(name, _lift_sources(fn, module))
     raw = getattr(fn, "__func__", fn)
@@ -179,10 +179,15 @@ def capture(
         tracer.reads.root_cells = {id(c): n for n, c in zip(code.co_freevars, raw.__closure__ or ())}
     plan: InputPlan = []
     slots: list[SymbolSlot] = []
+    fixed: list[tuple[int, int, int, str]] = []
     traced_leaves: list[Any] = []
     for i, (leaf, lname) in enumerate(zip(leaves, leaf_names)):
         if isinstance(leaf, torch.Tensor):
-            p = tracer.add_input(lname, leaf, symbolic=dynamic, dim_names=(dims or {}).get(lname))
+            names = (dims or {}).get(lname) or {}
+            named: dict[int, str] = {a: n for a, n in names.items() if n is not None}
+            p = tracer.add_input(lname, leaf, symbolic=dynamic, dim_names=named)
+            if dynamic and len(named) < len(names):
+                _static_dims(tracer, p, leaf, i, lname, [a for a, n in names.items() if n is None], fixed)
             layout.note_argument(p, i, lname, leaf)
             plan.append(("leaf", i))
             for axis, d in enumerate(p.ir_type.shape):
@@ -268,7 +273,7 @@ def capture(
         verify(graph)
     except Exception as e:
         raise CompileError(f"internal error: the captured graph does not verify: {e}") from e
-    check = AssumptionCheck(graph.assumptions, slots, tracer.ctx.reasons, layout.guards(tracer))
+    check = AssumptionCheck(graph.assumptions, slots, tracer.ctx.reasons, layout.guards(tracer), fixed)
     return Captured(
         graph,
         plan,
@@ -281,6 +286,29 @@ def capture(
         tracer.reads.storable,
         tuple(write_backs),
     )
+
+
+def _static_dims(
+    tracer: Tracer,
+    p: TensorProxy,
+    leaf: torch.Tensor,
+    index: int,
+    name: str,
+    axes: Sequence[int],
+    fixed: list[tuple[int, int, int, str]],
+) -> None:
+    """The dims ``dims`` names ``None`` keep the example's sizes under ``dynamic=True``
+    (the torch.compile backend: the sizes Dynamo keeps static): the input is retyped
+    before any use, and each such size is guarded per call (``AssumptionCheck.fixed``)."""
+    rank = leaf.dim()
+    static = sorted({a % rank for a in axes}) if rank else []
+    t = p.ir_type
+    shape = tuple(int(leaf.shape[a]) if a in static else d for a, d in enumerate(t.shape))
+    v = Value(p._cuvil_value.name, t.replace(shape=shape))
+    assert tracer.inputs[-1] is p._cuvil_value
+    tracer.inputs[-1] = v
+    p._cuvil_value = v
+    fixed.extend((index, a, int(leaf.shape[a]), name) for a in static)
 
 
 def _write_backs(
