@@ -198,6 +198,15 @@ def test_conv_batch_norm_folded(bias: bool, residual: bool, relu: bool) -> None:
     assert ('act = "relu"' in text) == relu
 
 
+def test_empty_batch_first() -> None:
+    torch.manual_seed(15)
+    m = frozen(Block(bias=True, residual=True, relu=True))
+    c = compiled(m)
+    for n in (0, 2):  # the first call packs nothing
+        x = torch.randn(n, 5, 11, 11)
+        check(c(x), m(x))
+
+
 def test_conv_batch_norm_without_affine_and_strided() -> None:
     torch.manual_seed(6)
     m = frozen(Block(bias=True, residual=False, relu=True, stride=2, affine=False))

@@ -288,7 +288,10 @@ def conv_epilogue(
     )
     tensors = (x, w, *rest)
     if not (
-        _ONEDNN and x.dim() == 4 and all(t.dtype == torch.float32 and t.device.type == "cpu" for t in tensors)
+        _ONEDNN
+        and x.dim() == 4
+        and x.numel() > 0  # (an empty batch: nothing to pack the weight for)
+        and all(t.dtype == torch.float32 and t.device.type == "cpu" for t in tensors)
     ):
         return epilogues.ConvEpilogue.reference(x, w, *rest, **kw)
     if has_other and rest[-1].shape != _conv_shape(x, w, stride, padding, dilation):
