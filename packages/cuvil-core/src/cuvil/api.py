@@ -26,6 +26,7 @@ from cuvil.results import unflatten
 from cuvil.submit import SerialQueue
 from cuvil_ir.symbolic import expr_str, symbol
 from cuvil_runtime.cache import CompileCache
+from cuvil_runtime.grad import without_grad
 from cuvil_runtime.target import CompileOptions, Executable, TargetError
 
 FALLBACKS = ("eager", "error")
@@ -572,8 +573,8 @@ def captured_call(f: Any, *args: Any, **kwargs: Any) -> tuple[Captured, list[Any
 def _run(art: _Artifact, leaves: list[Any], tree: tuple[tuple[Any, ...], dict[str, Any]]) -> Any:
     c = art.captured
     assert c is not None and art.executable is not None
-    with torch.no_grad():  # inference on every target: results carry no autograd history
-        results = art.executable(*graph_inputs(c, leaves))
+    # inference on every target: results carry no autograd history
+    results = without_grad(art.executable, graph_inputs(c, leaves))
     if c.write_backs:  # arguments the function changes in place end as in eager
         arg_objects.write_back(c.write_backs, results, leaves, tree)
     out = [_result_leaf(kind, v, results, tree) for kind, v in c.outputs]

@@ -34,6 +34,7 @@ from cuvil_ir.serial import Codec, SerialError
 from cuvil_ir.tensor_ir.lower import lower
 from cuvil_ir.tensor_ir.program import Control, Extern, Kernel, TensorProgram
 from cuvil_runtime.cache import DiskCache
+from cuvil_runtime.grad import without_grad
 from cuvil_runtime.runner import ProgramRunner, wrappers
 from cuvil_runtime.target import CompileOptions, Exported, KernelBackend, Launch, ProgramHooks
 
@@ -79,10 +80,7 @@ class ProgramExecutable:
     def __call__(self, *inputs: Any) -> tuple[Any, ...]:
         # inference: results carry no autograd history (kernels could not record one
         # anyway), and out= extern calls refuse parameters that require grad
-        import torch
-
-        with torch.no_grad():
-            return self._runner(*inputs)
+        return without_grad(self._runner, inputs)
 
     @functools.cached_property
     def kernel_texts(self) -> dict[str, dict[str, str]]:
