@@ -76,10 +76,12 @@ class CpuTarget(CpuHooks):
         return _hash(package_hash(cuvil_ir, cuvil_runtime, cuvil_backend_cpu), self.cache.toolchain.identity)
 
     def compile(self, graph: Graph, options: CompileOptions) -> ProgramExecutable:
-        # fused GEMM/convolution epilogues, BatchNorm folded (docs/cpu-backend.md)
-        if options.opt_level > 0:
-            graph = epilogues.rewrite(graph)
-        return compile_program(self, graph, options, self._programs())
+        # fused GEMM/convolution epilogues, BatchNorm folded (docs/cpu-backend.md); the
+        # graph_ir stage stays the captured graph (the fused ops show in tensor_ir)
+        fused = epilogues.rewrite(graph) if options.opt_level > 0 else graph
+        exe = compile_program(self, fused, options, self._programs())
+        exe.graph = graph
+        return exe
 
     def _programs(self) -> Path:
         """The program cache's folder, beside the kernel cache."""
