@@ -239,7 +239,7 @@ def rewrite(graph: Graph, enabled: frozenset[str] | None = None) -> Graph:
     ctx = ShapeContext(assumptions=graph.assumptions)
     inputs = {v.name for v in graph.inputs}
     nodes = list(graph.nodes)
-    #: value name -> (index of the node that defines it, that node)
+    #: value name -> the indices of the top-level nodes that read it
     user: dict[str, list[int]] = {}
     for i, n in enumerate(nodes):
         for v in n.inputs:
