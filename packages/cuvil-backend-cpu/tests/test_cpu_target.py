@@ -703,18 +703,18 @@ def test_reductions_over_a_leading_dimension_accumulate_rows():
     assert "seq _r" in loop_ir and "par _t0 in" in loop_ir
 
 
-def test_large_linears_run_through_onednn_and_follow_weight_updates():
-    from cuvil_backend_cpu import externs
+def test_large_linears_run_through_onednn_and_follow_weight_updates(monkeypatch):
+    from cuvil_backend_cpu import externs, gemm_choice
 
     if not externs.FAST_EXTERNS:
         pytest.skip("torch built without oneDNN")
+    monkeypatch.setenv(gemm_choice.GEMM_ENV, "onednn")  # not what measuring picks here
     torch.manual_seed(0)
     m = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.GELU(), torch.nn.Linear(512, 64)).eval()
     cf = compiled(m)
-    x = randn(40, 256)  # 40*256*512 multiply-adds: the oneDNN path
-    assert 40 * 256 * 512 >= externs.ONEDNN_MIN_MACS
+    x = randn(40, 256)
     with torch.no_grad():
         torch.testing.assert_close(cf(x), m(x), rtol=1e-4, atol=1e-4)
         m[0].weight.mul_(0.5)  # the packed weight is rebuilt for the new version
         torch.testing.assert_close(cf(x), m(x), rtol=1e-4, atol=1e-4)
-        torch.testing.assert_close(cf(x[:3]), m(x[:3]), rtol=1e-4, atol=1e-4)  # small: MKL
+        torch.testing.assert_close(cf(x[:3]), m(x[:3]), rtol=1e-4, atol=1e-4)  # another row count

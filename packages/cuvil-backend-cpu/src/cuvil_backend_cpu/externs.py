@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from cuvil_backend_cpu import epilogues
+from cuvil_backend_cpu import epilogues, gemm_choice
 
 
 def linear_into(
@@ -97,7 +97,7 @@ _LAYOUT_WRAPPERS: dict[str, Callable[[Callable[..., Any]], Callable[..., Any]]] 
 
 
 # -- oneDNN linear ------------------------------------------------------------------------
-#: below this many multiply-adds a oneDNN call costs more than it saves (primitive setup)
+#: below this many multiply-adds a fused oneDNN epilogue is not tried (primitive setup)
 ONEDNN_MIN_MACS = 1 << 20
 _LINEAR_PACKED: dict[int, tuple[weakref.ref[torch.Tensor], int, torch.Tensor]] = {}
 
@@ -122,22 +122,24 @@ def _packed_linear_weight(w: torch.Tensor, rows: int) -> torch.Tensor:
 
 
 def linear(x: torch.Tensor, w: torch.Tensor, *bias: torch.Tensor, has_bias: bool) -> torch.Tensor:
-    """``F.linear`` through oneDNN for large float32 products, MKL (torch's default) for
-    small ones. On this AMD EPYC host oneDNN's GEMM is 2.5x MKL's for transformer-sized
-    linears (768x3072 at 128 rows: 1.28 vs 3.12 ms), while each oneDNN call costs ~10 us
-    of setup that only pays off from about a million multiply-adds."""
+    """``F.linear`` on float32 through the faster of oneDNN (packed weight) and MKL
+    (torch's default) for this shape on this host, measured at its first call
+    ([Note: GEMM choice] in :mod:`cuvil_backend_cpu.gemm_choice`)."""
     b = bias[0] if has_bias else None
     rows = x.numel() // max(x.shape[-1], 1)
-    if (
-        x.dtype == torch.float32
-        and w.dtype == torch.float32
-        and rows * w.shape[0] * w.shape[1] >= ONEDNN_MIN_MACS
-        and _ONEDNN
-    ):
-        return torch.ops.mkldnn._linear_pointwise(
-            x.contiguous(), _packed_linear_weight(w, rows), b, "none", [], ""
-        )
-    return torch.nn.functional.linear(x, w, b)
+    if not (_ONEDNN and x.dtype == torch.float32 and w.dtype == torch.float32 and rows > 0 and w.numel() > 0):
+        return torch.nn.functional.linear(x, w, b)
+    xc = x.contiguous()
+
+    def onednn() -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(xc, _packed_linear_weight(w, rows), b, "none", [], "")
+
+    def mkl() -> torch.Tensor:
+        return torch.nn.functional.linear(x, w, b)
+
+    shape = gemm_choice.key(rows, w.shape[1], w.shape[0], has_bias)
+    choice = gemm_choice.choose(shape, {"onednn": onednn, "mkl": mkl})
+    return onednn() if choice == "onednn" else mkl()
 
 
 _ONEDNN = _onednn_available()

@@ -1,0 +1,133 @@
+"""Which GEMM runs a float32 linear: measured on this host, per shape, and remembered.
+
+[Note: GEMM choice] The cpu target has two GEMMs for ``F.linear``: oneDNN's
+(``torch.ops.mkldnn._linear_pointwise`` on a weight packed once per version) and
+torch's default (MKL's ``sgemm`` through ``F.linear``). Which is faster depends on
+the host and the shape: on an AVX-512 EPYC oneDNN was 2.5x MKL on transformer-sized
+linears, while each oneDNN call costs about 10 us of setup that small products never
+win back; on AVX2 hosts the two are closer and the order changes with the shape.
+So the first call of a shape times both, on the call's own operands, interleaved,
+and keeps the faster; later calls of that shape look the answer up.
+
+The key is ``(rows bucket, in features, out features, bias, threads)``: the number of
+rows is a symbolic size (batch x sequence) that changes between calls, so rows are
+bucketed by powers of two and a bucket is measured once, at the first row count that
+falls in it. Answers are kept in memory and in a JSON record in the kernel cache's
+private folder (``gemm-<host, ISA, torch, threads>.json``, written atomically, read
+only when private: docs/security.md), so a warm start measures nothing. The record
+is data, never code: a bad entry can only pick the slower of two correct GEMMs.
+``CUVIL_CPU_GEMM=onednn|mkl`` forces one (benchmarks, bisecting a numerical
+difference: the two round differently, within float32 GEMM tolerance).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import secrets
+import statistics
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from cuvil_runtime import trust
+
+#: forces a GEMM: "onednn" or "mkl" (anything else, or unset: measure)
+GEMM_ENV = "CUVIL_CPU_GEMM"
+#: timed calls of each candidate, interleaved, at the first call of a shape
+REPEATS = 5
+CANDIDATES = ("onednn", "mkl")
+
+_lock = threading.Lock()
+_choices: dict[str, str] | None = None
+
+
+def _bucket(rows: int) -> int:
+    return 1 << max(rows - 1, 0).bit_length()
+
+
+def key(rows: int, k: int, n: int, has_bias: bool) -> str:
+    return f"{_bucket(rows)}x{k}x{n}{'+b' if has_bias else ''}@{torch.get_num_threads()}"
+
+
+def _record_path() -> Path:
+    from cuvil_backend_cpu.toolchain import cpuinfo, default_kernel_cache_dir, requested_isa
+
+    info = cpuinfo()
+    ident = "\n".join([torch.__version__, requested_isa(), info.get("model name", ""), info.get("flags", "")])
+    folder = trust.trusted_dir(default_kernel_cache_dir(), "kernel cache")
+    return folder / f"gemm-{hashlib.sha256(ident.encode()).hexdigest()[:24]}.json"
+
+
+def _load() -> dict[str, str]:
+    global _choices
+    if _choices is None:
+        loaded: dict[str, str] = {}
+        try:
+            data = trust.read_private_file(_record_path())
+            record = json.loads(data) if data is not None else {}
+        except (OSError, ValueError):
+            record = {}
+        if isinstance(record, dict):
+            loaded = {k: v for k, v in record.items() if isinstance(k, str) and v in CANDIDATES}
+        _choices = loaded
+    return _choices
+
+
+def _save(choices: dict[str, str]) -> None:
+    """Atomically (temp file + ``os.replace``); a read-only cache only costs a re-measure."""
+    try:
+        path = _record_path()
+        trust.make_dirs(path.parent)
+    except OSError:
+        return
+    tmp = path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
+    try:
+        tmp.write_text(json.dumps(dict(sorted(choices.items())), indent=1) + "\n")
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+
+
+def _measure(run: dict[str, Callable[[], Any]]) -> str:
+    times: dict[str, list[float]] = {name: [] for name in run}
+    for fn in run.values():  # warm: first calls build primitives and pack weights
+        fn()
+    for _ in range(REPEATS):
+        for name, fn in run.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    return min(run, key=lambda name: (statistics.median(times[name]), CANDIDATES.index(name)))
+
+
+def choose(shape_key: str, run: dict[str, Callable[[], Any]]) -> str:
+    """The GEMM for ``shape_key``: forced by ``$CUVIL_CPU_GEMM``, remembered, or measured
+    now by calling each of ``run`` (name -> a call of that GEMM on this call's operands)."""
+    forced = os.environ.get(GEMM_ENV, "").strip().lower()
+    if forced in run:
+        return forced
+    with _lock:
+        choices = _load()
+        found = choices.get(shape_key)
+        if found in run:
+            return found
+        best = _measure(run)
+        choices[shape_key] = best
+        _save(choices)
+        return best
+
+
+def forget() -> None:
+    """Drop what this process remembers (tests); the record on disk stays."""
+    global _choices
+    with _lock:
+        _choices = None
+
+
+__all__ = ["CANDIDATES", "GEMM_ENV", "choose", "forget", "key"]
