@@ -178,6 +178,13 @@ class ProgramRunner:
             b = prog.buffers[buf_name]
             return "(" + "".join(f"{self._size_code(d)}, " for d in b.shape) + ")"
 
+        def empty_code(buf_name: str, dev: str) -> str:
+            # sizes as separate arguments: torch.empty parses them about 0.7 us faster
+            # than one tuple (an output is allocated on every call)
+            b = prog.buffers[buf_name]
+            sizes = ", ".join(self._size_code(d) for d in b.shape) if b.shape else "()"
+            return f"torch.empty({sizes}, dtype=torch.{_tname(b.dtype)}{dev})"
+
         def attrs_code(step: Extern) -> str:
             if not self._is_late(step.node.attrs):
                 return f"_p.attrs[{step.name!r}]"
@@ -210,15 +217,11 @@ class ProgramRunner:
                 ns[f"_k_{step.name}"] = launch.fn
                 buf = prog.buffers[step.buf]
                 if buf.kind == "output":
-                    body.append(
-                        f"v_{step.buf} = torch.empty({shape_code(step.buf)}, dtype=torch.{_tname(buf.dtype)}{dev})"
-                    )
+                    body.append(f"v_{step.buf} = {empty_code(step.buf, dev)}")
                     tensor[step.buf] = f"v_{step.buf}"
                     ptr[step.buf] = f"v_{step.buf}.data_ptr()"
                 elif step.buf not in tensor:  # sized by data: see [Note: sizes from data]
-                    body.append(
-                        f"v_{step.buf} = torch.empty({shape_code(step.buf)}, dtype=torch.{_tname(buf.dtype)}{dev})"
-                    )
+                    body.append(f"v_{step.buf} = {empty_code(step.buf, dev)}")
                     tensor[step.buf] = f"v_{step.buf}"
                     ptr[step.buf] = f"v_{step.buf}.data_ptr()"
                 # the launch's order: buffers, sizes, derived sizes, scalars
@@ -243,9 +246,7 @@ class ProgramRunner:
                 for o in step.outputs:
                     buf = prog.buffers[o]
                     if buf.kind == "output" or o not in tensor:
-                        body.append(
-                            f"v_{o} = torch.empty({shape_code(o)}, dtype=torch.{_tname(buf.dtype)}{dev})"
-                        )
+                        body.append(f"v_{o} = {empty_code(o, dev)}")
                         tensor[o] = f"v_{o}"
                         ptr[o] = f"v_{o}.data_ptr()"
                     outs_code.append(tensor[o])
