@@ -112,6 +112,9 @@ def choose(shape_key: str, run: dict[str, Callable[[], Any]]) -> str:
     forced = os.environ.get(GEMM_ENV, "").strip().lower()
     if forced in run:
         return forced
+    known = _choices.get(shape_key) if _choices is not None else None
+    if known in run:  # every call after a shape's first: no lock
+        return known  # type: ignore[return-value]
     with _lock:
         choices = _load()
         found = choices.get(shape_key)

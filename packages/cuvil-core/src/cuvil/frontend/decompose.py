@@ -10,7 +10,7 @@ Cuvil declares. :func:`decompose` runs that reference on the call's proxies, wit
 the tracer's mode on, so each torch call it makes is handled as if the user had
 made it -- declared ops become nodes, undeclared ones are decomposed in turn.
 
-The attempt is all or nothing (:meth:`Tracer.attempt`): it is kept only if every
+The attempt is all or nothing (:func:`attempt`): it is kept only if every
 node it recorded is a declared op. It is rolled back -- nodes, constants, lifted
 tensors and size facts as before -- and the call becomes the one extern node it
 always was when the reference
@@ -32,9 +32,10 @@ results (their values differ from eager's by design).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -101,13 +102,18 @@ def reference(func: Any) -> Callable[..., Any] | None:
     return ref
 
 
+class Undecomposable(Exception):
+    """Raised inside an attempt to roll it back: this call is left to the extern path."""
+
+
 # -- primitives -------------------------------------------------------------------
 # [Note: primitives as torch calls] References bottom out in ``torch.ops.prims`` calls
 # (and a few ``torch.ops.aten`` ones). Each primitive below is spelled as the torch
 # call with the same meaning; where the two differ the spelling says so (``prims.div``
 # truncates integers, ``prims.transpose`` is a permutation; a reduction over no
-# dimension stays extern, as torch's kernel and meta function disagree on it). Primitives with no entry, and aten calls whose torch
-# function Cuvil does not declare, stay extern calls, which rolls the attempt back.
+# dimension stays extern, as torch's kernel and meta function disagree on it).
+# Primitives with no entry, and aten calls whose torch function Cuvil does not
+# declare, stay extern calls, which rolls the attempt back.
 
 
 def _all_dims(a: Any, dims: Any) -> Any:
@@ -119,7 +125,7 @@ def _reduction(reduce: Callable[..., Any]) -> Callable[..., Any]:
         dims = _all_dims(a, dims)
         if not dims:
             # torch's kernel reduces every dimension, its meta function none: extern
-            raise NotImplementedError("a primitive reduction over no dimension")
+            raise Undecomposable("a primitive reduction over no dimension")
         out = reduce(a, dims, *rest)
         return out if output_dtype is None else out.to(output_dtype)
 
@@ -163,49 +169,56 @@ def _fresh_alias(a: Any, *_: Any, **__: Any) -> Any:
     return TensorProxy(tracer, tracer.value_of(a))
 
 
-_P = torch.ops.prims
-_PRIMITIVES: dict[Any, Callable[..., Any]] = {
-    _P.convert_element_type.default: lambda a, dtype: a.to(dtype),
-    _P.broadcast_in_dim.default: _broadcast_in_dim,
-    _P.clone.default: _fresh_alias,
-    _P.copy_strided.default: _fresh_alias,
-    _P.view_of.default: lambda a: a.view(a.shape),
-    _P.transpose.default: lambda a, permutation: a.permute(tuple(permutation)),
-    _P.squeeze.default: lambda a, dimensions: a.squeeze(tuple(dimensions)) if dimensions else a.view(a.shape),
-    _P.reshape.default: lambda a, shape: a.reshape(tuple(shape)),
-    _P.collapse_view.default: lambda a, start, end: (
-        a.flatten(start, end - 1) if end - start > 1 else a.view(a.shape)
-    ),
-    _P.collapse.default: lambda a, start, end: (
-        a.flatten(start, end - 1) if end - start > 1 else a.view(a.shape)
-    ),
-    _P.split_dim.default: lambda a, dim, outer: a.unflatten(dim, (outer, a.shape[dim] // outer)),
-    _P.rev.default: lambda a, dims: torch.flip(a, tuple(dims)),
-    _P.cat.default: lambda tensors, dim: torch.cat(list(tensors), dim),
-    _P.where.default: torch.where,
-    _P.fill.default: lambda a, value: torch.full_like(a, value),
-    _P.div.default: _div,
-    _P.sum.default: _reduction(torch.sum),
-    _P.amax.default: _reduction(torch.amax),
-    _P.amin.default: _reduction(torch.amin),
-    _P.prod.default: _reduction(_prod),
-    _P.var.default: _reduction(_var),
-    # exact: |NaN| < inf and |inf| < inf are false; 2**a is exp2(a) (torch's pow calls exp2)
-    _P.isfinite.default: lambda a: torch.abs(a) < math.inf,
-    _P.exp2.default: lambda a: torch.pow(2.0, a),
-}
+@functools.cache
+def _primitives() -> tuple[dict[Any, Callable[..., Any]], dict[Any, Callable[..., Any]]]:
+    """(primitive -> its spelling, same-name primitive -> ``torch.<name>``), built at the
+    first undeclared call rather than at import (``import cuvil`` stays cheap)."""
+    p = torch.ops.prims
+    spelled: dict[Any, Callable[..., Any]] = {
+        p.convert_element_type.default: lambda a, dtype: a.to(dtype),
+        p.broadcast_in_dim.default: _broadcast_in_dim,
+        p.clone.default: _fresh_alias,
+        p.copy_strided.default: _fresh_alias,
+        p.view_of.default: lambda a: a.view(a.shape),
+        p.transpose.default: lambda a, permutation: a.permute(tuple(permutation)),
+        p.squeeze.default: lambda a, dimensions: (
+            a.squeeze(tuple(dimensions)) if dimensions else a.view(a.shape)
+        ),
+        p.reshape.default: lambda a, shape: a.reshape(tuple(shape)),
+        p.collapse_view.default: _collapse,
+        p.collapse.default: _collapse,
+        p.split_dim.default: lambda a, dim, outer: a.unflatten(dim, (outer, a.shape[dim] // outer)),
+        p.rev.default: lambda a, dims: torch.flip(a, tuple(dims)),
+        p.cat.default: lambda tensors, dim: torch.cat(list(tensors), dim),
+        p.where.default: torch.where,
+        p.fill.default: lambda a, value: torch.full_like(a, value),
+        p.div.default: _div,
+        p.sum.default: _reduction(torch.sum),
+        p.amax.default: _reduction(torch.amax),
+        p.amin.default: _reduction(torch.amin),
+        p.prod.default: _reduction(_prod),
+        p.var.default: _reduction(_var),
+        # exact: |NaN| < inf and |inf| < inf are false; 2**a is exp2(a) (torch's pow calls exp2)
+        p.isfinite.default: lambda a: torch.abs(a) < math.inf,
+        p.exp2.default: lambda a: torch.pow(2.0, a),
+    }
+    same_name = {getattr(p, name).default: getattr(torch, name) for name in _SAME_NAMES.split()}
+    return spelled, same_name
+
+
+def _collapse(a: Any, start: int, end: int) -> Any:
+    return a.flatten(start, end - 1) if end - start > 1 else a.view(a.shape)
+
+
 #: primitives that are the torch call of the same name on operands the reference has
 #: already promoted and broadcast; used only where Cuvil declares that call (else
 #: ``torch.<name>`` would decompose back into the primitive)
-_SAME_NAME = {
-    getattr(_P, name).default: getattr(torch, name)
-    for name in (
-        "abs acos acosh asin asinh atan atanh ceil cos cosh digamma erf erfc exp expm1 floor "
-        "lgamma log log10 log1p log2 neg reciprocal round rsqrt sign signbit sin sinh sqrt tan tanh "
-        "trunc bitwise_not add sub mul atan2 bitwise_and bitwise_or bitwise_xor eq ne ge gt "
-        "le lt maximum minimum pow fmod remainder fmax fmin hypot nextafter gcd igamma igammac"
-    ).split()
-}
+_SAME_NAMES = (
+    "abs acos acosh asin asinh atan atanh ceil cos cosh digamma erf erfc exp expm1 floor "
+    "lgamma log log10 log1p log2 neg reciprocal round rsqrt sign signbit sin sinh sqrt tan tanh "
+    "trunc bitwise_not add sub mul atan2 bitwise_and bitwise_or bitwise_xor eq ne ge gt "
+    "le lt maximum minimum pow fmod remainder fmax fmin hypot nextafter gcd igamma igammac"
+)
 
 
 def _aten_as_torch(func: Any) -> Callable[..., Any] | None:
@@ -236,11 +249,12 @@ def implementation(func: Any) -> Callable[..., Any] | None:
     a primitive or aten call, or None."""
     from cuvil_ir.graph_ir.registry import REGISTRY
 
+    spelled, same_name = _primitives()
     try:
-        prim = _PRIMITIVES.get(func) or _SAME_NAME.get(func)
+        prim = spelled.get(func) or same_name.get(func)
     except TypeError:
         return None
-    if prim is not None and func in _SAME_NAME and REGISTRY.for_torch(prim) is None:
+    if prim is not None and func in same_name and REGISTRY.for_torch(prim) is None:
         return None
     return prim or reference(func) or _aten_as_torch(func)
 
@@ -263,6 +277,60 @@ def layout(tracer: Tracer, func: Any, args: tuple[Any, ...], kwargs: dict[str, A
     return tuple(strides) if dim is None else strides[dim]
 
 
+class Attempt:
+    """What :func:`attempt` yields: call :meth:`keep` to keep the recording."""
+
+    kept = False
+
+    def keep(self) -> None:
+        self.kept = True
+
+
+@contextlib.contextmanager
+def attempt(tracer: Tracer) -> Iterator[Attempt]:
+    """Record on ``tracer`` tentatively: unless :meth:`Attempt.keep` is called inside the
+    block and what it recorded is declared ops only, everything recorded is rolled back
+    and an exception raised inside (``Exception``, not interrupts) is swallowed; see
+    [Note: decompositions]. Size facts learnt stay
+    learnt, ours and torch's ``ShapeEnv``'s alike: they hold for the example sizes,
+    so the most they cost is a narrower artifact, and the two must not drift apart
+    (a fact torch keeps and the graph forgot would be an unchecked assumption)."""
+    ctx = tracer.ctx
+    n_nodes, n_inputs, n_lifted = len(tracer.nodes), len(tracer.inputs), len(tracer.lifted)
+    consts, lifted_ids, names = dict(tracer._consts), dict(tracer._lifted_ids), set(tracer._names)
+    seen_data_sizes, data_symbols = set(tracer.seen_data_sizes), set(ctx.data_symbols)
+    hints = dict(ctx.hints) if ctx.hints is not None else None
+    recording = Attempt()
+    try:
+        yield recording
+    except Exception:
+        recording.kept = False
+    if recording.kept:
+        declared = all(n.op != "extern" for n in tracer.nodes[n_nodes:])
+        recording.kept = declared and tracer.seen_data_sizes == seen_data_sizes
+    if recording.kept:
+        return
+    # in place: a region being recorded holds these very objects (Tracer.region)
+    del tracer.nodes[n_nodes:]
+    del tracer.inputs[n_inputs:]
+    del tracer.lifted[n_lifted:]
+    for now, before in (
+        (tracer._consts, consts),
+        (tracer._lifted_ids, lifted_ids),
+        (tracer._names, names),
+        (tracer.seen_data_sizes, seen_data_sizes),
+        (ctx.data_symbols, data_symbols),
+        (ctx.hints, hints),
+    ):
+        _restore(now, before)
+
+
+def _restore(now: Any, before: Any) -> None:
+    if now is not None and before is not None:
+        now.clear()
+        now.update(before)
+
+
 def decompose(tracer: Tracer, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """``func(*args, **kwargs)`` recorded as the declared ops its reference calls, or
     ``NotImplemented`` (and nothing recorded) when it cannot be; see [Note: decompositions]."""
@@ -274,15 +342,15 @@ def decompose(tracer: Tracer, func: Any, args: tuple[Any, ...], kwargs: dict[str
     kept = False
     _ACTIVE.append(func)
     try:
-        with tracer.attempt() as attempt:
+        with attempt(tracer) as recording:
             with tracer.mode():  # the handler runs with the tracer's mode popped
                 out = impl(*args, **kwargs)
             leaves = pytree.tree_leaves(out)
             # a reference that updated an operand in place is not what eager does
             unchanged = all(x._cuvil_value is v for x, v in zip(operands, values))
             if unchanged and all(isinstance(x, (TensorProxy, bool, int, float, torch.dtype)) for x in leaves):
-                attempt.keep()
-        kept = attempt.kept
+                recording.keep()
+        kept = recording.kept
     finally:
         _ACTIVE.pop()
         if not kept:

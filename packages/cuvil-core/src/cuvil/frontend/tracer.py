@@ -170,55 +170,6 @@ class Tracer:
             self._open.pop()
             self.nodes, self._consts = outer_nodes, outer_consts
 
-    @contextlib.contextmanager
-    def attempt(self) -> Iterator[Attempt]:
-        """Record tentatively: unless :meth:`Attempt.keep` is called inside the block and
-        what it recorded is declared ops only, everything recorded is rolled back and an
-        exception raised inside (``Exception``, not interrupts) is swallowed. See
-        [Note: decompositions] in cuvil/frontend/decompose.py. Size facts learnt stay
-        learnt, ours and torch's ``ShapeEnv``'s alike: they hold for the example sizes,
-        so the most they cost is a narrower artifact, and the two must not drift apart
-        (a fact torch keeps and the graph forgot would be an unchecked assumption)."""
-        ctx = self.ctx
-        saved = (
-            len(self.nodes),
-            dict(self._consts),
-            len(self.inputs),
-            len(self.lifted),
-            dict(self._lifted_ids),
-            set(self._names),
-            set(self.seen_data_sizes),
-            set(ctx.data_symbols),
-            dict(ctx.hints) if ctx.hints is not None else None,
-        )
-        attempt = Attempt()
-        try:
-            yield attempt
-        except Exception:
-            attempt.kept = False
-        n_nodes = saved[0]
-        if attempt.kept:
-            recorded = self.nodes[n_nodes:]
-            attempt.kept = all(n.op != "extern" for n in recorded) and self.seen_data_sizes == saved[6]
-        if attempt.kept:
-            return
-        del self.nodes[n_nodes:]
-        self._consts.clear()
-        self._consts.update(saved[1])
-        del self.inputs[saved[2] :]
-        del self.lifted[saved[3] :]
-        self._lifted_ids.clear()
-        self._lifted_ids.update(saved[4])
-        self._names.clear()
-        self._names.update(saved[5])
-        self.seen_data_sizes.clear()
-        self.seen_data_sizes.update(saved[6])
-        ctx.data_symbols.clear()
-        ctx.data_symbols.update(saved[7])
-        if saved[8] is not None and ctx.hints is not None:
-            ctx.hints.clear()
-            ctx.hints.update(saved[8])
-
     def visible(self, v: Value) -> bool:
         return self._home.get(v, 0) in self._open
 
@@ -625,15 +576,6 @@ class Tracer:
         binds = data_sizes.binding_nodes(self.nodes, self.inputs)
         nodes = _dead_code_elimination(tuple(self.nodes), set(outputs), binds)
         return Graph(self.name, tuple(self.inputs), nodes, tuple(outputs), tuple(self.ctx.assumptions))
-
-
-class Attempt:
-    """What :meth:`Tracer.attempt` yields: call :meth:`keep` to keep the recording."""
-
-    kept = False
-
-    def keep(self) -> None:
-        self.kept = True
 
 
 class Region:
