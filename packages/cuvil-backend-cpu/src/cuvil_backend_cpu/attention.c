@@ -4,7 +4,8 @@
  *
  * with g = h / (Hq / Hk) (grouped-query attention), mask additive (float), boolean (false: -inf) or
  * causal (key j visible from query i when j <= i, torch's top-left alignment). A query that sees no
- * key gets zeros, as eager's does.
+ * key gets zeros, as eager's scaled_dot_product_attention gives, or NaN (P_EMPTY_NAN), as the
+ * composition softmax(s) @ v gives.
  *
  * One work item per (batch, head, block of BQ queries) runs on the OpenMP threads. It packs its
  * queries transposed (qt[e][i], scaled) and walks the keys in blocks of BK: the block's scores,
@@ -174,7 +175,8 @@ void cuvil_attention_tile(int64_t *mr, int64_t *nr) {
 }
 
 enum { P_B, P_HQ, P_HK, P_L, P_S, P_E, P_EV, P_QB, P_QH, P_QL, P_KB, P_KH, P_KL, P_VB, P_VH, P_VL,
-       P_MB, P_MH, P_ML, P_MASK, P_CAUSAL, P_BQ, P_BK, P_THREADS, P_COUNT /* 24: attention.py packs that many */ };
+       P_MB, P_MH, P_ML, P_MASK, P_CAUSAL, P_BQ, P_BK, P_THREADS, P_EMPTY_NAN,
+       P_COUNT /* 25: attention.py packs that many */ };
 
 /* What one thread works in: the block's queries transposed, its scores (then probabilities)
  * transposed, its output accumulator, the running max and sum per query, and the last columns of v
@@ -259,6 +261,7 @@ int cuvil_attention(const float *q, const float *k, const float *v, const void *
                   BK = P[P_BK];
     const int64_t evp = round_up(Ev, NR), nqb = (L + BQ - 1) / BQ, group = Hq / P[P_HK];
     const int64_t bqmax = round_up(BQ, NR), items = P[P_B] * Hq * nqb;
+    const float empty = P[P_EMPTY_NAN] ? NAN : 0.0f; /* what a query that sees no key gets */
     int failed = 0;
 #pragma omp parallel num_threads(P[P_THREADS])
     {
@@ -296,7 +299,7 @@ int cuvil_attention(const float *q, const float *k, const float *v, const void *
                              min64(BK, kend - j0), &t);
             float *ob = out + (bh * L + i0) * Ev;
             for (int64_t i = 0; i < bq; ++i) {
-                const float inv = t.l[i] == 0.0f ? 0.0f : 1.0f / t.l[i]; /* (NaN stays NaN) */
+                const float inv = t.l[i] == 0.0f ? empty : 1.0f / t.l[i]; /* (NaN stays NaN) */
                 for (int64_t c = 0; c < Ev; ++c) ob[i * Ev + c] = t.o[i * evp + c] * inv;
             }
         }

@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from cuvil_backend_cpu import attention_pattern
 from cuvil_backend_cpu.kernel_cache import KernelCache
 
 SOURCE = (Path(__file__).parent / "attention.c").read_text()
@@ -73,9 +74,11 @@ class FlashAttention:
         is_causal: bool = False,
         scale: float | None = None,
         enable_gqa: bool = False,
+        empty_nan: bool = False,
     ) -> torch.Tensor | None:
         """``F.scaled_dot_product_attention(q, k, v, mask, ...)``, or ``None`` where the
-        kernel does not apply (the caller then runs eager's)."""
+        kernel does not apply (the caller then runs eager's). A query that sees no key
+        gets zeros (sdpa's answer), or NaN with ``empty_nan`` (``softmax(s) @ v``'s)."""
         if not _fits(q, k, v, mask, enable_gqa, is_causal):
             return None
         lead, L, E, S, Ev = q.shape[:-2], q.shape[-2], q.shape[-1], k.shape[-2], v.shape[-1]
@@ -84,16 +87,17 @@ class FlashAttention:
         out = torch.empty((B, Hq, L, Ev), dtype=torch.float32)
         if out.numel() == 0:
             return out.view(*lead, L, Ev)
-        kind, mask_ptr, ms = 0, None, (0, 0, 0)
+        ms: tuple[int, ...] = (0, 0, 0)
+        kind, mask_ptr = 0, None
         if mask is not None:
             # a broadcast mask is a view with zero strides: no copy, unless its keys do not
             # lie consecutively (a mask broadcast along the keys)
             m4 = _rank4(mask.expand(*lead, L, S))
             kind, mask_ptr, ms = _MASK_KIND[mask.dtype], m4.data_ptr(), m4.stride()[:3]
         params = struct.pack(
-            "24q", B, Hq, Hk, L, S, E, Ev,
+            "25q", B, Hq, Hk, L, S, E, Ev,
             *q4.stride()[:3], *k4.stride()[:3], *v4.stride()[:3], *ms,
-            kind, int(is_causal), self.block_q, self.block_k, torch.get_num_threads(),
+            kind, int(is_causal), self.block_q, self.block_k, torch.get_num_threads(), int(empty_nan),
         )  # fmt: skip
         ptrs = (q4.data_ptr(), k4.data_ptr(), v4.data_ptr(), mask_ptr, out.data_ptr())
         if self._fn(*ptrs, params, 1.0 / math.sqrt(E) if scale is None else scale):
@@ -191,3 +195,44 @@ def extern(cache: KernelCache, reference: Callable[..., Any]) -> Callable[..., A
         )
 
     return sdpa
+
+
+def pattern_extern(cache: KernelCache, reference: Callable[..., Any]) -> Callable[..., Any]:
+    """What a ``cpu_attention`` call (:mod:`cuvil_backend_cpu.attention_pattern`) runs: the
+    kernel, or ``reference`` (the composition, op for op) where the kernel does not apply
+    or the queries are too few to pay (:data:`attention_pattern.MIN_QUERIES`)."""
+    flash = kernel(cache)
+
+    def attend(
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        *mask: torch.Tensor,
+        key_transposed: bool,
+        scale: str,
+        factor: float,
+        mask_kind: str,
+    ) -> torch.Tensor:
+        if q.dim() >= 2 and q.shape[-2] >= attention_pattern.MIN_QUERIES:
+            m = mask[0] if mask else None
+            if mask_kind == "drop" and m is not None and m.dtype == torch.bool:
+                m = ~m  # (the mask's size: the scores' last two dims at most, not the scores')
+            key = k.transpose(-1, -2) if key_transposed else k
+            # k heads of 1 broadcast over q's in the matmul: grouped-query heads, one group
+            gqa = q.dim() > 2 and key.dim() == q.dim() and key.shape[-3] == 1 and v.shape[-3] == 1
+            out = flash(
+                q,
+                key,
+                v,
+                m,
+                scale=attention_pattern.kernel_scale(scale, factor),
+                enable_gqa=gqa,
+                empty_nan=True,
+            )
+            if out is not None:
+                return out
+        return reference(
+            q, k, v, *mask, key_transposed=key_transposed, scale=scale, factor=factor, mask_kind=mask_kind
+        )
+
+    return attend

@@ -101,7 +101,7 @@ class LinearEpilogue(Op):
     ) -> Type:
         out = REGISTRY.get("linear").infer(ctx, x, w, *rest[: int(has_bias)], has_bias=has_bias)
         assert isinstance(out, TensorType)
-        if has_other and not _same_type(ctx, rest[-1], out):
+        if has_other and not same_type(ctx, rest[-1], out):
             raise ValueError(f"cpu_linear_epilogue: residual of type {rest[-1]}, result {out}")
         return out
 
@@ -153,7 +153,7 @@ class ConvEpilogue(Op):
             has_bias=has_bias,
         )
         assert isinstance(out, TensorType)
-        if has_other and not _same_type(ctx, rest[-1], out):
+        if has_other and not same_type(ctx, rest[-1], out):
             raise ValueError(f"cpu_conv_epilogue: residual of type {rest[-1]}, result {out}")
         return out
 
@@ -189,7 +189,7 @@ class ConvEpilogue(Op):
 # -- the rewrite -------------------------------------------------------------------------------
 
 
-def _is_f32(v: Value) -> bool:
+def is_f32(v: Value) -> bool:
     t = v.type
     return isinstance(t, TensorType) and t.dtype == DType.f32 and t.device == "cpu"
 
@@ -198,7 +198,7 @@ def _rank(v: Value) -> int | None:
     return v.type.rank if isinstance(v.type, TensorType) else None
 
 
-def _uses(graph: Graph) -> Counter[str]:
+def uses(graph: Graph) -> Counter[str]:
     """How many times each value is read: by any node (regions included), a block's
     results or a graph output."""
     uses: Counter[str] = Counter()
@@ -210,15 +210,46 @@ def _uses(graph: Graph) -> Counter[str]:
     return uses
 
 
-def _same_type(ctx: ShapeContext, a: Type, b: Type) -> bool:
+def same_type(ctx: ShapeContext, a: Type, b: Type) -> bool:
     """Tensors of one dtype and device whose sizes are provably equal under the graph's
-    assumptions (an input's ``x_1`` pinned by ``Eq(x_1, 256)`` equals a linear's 256):
-    oneDNN's binary post-op wants the residual of exactly the result's shape."""
+    assumptions (an input's ``x_1`` pinned by ``Eq(x_1, 256)`` equals a linear's 256; ``k_2``
+    equals ``q_2`` under ``Eq(k_2, q_2)``): oneDNN's binary post-op wants the residual of
+    exactly the result's shape."""
     if not (isinstance(a, TensorType) and isinstance(b, TensorType)):
         return False
     if (a.dtype, a.device, a.rank) != (b.dtype, b.device, b.rank):
         return False
-    return all(x == y or ctx.prove(sympy.Eq(x, y)) is True for x, y in zip(a.shape, b.shape))
+    pairs = [(x, y) for x, y in zip(a.shape, b.shape) if x != y and ctx.prove(sympy.Eq(x, y)) is not True]
+    if not pairs:
+        return True
+    alias = _aliases(ctx)
+    return all(
+        ctx.prove(sympy.Eq(sympy.sympify(x).xreplace(alias), sympy.sympify(y).xreplace(alias)))
+        for x, y in pairs
+    )
+
+
+def _aliases(ctx: ShapeContext) -> dict[sympy.Symbol, sympy.Symbol]:
+    """Each symbol an assumption ``Eq(a, b)`` makes equal to another -> one representative
+    of its class (the least by name), so equal sizes are compared as one symbol."""
+    parent: dict[sympy.Symbol, sympy.Symbol] = {}
+
+    def root(s: sympy.Symbol) -> sympy.Symbol:
+        while parent.get(s, s) != s:
+            s = parent[s]
+        return s
+
+    for fact in ctx.assumptions:
+        if (
+            isinstance(fact, sympy.Eq)
+            and isinstance(fact.lhs, sympy.Symbol)
+            and isinstance(fact.rhs, sympy.Symbol)
+        ):
+            ra, rb = root(fact.lhs), root(fact.rhs)
+            if ra != rb:
+                keep, drop = sorted((ra, rb), key=str)
+                parent[drop] = keep
+    return {s: root(s) for s in parent}
 
 
 def _activation(n: Node) -> str | None:
@@ -235,7 +266,7 @@ def rewrite(graph: Graph, enabled: frozenset[str] | None = None) -> Graph:
     rules = ENABLED if enabled is None else enabled
     if not rules or not any(n.op in ("linear", "conv") for n in graph.nodes):
         return graph
-    uses = _uses(graph)
+    count = uses(graph)
     ctx = ShapeContext(assumptions=graph.assumptions)
     inputs = {v.name for v in graph.inputs}
     nodes = list(graph.nodes)
@@ -247,7 +278,7 @@ def rewrite(graph: Graph, enabled: frozenset[str] | None = None) -> Graph:
 
     def sole_user(v: Value) -> tuple[int, Node] | None:
         """The one node reading ``v`` once, when nothing else reads it."""
-        if uses[v.name] != 1 or len(user.get(v.name, ())) != 1:
+        if count[v.name] != 1 or len(user.get(v.name, ())) != 1:
             return None
         i = user[v.name][0]
         if i in removed or i in replaced:  # already in an earlier chain
@@ -263,7 +294,7 @@ def rewrite(graph: Graph, enabled: frozenset[str] | None = None) -> Graph:
         if (
             r is None
             or r == v
-            or not (_same_type(ctx, r.type, v.type) and _same_type(ctx, n.output.type, v.type))
+            or not (same_type(ctx, r.type, v.type) and same_type(ctx, n.output.type, v.type))
         ):
             return None
         return r
@@ -271,9 +302,9 @@ def rewrite(graph: Graph, enabled: frozenset[str] | None = None) -> Graph:
     removed: set[int] = set()
     replaced: dict[int, Node] = {}
     for i, n in enumerate(nodes):
-        if i in removed or i in replaced or len(n.outputs) != 1 or not _is_f32(n.output):
+        if i in removed or i in replaced or len(n.outputs) != 1 or not is_f32(n.output):
             continue
-        if n.op == "linear" and all(_is_f32(v) for v in n.inputs) and _rank(n.inputs[1]) == 2:
+        if n.op == "linear" and all(is_f32(v) for v in n.inputs) and _rank(n.inputs[1]) == 2:
             fused = _linear_chain(n, i, rules, sole_user, residual)
         elif n.op == "conv" and _rank(n.inputs[1]) == 4 and not isinstance(n.attr("padding"), str):
             fused = _conv_chain(n, i, rules, sole_user, residual, inputs)
@@ -299,7 +330,7 @@ def _linear_chain(
         return None
     j, m = nxt
     act = _activation(m)
-    if act is not None and f"linear_{act}" in rules and _is_f32(m.output):
+    if act is not None and f"linear_{act}" in rules and is_f32(m.output):
         attrs = {"has_bias": has_bias, "has_other": False, "act": act}
         return [i, j], Node("cpu_linear_epilogue", n.inputs, m.outputs, tuple(attrs.items()), loc=n.loc)
     r = residual(m, n.output)

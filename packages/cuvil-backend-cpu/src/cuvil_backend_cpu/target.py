@@ -20,7 +20,7 @@ from typing import Any
 import cuvil_backend_cpu
 import cuvil_ir
 import cuvil_runtime
-from cuvil_backend_cpu import attention, epilogues, externs
+from cuvil_backend_cpu import attention, attention_pattern, epilogues, externs
 from cuvil_backend_cpu.codegen import C_TYPES, CKernel, generate_c
 from cuvil_backend_cpu.declared import CAPABILITIES, STAGES
 from cuvil_backend_cpu.kernel_cache import KernelCache
@@ -78,7 +78,7 @@ class CpuTarget(CpuHooks):
     def compile(self, graph: Graph, options: CompileOptions) -> ProgramExecutable:
         # fused GEMM/convolution epilogues, BatchNorm folded (docs/cpu-backend.md); the
         # graph_ir stage stays the captured graph (the fused ops show in tensor_ir)
-        fused = epilogues.rewrite(graph) if options.opt_level > 0 else graph
+        fused = epilogues.rewrite(attention_pattern.rewrite(graph)) if options.opt_level > 0 else graph
         exe = compile_program(self, fused, options, self._programs())
         exe.graph = graph
         return exe
@@ -93,6 +93,8 @@ class CpuTarget(CpuHooks):
         target's kernel cache; a loaded artifact, which may have no compiler, runs eager's)."""
         if op == "sdpa":
             return attention.extern(self.cache, reference)
+        if op == "cpu_attention":
+            return attention.pattern_extern(self.cache, reference)
         return super().extern(op, reference, channels_last)
 
     def fusion_policy(self, options: CompileOptions) -> FusionPolicy:
