@@ -306,3 +306,32 @@ def test_cache_verify_finds_and_deletes_damage(tmp_path: Path, cache: Path) -> N
     (cache / "unrelated.txt").write_text("keep me")
     assert cache_admin.clear(cache) > 0
     assert cache_admin.stores(cache) == [] and (cache / "unrelated.txt").exists()
+
+
+class ConvAttention(torch.nn.Module):
+    """conv -> BN -> relu (the epilogue rewrite) and hand-written attention (the attention
+    rewrite): an artifact gets the same rewrites as a compile."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = torch.nn.BatchNorm2d(8)
+        self.bn.running_mean.uniform_(-1, 1)
+        self.bn.running_var.uniform_(0.5, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.bn(self.conv(x)))  # (b, 8, 4, 4)
+        q = h.flatten(2).transpose(1, 2)  # (b, 16, 8): 16 queries of 8
+        att = torch.softmax(q @ q.transpose(-1, -2) / 8**0.5, dim=-1)
+        return att @ q
+
+
+@torch.no_grad()
+def test_artifacts_get_the_targets_rewrites(tmp_path: Path, cache: Path) -> None:
+    m = ConvAttention().eval()
+    f = cu.load(cu.save(m, tmp_path / "ca.cuvil", torch.randn(2, 3, 4, 4)))
+    for b in (1, 3):
+        x = torch.randn(b, 3, 4, 4)
+        _close(f(x), m(x))
+    lowered = f.executable.stages["tensor_ir"]
+    assert "cpu_conv_epilogue" in lowered and "cpu_attention" in lowered, lowered

@@ -76,10 +76,8 @@ class CpuTarget(CpuHooks):
         return _hash(package_hash(cuvil_ir, cuvil_runtime, cuvil_backend_cpu), self.cache.toolchain.identity)
 
     def compile(self, graph: Graph, options: CompileOptions) -> ProgramExecutable:
-        # fused GEMM/convolution epilogues, BatchNorm folded (docs/cpu-backend.md); the
-        # graph_ir stage stays the captured graph (the fused ops show in tensor_ir)
-        fused = epilogues.rewrite(attention_pattern.rewrite(graph)) if options.opt_level > 0 else graph
-        exe = compile_program(self, fused, options, self._programs())
+        # the graph_ir stage stays the captured graph (the fused ops show in tensor_ir)
+        exe = compile_program(self, rewrite(graph, options), options, self._programs())
         exe.graph = graph
         return exe
 
@@ -123,7 +121,7 @@ class CpuTarget(CpuHooks):
         so the artifact runs on any CPU of that level, not only this one."""
         tc = export_toolchain()
         exporter = self if self.cache.toolchain == tc else CpuTarget(KernelCache(tc, self.cache.root))
-        return export_program(exporter, graph, options, self._programs())
+        return export_program(exporter, rewrite(graph, options), options, self._programs())
 
     def binaries(
         self, codes: Sequence[tuple[str, CKernel]], label: str
@@ -138,6 +136,15 @@ class CpuTarget(CpuHooks):
             "libraries": [lib.removeprefix("-l") for lib in tc.libs] + ["gomp"],
         }
         return [self.cache.verified_bytes(p) for p in paths], requires
+
+
+def rewrite(graph: Graph, options: CompileOptions) -> Graph:
+    """The target's Graph IR rewrites before lowering, at ``opt_level`` > 0: hand-written
+    attention to the flash kernel, then fused GEMM/convolution epilogues with BatchNorm
+    folded (docs/cpu-backend.md). Compiled and exported programs alike."""
+    if options.opt_level == 0:
+        return graph
+    return epilogues.rewrite(attention_pattern.rewrite(graph))
 
 
 @functools.cache
@@ -166,4 +173,4 @@ def launch(lib: ctypes.CDLL, ck: CKernel) -> Launch:
     )
 
 
-__all__ = ["CpuHooks", "CpuTarget", "launch"]
+__all__ = ["CpuHooks", "CpuTarget", "launch", "rewrite"]
