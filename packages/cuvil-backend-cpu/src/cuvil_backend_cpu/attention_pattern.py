@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from cuvil_backend_cpu.epilogues import is_f32, same_type, uses
+from cuvil_backend_cpu.epilogues import context, is_f32, same_type, uses
 from cuvil_ir import REGISTRY
 from cuvil_ir.graph_ir.nodes import Graph, Node, Value
 from cuvil_ir.graph_ir.ops._rules import LIBRARY_KERNEL
@@ -136,7 +136,7 @@ def rewrite(graph: Graph) -> Graph:
     if not any(n.op == "softmax" for n in graph.nodes):
         return graph
     count = uses(graph)
-    ctx = ShapeContext(assumptions=graph.assumptions)
+    ctx = context(graph)
     nodes = list(graph.nodes)
     producer = {v.name: i for i, n in enumerate(nodes) for v in n.outputs}
     readers: dict[str, list[int]] = {}

@@ -42,11 +42,12 @@ import torch
 import torch.nn.functional as F
 
 from cuvil_ir import REGISTRY
+from cuvil_ir.graph_ir.decompose import with_equalities
 from cuvil_ir.graph_ir.nodes import Graph, Node, Value
 from cuvil_ir.graph_ir.ops._rules import LIBRARY_KERNEL
 from cuvil_ir.graph_ir.registry import Op
 from cuvil_ir.graph_ir.types import DType, TensorType, Type
-from cuvil_ir.symbolic import ShapeContext
+from cuvil_ir.symbolic import ShapeContext, canonical
 
 #: the rules :func:`rewrite` applies (names as in :data:`RULES`)
 RULES = (
@@ -213,43 +214,22 @@ def uses(graph: Graph) -> Counter[str]:
 def same_type(ctx: ShapeContext, a: Type, b: Type) -> bool:
     """Tensors of one dtype and device whose sizes are provably equal under the graph's
     assumptions (an input's ``x_1`` pinned by ``Eq(x_1, 256)`` equals a linear's 256; ``k_2``
-    equals ``q_2`` under ``Eq(k_2, q_2)``): oneDNN's binary post-op wants the residual of
-    exactly the result's shape."""
+    equals ``q_2`` when the assumptions make them equal, :func:`context`): oneDNN's binary
+    post-op wants the residual of exactly the result's shape."""
     if not (isinstance(a, TensorType) and isinstance(b, TensorType)):
         return False
     if (a.dtype, a.device, a.rank) != (b.dtype, b.device, b.rank):
         return False
-    pairs = [(x, y) for x, y in zip(a.shape, b.shape) if x != y and ctx.prove(sympy.Eq(x, y)) is not True]
-    if not pairs:
-        return True
-    alias = _aliases(ctx)
     return all(
-        ctx.prove(sympy.Eq(sympy.sympify(x).xreplace(alias), sympy.sympify(y).xreplace(alias)))
-        for x, y in pairs
+        x == y or ctx.prove(sympy.Eq(x, y)) is True or canonical(sympy.Eq(x, y)) in ctx.assumptions
+        for x, y in zip(a.shape, b.shape)
     )
 
 
-def _aliases(ctx: ShapeContext) -> dict[sympy.Symbol, sympy.Symbol]:
-    """Each symbol an assumption ``Eq(a, b)`` makes equal to another -> one representative
-    of its class (the least by name), so equal sizes are compared as one symbol."""
-    parent: dict[sympy.Symbol, sympy.Symbol] = {}
-
-    def root(s: sympy.Symbol) -> sympy.Symbol:
-        while parent.get(s, s) != s:
-            s = parent[s]
-        return s
-
-    for fact in ctx.assumptions:
-        if (
-            isinstance(fact, sympy.Eq)
-            and isinstance(fact.lhs, sympy.Symbol)
-            and isinstance(fact.rhs, sympy.Symbol)
-        ):
-            ra, rb = root(fact.lhs), root(fact.rhs)
-            if ra != rb:
-                keep, drop = sorted((ra, rb), key=str)
-                parent[drop] = keep
-    return {s: root(s) for s in parent}
+def context(graph: Graph) -> ShapeContext:
+    """What the rewrites prove sizes with: the graph's assumptions, plus ``Eq(a, b)`` for
+    every two sizes they make equal through others (``with_equalities``)."""
+    return ShapeContext(assumptions=with_equalities(graph.assumptions))
 
 
 def _activation(n: Node) -> str | None:
@@ -267,7 +247,7 @@ def rewrite(graph: Graph, enabled: frozenset[str] | None = None) -> Graph:
     if not rules or not any(n.op in ("linear", "conv") for n in graph.nodes):
         return graph
     count = uses(graph)
-    ctx = ShapeContext(assumptions=graph.assumptions)
+    ctx = context(graph)
     inputs = {v.name for v in graph.inputs}
     nodes = list(graph.nodes)
     #: value name -> the indices of the top-level nodes that read it

@@ -20,7 +20,7 @@ from typing import Any
 import cuvil_backend_cpu
 import cuvil_ir
 import cuvil_runtime
-from cuvil_backend_cpu import attention, attention_pattern, epilogues, externs
+from cuvil_backend_cpu import attention, attention_pattern, epilogues, externs, small_matmul
 from cuvil_backend_cpu.codegen import C_TYPES, CKernel, generate_c
 from cuvil_backend_cpu.declared import CAPABILITIES, STAGES
 from cuvil_backend_cpu.kernel_cache import KernelCache
@@ -140,11 +140,12 @@ class CpuTarget(CpuHooks):
 
 def rewrite(graph: Graph, options: CompileOptions) -> Graph:
     """The target's Graph IR rewrites before lowering, at ``opt_level`` > 0: hand-written
-    attention to the flash kernel, then fused GEMM/convolution epilogues with BatchNorm
-    folded (docs/cpu-backend.md). Compiled and exported programs alike."""
+    attention to the flash kernel, matrix products with a small inner size to
+    multiply-adds, then fused GEMM/convolution epilogues with BatchNorm folded
+    (docs/cpu-backend.md). Compiled and exported programs alike."""
     if options.opt_level == 0:
         return graph
-    return epilogues.rewrite(attention_pattern.rewrite(graph))
+    return epilogues.rewrite(small_matmul.rewrite(attention_pattern.rewrite(graph)))
 
 
 @functools.cache

@@ -288,7 +288,7 @@ def expand(node: Node, assumptions: Sequence[sympy.Basic] = ()) -> Expansion:
     fn = decomposition(node.op)
     if fn is None:
         raise NotDecomposed(f"{node.op} has no decomposition")
-    ctx = _Context(_with_equalities(assumptions))
+    ctx = _Context(with_equalities(assumptions))
     b = Builder(node, ctx)
     ins = [b.upcast(Sym(b, v)) for v in node.inputs]
     res = fn(b, *ins, **node.attr_dict)
@@ -354,7 +354,7 @@ class _Context(ShapeContext):
         return proved
 
 
-def _with_equalities(assumptions: Sequence[sympy.Basic]) -> tuple[sympy.Basic, ...]:
+def with_equalities(assumptions: Sequence[sympy.Basic]) -> tuple[sympy.Basic, ...]:
     """The assumptions plus ``Eq(a, b)`` for every two size symbols they make equal
     through others (``Eq(w_0, x_1)`` and ``Eq(b_0, x_1)`` give ``Eq(b_0, w_0)``), since
     the shape rules look facts up one by one: a weight and a bias broadcast alike."""
@@ -401,4 +401,5 @@ __all__ = [
     "expand",
     "uses_decomposition",
     "where",
+    "with_equalities",
 ]
