@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from cuvil import autocast, warm
+from cuvil import autocast, fast_path, warm
 from cuvil.arguments import check_tensors
 from cuvil.call_plan import output_leaf
 from cuvil.capabilities import check_capabilities
@@ -85,6 +85,8 @@ class _Artifact:
     names: tuple[str, ...] = ()
     #: the call's autocast state (cuvil/autocast.py); part of the structure key
     amp: tuple[Any, ...] = ()
+    #: its fast path (cuvil/fast_path.py), made at its first hit
+    fast: Any = None
 
 
 class CompiledFunction:
@@ -142,6 +144,8 @@ class CompiledFunction:
                     f"(parameters: {list(sig.parameters)})"
                 )
         self._last: _Artifact | None = None
+        #: the fast path of the variant served last ([Note: the fast path of a hit])
+        self._fast: Callable[[tuple[Any, ...]], Any] | None = None
         #: serializes compiles (re-entrant: capture may call this function again)
         self._compile_lock = threading.RLock()
         #: ``submit``'s calls of this function, in order
@@ -256,8 +260,16 @@ class CompiledFunction:
         return (flags, state)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        fast = self._fast
+        if fast is not None and not kwargs:
+            out = fast(args)
+            if out is not fast_path.MISS:
+                return out
         art, leaves, hit = self._prepare(args, kwargs)
-        return self._serve(art, leaves, args, kwargs, hit=hit)
+        out = self._serve(art, leaves, args, kwargs, hit=hit)
+        if not kwargs:  # the next call tries this variant first
+            self._fast = fast_path.of(self, art)
+        return out
 
     def submit(self, *args: Any, **kwargs: Any) -> Future[Any]:
         """Call asynchronously: arguments, guards and any compile on this thread, the

@@ -22,11 +22,11 @@ from __future__ import annotations
 
 import functools
 import hashlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from dataclasses import replace as dc_replace
 from pathlib import Path
-from types import ModuleType
+from types import MappingProxyType, ModuleType
 from typing import Any, Protocol
 
 from cuvil_ir.graph_ir.nodes import Graph
@@ -37,6 +37,9 @@ from cuvil_runtime.cache import DiskCache
 from cuvil_runtime.grad import without_grad
 from cuvil_runtime.runner import ProgramRunner, wrappers
 from cuvil_runtime.target import CompileOptions, Exported, KernelBackend, Launch, ProgramHooks
+
+#: the bindings of a top-level call (none: its sizes come from its inputs), read-only
+_NO_BINDINGS: Any = MappingProxyType({})
 
 
 @dataclass
@@ -81,6 +84,13 @@ class ProgramExecutable:
         # inference: results carry no autograd history (kernels could not record one
         # anyway), and out= extern calls refuse parameters that require grad
         return without_grad(self._runner, inputs)
+
+    @functools.cached_property
+    def call_no_grad(self) -> Callable[..., tuple[Any, ...]]:
+        """``self(*inputs)`` for a caller that has turned grad mode off itself: the
+        generated wrapper with no bindings, no frame in between (``cuvil.api``'s fast
+        path for a cache hit)."""
+        return functools.partial(self._runner._run, _NO_BINDINGS)
 
     @functools.cached_property
     def kernel_texts(self) -> dict[str, dict[str, str]]:

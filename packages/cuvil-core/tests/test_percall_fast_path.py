@@ -1,0 +1,350 @@
+"""The fast path of a cache hit (cuvil/fast_path.py, [Note: the fast path of a hit]):
+every guard still holds or the call takes the full path.
+
+Each test calls a compiled function twice first, so the fast path of its variant is
+in place, then changes one thing the variant depends on and checks the next call
+against eager (values and dtypes) and the recompile or fallback it must cause: a
+call the fast path wrongly served would return a stale value.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+import cuvil as cu
+from cuvil import fast_path
+
+TARGETS = ["cpu", "reference"]
+
+
+def close(a, b):
+    torch.testing.assert_close(a, b)
+    assert a.dtype == b.dtype
+
+
+def compiled(fn, target, **kw):
+    if target == "reference":
+        return cu.compile(fn, target="reference", opt_level=0, **kw)
+    return cu.compile(fn, target=target, **kw)
+
+
+def warm(cf, *args):
+    """Two calls: a compile, then a hit through the full path that installs the fast path."""
+    cf(*args)
+    cf(*args)
+    assert cf._fast is not None, "the fast path was not installed"
+    return cf.stats.compiles
+
+
+def add(x, y):
+    return x + y
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_hits_count_and_sizes_two_sizes_one_compile(target):
+    f = compiled(add, target, fallback="error")
+    x, y = torch.randn(4), torch.randn(4)
+    warm(f, x, y)
+    for n in (4, 7, 1, 13):
+        a, b = torch.randn(n), torch.randn(n)
+        close(f(a, b), a + b)
+    assert f.stats.compiles == 1
+    assert f.stats.cache_hits == 5
+    assert f._last is f.artifacts[-1]
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_dtype_rank_and_broadcast_changes_recompile(target):
+    f = compiled(add, target, fallback="error")
+    warm(f, torch.randn(4), torch.randn(4))
+    a, b = torch.randn(4, dtype=torch.float64), torch.randn(4, dtype=torch.float64)
+    close(f(a, b), a + b)  # dtype
+    assert f.stats.compiles == 2
+    a, b = torch.randn(2, 4), torch.randn(2, 4)
+    close(f(a, b), a + b)  # rank
+    assert f.stats.compiles == 3
+    a, b = torch.randn(3, 4), torch.randn(1, 4)
+    close(f(a, b), a + b)  # the size assumption (x_0 == y_0) fails: broadcast variant
+    assert f.stats.compiles == 4
+    assert "size guard" in f.stats.recompile_reasons[-1]
+    a, b = torch.ones(5, dtype=torch.int32), torch.ones(5, dtype=torch.int32)
+    close(f(a, b), a + b)
+    assert f.stats.compiles == 5
+
+
+def test_shapes_are_guarded_without_dynamic():
+    f = cu.compile(add, dynamic=False, fallback="error")
+    warm(f, torch.randn(4), torch.randn(4))
+    a, b = torch.randn(6), torch.randn(6)
+    close(f(a, b), a + b)
+    assert f.stats.compiles == 2
+
+
+def test_static_dims_are_guarded():
+    f = cu.compile(add, dims={"x": {0: None}}, fallback="error")
+    warm(f, torch.randn(4), torch.randn(4))
+    a, b = torch.randn(5), torch.randn(5)
+    close(f(a, b), a + b)
+    assert f.stats.compiles == 2
+    assert "static size guard" in f.stats.recompile_reasons[-1]
+
+
+def test_non_contiguous_and_parameter_arguments():
+    f = cu.compile(add, fallback="error")
+    warm(f, torch.randn(4, 3), torch.randn(4, 3))
+    a, b = torch.randn(3, 4).t(), torch.randn(4, 3)
+    close(f(a, b), a + b)
+    p = torch.nn.Parameter(torch.randn(4, 3), requires_grad=False)
+    close(f(p, b), p + b)
+    assert f.stats.compiles == 1
+
+
+def test_layout_guard_is_checked_on_the_fast_path():
+    def g(x):
+        return x * 2 if x.is_contiguous() else x + 1
+
+    f = cu.compile(g, fallback="error")
+    x = torch.randn(3, 4)
+    warm(f, x)
+    xt = torch.randn(4, 3).t()
+    close(f(xt), g(xt))
+    assert f.stats.compiles == 2
+    close(f(x), g(x))
+
+
+def test_read_guards_global_closure_and_lifted_tensor():
+    scale = {"k": 2.0}
+    table = torch.randn(4)
+
+    def g(x):
+        return x * scale["k"] + table
+
+    f = cu.compile(g, fallback="error")
+    x = torch.randn(4)
+    warm(f, x)
+    scale["k"] = 3.0  # a value read at capture changed
+    close(f(x), g(x))
+    assert f.stats.compiles == 2
+    table.add_(1.0)  # a lifted tensor updated in place: read on every call, no recompile
+    close(f(x), g(x))
+    assert f.stats.compiles == 2
+
+
+GLOBAL_W = torch.randn(4)
+GLOBAL_K = 2
+
+
+def _uses_globals(x):
+    return x * GLOBAL_K + GLOBAL_W
+
+
+def test_global_rebound_and_lifted_shape_change():
+    global GLOBAL_W, GLOBAL_K
+    f = cu.compile(_uses_globals, fallback="error")
+    x = torch.randn(4)
+    warm(f, x)
+    old_w, old_k = GLOBAL_W, GLOBAL_K
+    try:
+        GLOBAL_K = 5
+        close(f(x), _uses_globals(x))
+        assert f.stats.compiles == 2
+        GLOBAL_W = torch.randn(4)  # another tensor of the same metadata: read each call
+        close(f(x), _uses_globals(x))
+        GLOBAL_W = torch.randn(1)  # another shape: the graph was traced for (4,)
+        close(f(x), _uses_globals(x))
+        assert f.stats.compiles == 3
+        GLOBAL_W = torch.randn(4, dtype=torch.float64)
+        close(f(x), _uses_globals(x))
+        assert f.stats.compiles == 4
+    finally:
+        GLOBAL_W, GLOBAL_K = old_w, old_k
+
+
+def test_closure_cell_change():
+    k = 2.0
+
+    def g(x):
+        return x * k
+
+    f = cu.compile(g, fallback="error")
+    x = torch.randn(4)
+    warm(f, x)
+    k = 7.0
+    close(f(x), g(x))
+    assert f.stats.compiles == 2
+
+
+def test_module_state_changes():
+    m = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.Dropout(0.5)).eval()
+    cm = cu.compile(m, fallback="error")
+    x = torch.randn(3, 8)
+    with torch.no_grad():
+        warm(cm, x)
+        m[0].weight.mul_(2.0)  # in place: seen, no recompile
+        close(cm(x), m(x))
+        m[0].bias = torch.nn.Parameter(torch.randn(4))  # replaced, same metadata
+        close(cm(x), m(x))
+        assert cm.stats.compiles == 1
+        m[0].weight.data = torch.randn(4, 8, dtype=torch.float64)  # .data = another dtype
+        m[0].weight.data = m[0].weight.data.float()
+        close(cm(x), m(x))
+        m[0] = torch.nn.Linear(8, 4).eval()  # a submodule replaced
+        close(cm(x), m(x))
+        assert cm.stats.compiles == 2
+        m.train()  # the training flag: dropout now draws
+        torch.manual_seed(0)
+        out = cm(x)
+        torch.manual_seed(0)
+        ref = m(x)
+        assert cm.stats.compiles == 3
+        assert out.shape == ref.shape and bool((out == 0).any()) == bool((ref == 0).any())
+        m.eval()
+        close(cm(x), m(x))
+        assert cm.stats.compiles == 3
+
+
+def test_grad_mode_and_requires_grad():
+    f = cu.compile(add)
+    x, y = torch.randn(4), torch.randn(4)
+    with torch.no_grad():
+        warm(f, x, y)
+    out = f(x, y)  # grad mode on, nothing requires grad: the compiled variant, no history
+    close(out, x + y)
+    assert not out.requires_grad and out.grad_fn is None
+    assert torch.is_grad_enabled()  # turned back on after the run
+    w = torch.randn(4, requires_grad=True)
+    with pytest.warns(cu.CuvilFallbackWarning):
+        out = f(w, y)  # records history: eager, as eager would
+    assert out.requires_grad
+    out.sum().backward()
+    assert w.grad is not None
+    with torch.no_grad():
+        out = f(w, y)
+    assert not out.requires_grad
+    close(out, (w + y).detach())
+    assert f.stats.compiles == 2
+
+
+def test_grad_mode_restored_after_an_error():
+    def g(x, y):
+        return x // y
+
+    f = cu.compile(g, fallback="error")
+    a, b = torch.tensor([4, 9]), torch.tensor([2, 3])
+    warm(f, a, b)
+    with pytest.raises(ZeroDivisionError):
+        f(a, torch.tensor([2, 0]))
+    assert torch.is_grad_enabled()
+
+
+def test_autocast_is_checked_on_the_fast_path():
+    f = cu.compile(lambda x, w: x @ w)
+    x, w = torch.randn(4, 8), torch.randn(8, 3)
+    warm(f, x, w)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        with pytest.warns(cu.CuvilFallbackWarning):
+            out = f(x, w)
+        ref = x @ w
+    assert out.dtype == ref.dtype == torch.bfloat16
+    close(f(x, w), x @ w)
+
+
+def test_layouts_subclasses_keywords_and_arity_take_the_full_path():
+    def g(x, y=None):
+        return x * 2 if y is None else x + y
+
+    f = cu.compile(g)
+    x = torch.randn(4)
+    warm(f, x)
+    close(f(x, x), g(x, x))  # another arity
+    close(f(x, y=x), g(x, y=x))  # keywords
+    close(f(x), g(x))
+    sparse = torch.randn(4).to_sparse()
+    with pytest.warns(cu.CuvilFallbackWarning):
+        out = f(sparse)  # a sparse tensor never reaches a dense variant: eager
+    assert out.layout is torch.sparse_coo
+    close(out.to_dense(), g(sparse).to_dense())
+
+    class Sub(torch.Tensor):
+        pass
+
+    s = torch.randn(4).as_subclass(Sub)
+    out = f(s)  # not a plain tensor: the full path decides, as before
+    close(torch.Tensor(out), g(torch.Tensor(s)))
+    with pytest.raises(TypeError, match="must be a torch.Tensor"):
+        f(3.0)
+
+
+def test_fast_path_is_per_variant_and_follows_the_last_served():
+    f = cu.compile(add, fallback="error")
+    warm(f, torch.randn(4), torch.randn(4))
+    first = f._fast
+    a, b = torch.randn(4, dtype=torch.float64), torch.randn(4, dtype=torch.float64)
+    close(f(a, b), a + b)
+    assert f._fast is not first  # the float64 variant's
+    c, d = torch.randn(5), torch.randn(5)
+    close(f(c, d), c + d)  # back to the float32 variant: its fast path again
+    assert f._fast is first
+    assert f.stats.compiles == 2
+
+
+def test_fast_path_source_is_deterministic_and_matches_the_variant():
+    def make():
+        f = cu.compile(add, fallback="error")
+        warm(f, torch.randn(4), torch.randn(4))
+        return f.artifacts[-1].fast
+
+    one, two = make(), make()
+    assert isinstance(one, fast_path.FastPath)
+    assert one.source == two.source
+    assert "_s0 == _s1" in one.source  # the size assumption x_0 == y_0, written out
+
+
+def test_threads_share_a_fast_path():
+    f = cu.compile(add, fallback="error")
+    warm(f, torch.randn(4), torch.randn(4))
+    errors: list[BaseException] = []
+
+    def work(n):
+        try:
+            for _ in range(50):
+                a, b = torch.randn(n), torch.randn(n)
+                close(f(a, b), a + b)
+        except BaseException as e:  # noqa: BLE001 (reported below)
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(n,)) for n in (3, 8, 17, 4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert f.stats.compiles == 1
+
+
+def test_results_keep_their_structure():
+    def g(x):
+        return x + 1, [x * 2, 3], {"a": x.sum()}, x.shape, x.shape[0] * 2 + 1
+
+    f = cu.compile(g, fallback="error")
+    x = torch.randn(3, 2)
+    warm(f, x)
+    out, ref = f(x), g(x)
+    assert type(out) is tuple and type(out[1]) is list and type(out[2]) is dict
+    assert type(out[3]) is torch.Size and out[3] == ref[3]
+    assert type(out[4]) is int
+    close(out[0], ref[0])
+    close(out[1][0], ref[1][0])
+    assert out[1][1] == 3
+    close(out[2]["a"], ref[2]["a"])
+    assert out[4] == ref[4]
+    y = torch.randn(5, 2)  # another size: the number follows it
+    assert f(y)[4] == 11 and f(y)[3] == y.shape
+    two = cu.compile(lambda x: (x + 1, x - 1), fallback="error")
+    warm(two, x)
+    r = two(x)
+    assert type(r) is tuple and len(r) == 2
+    close(r[1], x - 1)
