@@ -135,6 +135,24 @@ def test_additive_padding_mask_broadcast(order: str, kernel_calls: list[tuple[in
     assert 'mask_kind = "add"' in lowered(f) and kernel_calls
 
 
+def transformers_eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """transformers' ``eager_attention_forward`` (attn_implementation="eager"; its
+    ``scaling`` is the module's ``head_dim**-0.5``, a Python float)."""
+    w = torch.matmul(q, k.transpose(2, 3)) * 8**-0.5
+    w = w + mask
+    w = torch.nn.functional.softmax(w, dim=-1, dtype=torch.float32).to(q.dtype)
+    w = torch.nn.functional.dropout(w, p=0.1, training=False)
+    return torch.matmul(w, v).transpose(1, 2).contiguous()
+
+
+def test_transformers_eager_attention(kernel_calls: list[tuple[int, ...]]) -> None:
+    q, k, v = qkv(2, 4, 16, 16, 8)
+    causal = torch.full((16, 16), NEG).triu(1)[None, None].expand(2, 1, 16, 16)
+    f = compiled(transformers_eager)
+    check(f(q, k, v, causal), transformers_eager(q, k, v, causal))
+    assert "cpu_attention" in lowered(f) and kernel_calls
+
+
 def test_key_given_transposed_and_odd_sizes(kernel_calls: list[tuple[int, ...]]) -> None:
     def fn(q: torch.Tensor, kt: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         return torch.softmax(q @ kt, dim=-1) @ v

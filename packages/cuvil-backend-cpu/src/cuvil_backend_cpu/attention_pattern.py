@@ -157,7 +157,7 @@ def rewrite(graph: Graph) -> Graph:
         if p.op != "softmax" or pi in removed or not is_f32(p.output) or not is_f32(p.inputs[0]):
             continue
         rank = p.output.type.rank  # type: ignore[union-attr]
-        if p.attr("dim") not in (rank - 1, -1) or p.attr("dtype") not in (None, "none", "f32", "float32"):
+        if p.attr("dim") not in (rank - 1, -1) or p.attr("dtype") not in (None, "none", DType.f32):
             continue
         found = _match(p, pi, nodes, ctx, made_by, only_read_by, readers)
         if found is None:
