@@ -64,7 +64,7 @@ def materialize(value: AttrValue, refs: Sequence[Any], size: Callable[[Any], Any
         if value.items and value.items[0][0] == "__memory_format__":
             import torch
 
-            fmt = getattr(torch, value.items[0][1], None)
+            fmt = getattr(torch, str(value.items[0][1]), None)
             if not isinstance(fmt, torch.memory_format):
                 raise ValueError(f"not a memory format: {value.items[0][1]!r}")
             return fmt
@@ -226,7 +226,7 @@ class SymMirror:
         import torch
 
         value = self.env.create_unbacked_symint()
-        torch._check(value >= 0)  # a size, as torch's own data-dependent kernels say
+        torch._check(value >= 0)  # type: ignore[no-untyped-call]  # a size, as torch's own data-dependent kernels say
         return self._adopt(value.node.expr), value
 
     def _adopt(self, theirs: sympy.Symbol) -> sympy.Symbol:

@@ -30,6 +30,7 @@ def qualname(fn: Any) -> str:
     ):
         # a tensor attribute read that is data, not metadata (``x.real``, ``x.imag``):
         # its method-wrapper is made anew on each access, so it compares equal, not identical
+        assert desc is not None  # (its __objclass__ was read above)
         return f"torch.Tensor.{desc.__name__}.__get__"
     name = getattr(fn, "__name__", None)
     if name is None:
