@@ -244,8 +244,10 @@ def test_rewrite_is_deterministic() -> None:
     assert attention_pattern.rewrite(graph).text != graph.text
 
 
-def test_kernel_empty_rows_zero_or_nan() -> None:
-    flash = attention.kernel(KernelCache())
+@pytest.mark.parametrize("lanes", [None, 16, 4], ids=["host", "lanes16", "lanes4"])
+def test_kernel_empty_rows_zero_or_nan(lanes: int | None) -> None:
+    # every tiling (the AVX-512 and NEON widths forced in plain vector arithmetic)
+    flash = attention.kernel(KernelCache()) if lanes is None else FlashAttention(KernelCache(), lanes=lanes)
     q, k, v = qkv(1, 2, 16, 16, 8)
     keep = torch.ones(16, 16, dtype=torch.bool)
     keep[5] = False
