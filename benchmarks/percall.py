@@ -5,11 +5,13 @@ the wrapper's launches).
     python -m benchmarks.percall                 # from the repo root, in a dev venv
     python -m benchmarks.percall --calls 20000 --repeats 9
 
-Cases: a tiny graph (``x + y`` on 4-element tensors: nearly all overhead) and the
-BERT-like encoder layer of :mod:`benchmarks.workloads` at sequence length 4 and d 64
-(12 extern calls and a handful of kernels on tiny tensors), each next to eager on
-the same inputs. Prints the median over ``repeats`` blocks of ``calls`` calls, in
-microseconds per call.
+Cases: a tiny graph (``x + y`` on 4-element tensors: nearly all overhead), the
+mission head of :mod:`benchmarks.workloads` (a branch sub-program, interpolate,
+mean, matmul, softmax on (4,3,64,64)) and the BERT-like encoder layer at sequence
+length 4 and d 64 (12 extern calls and a handful of kernels on tiny tensors; a
+module: its parameter slots are checked per call), each next to eager on the same
+inputs. Prints the median over ``repeats`` blocks of ``calls`` calls, in
+microseconds per call. docs/runtime.md "Per-call cost" has the breakdown.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ def main(argv: list[str] | None = None) -> None:
     os.environ.setdefault("CUVIL_CACHE_DIR", tempfile.mkdtemp(prefix="cuvil-percall-"))
     torch.set_num_threads(1)
     import cuvil as cu
-    from benchmarks.workloads import BertEncoderLayer, _prepare
+    from benchmarks.workloads import BertEncoderLayer, _prepare, head
 
     torch.manual_seed(0)
     x, y = torch.randn(4), torch.randn(4)
@@ -55,6 +57,7 @@ def main(argv: list[str] | None = None) -> None:
     h = torch.randn(1, 4, 64)
     cases = [
         ("tiny graph: x + y, 4 elements", lambda x, y: x + y, (x, y), max(a.calls, 1)),
+        ("mission head, (4,3,64,64)", head, (torch.randn(4, 3, 64, 64),), max(a.calls // 10, 1)),
         ("BERT-like layer, seq 4, d 64", bert, (h,), max(a.calls // 5, 1)),
     ]
     print(f"# per-call time, us (median of {a.repeats} blocks); {platform.processor() or platform.machine()}")
