@@ -11,8 +11,10 @@ Two machine rates, measured once per run (:func:`measure_machine`):
 Per workload (:func:`workload_cost`): the **bytes moved** -- every tensor the call
 reads (its arguments and, for a module, its parameters and buffers) plus every tensor
 it returns, each counted once: what the call must at least move between memory and
-the cores -- and the **FLOPs** of its matrix products and convolutions
-(``torch.utils.flop_counter.FlopCounterMode``; pointwise and reduction work counts 0).
+the cores -- and the **FLOPs** of its matrix products, convolutions and attention
+(``torch.utils.flop_counter.FlopCounterMode``, plus the two products of torch's CPU
+attention kernel, which torch 2.13's counter misses: :func:`_cpu_sdpa_flops`;
+pointwise and reduction work counts 0).
 From these, two lower bounds on the time of one call:
 
 * copy-bound time = bytes moved / copy bandwidth (the rate of the fixed size nearest
@@ -114,14 +116,24 @@ def _nbytes(tensors: list[torch.Tensor]) -> int:
     return total
 
 
+def _cpu_sdpa_flops(q: Any, k: Any, v: Any, *args: Any, out_shape: Any = None, **kwargs: Any) -> int:
+    """``aten._scaled_dot_product_flash_attention_for_cpu``'s FLOPs (shapes in): q kᵀ
+    and p v, as torch counts its other attention kernels (a causal mask not discounted)."""
+    batch = math.prod(q[:-2])
+    (lq, e), (s, ev) = q[-2:], v[-2:]
+    return 2 * batch * lq * s * (e + ev)
+
+
 def workload_cost(fn: Any, args: tuple[Any, ...]) -> dict[str, Any]:
-    """Bytes moved (inputs read + outputs written) and matmul/conv FLOPs of one call."""
+    """Bytes moved (inputs read + outputs written) and matmul/conv/attention FLOPs of
+    one call."""
     from torch.utils.flop_counter import FlopCounterMode
 
     inputs = _tensors(args)
     if isinstance(fn, torch.nn.Module):
         inputs += list(fn.parameters()) + list(fn.buffers())
-    counter = FlopCounterMode(display=False)
+    cpu_sdpa = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+    counter = FlopCounterMode(display=False, custom_mapping={cpu_sdpa: _cpu_sdpa_flops} if cpu_sdpa else None)
     with torch.no_grad(), counter:
         out = fn(*args)
     in_bytes, out_bytes = _nbytes(inputs), _nbytes(_tensors(out))
