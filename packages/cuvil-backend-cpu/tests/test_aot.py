@@ -335,3 +335,32 @@ def test_artifacts_get_the_targets_rewrites(tmp_path: Path, cache: Path) -> None
         _close(f(x), m(x))
     lowered = f.executable.stages["tensor_ir"]
     assert "cpu_conv_epilogue" in lowered and "cpu_attention" in lowered, lowered
+
+
+def _two_tensors(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return torch.softmax(x @ y, dim=-1) + x.sum()
+
+
+@torch.no_grad()
+def test_a_flat_call_is_checked_as_fully(tmp_path: Path, cache: Path) -> None:
+    # a call of plain positional tensors skips binding and flattening, not the checks
+    f = cu.load(cu.save(_two_tensors, tmp_path / "flat.cuvil", torch.randn(3, 4), torch.randn(4, 5)))
+    for m in (2, 7):
+        x, y = torch.randn(m, 4), torch.randn(4, 5)
+        _close(f(x, y), _two_tensors(x, y))
+    with pytest.raises(TypeError, match="structure differs"):
+        f(x, y=y)  # a keyword: the full path, which serves only the call as saved
+    with pytest.raises(TypeError, match="argument y: expected a float32 tensor of rank 2"):
+        f(torch.randn(2, 4), torch.randn(4, 5, dtype=torch.float64))
+    with pytest.raises(TypeError, match="argument x: expected a float32 tensor of rank 2"):
+        f(torch.randn(2, 4, 1), torch.randn(4, 5))
+    with pytest.raises(ValueError, match="serves only sizes it was compiled for"):
+        f(torch.randn(2, 3), torch.randn(4, 5))  # inner sizes disagree
+    with pytest.raises(TypeError):
+        f(torch.randn(2, 4))  # one argument short: the full path's binding error
+    with torch.enable_grad(), pytest.raises(TypeError, match="requires grad"):
+        f(torch.randn(2, 4, requires_grad=True), torch.randn(4, 5))
+    # results carry no autograd history, and grad mode is restored
+    with torch.enable_grad():
+        out = f(torch.randn(2, 4), torch.randn(4, 5, requires_grad=False))
+        assert torch.is_grad_enabled() and out.grad_fn is None

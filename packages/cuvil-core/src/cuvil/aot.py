@@ -60,6 +60,7 @@ from cuvil.call_plan import (
 from cuvil.errors import CompileError
 from cuvil.results import unflatten
 from cuvil.submit import SerialQueue
+from cuvil_runtime.grad import without_grad
 
 FORMAT = "cuvil-aot"
 #: bumped whenever a member's layout changes; an artifact of another version is refused
@@ -424,9 +425,8 @@ class LoadedFunction:
         return self._queue.submit(lambda: self._run(inputs))
 
     def _run(self, inputs: list[Any]) -> Any:
-        with torch.no_grad():
-            results = self.executable(*inputs)
-        return self._call.result(results)
+        # an artifact is for inference: grad mode off around the run, as under no_grad
+        return self._call.result(without_grad(self.executable, inputs))
 
 
 class _CallPlan:
@@ -448,6 +448,13 @@ class _CallPlan:
         self.leaves = call["leaves"]
         self.outputs = decode_outputs(call)
         self.check = decode_check(call, graph)
+        #: the number of positional tensors when the saved call was exactly that (no
+        #: keywords, no containers, no values): such a call needs no binding or flattening
+        n = len(self.leaves)
+        flat = all(w["kind"] == "tensor" for w in self.leaves) and self.spec == pytree.tree_structure(
+            ((0,) * n, {})
+        )
+        self._flat: int | None = n if flat else None
         self._getters: list[Callable[[list[Any]], Any]] = []
         for entry in call["inputs"]:
             self._getters.append(self._getter(entry, members, module))
@@ -482,6 +489,10 @@ class _CallPlan:
         return lambda leaves: t
 
     def inputs(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
+        if not kwargs and len(args) == self._flat and all(type(a) in _PLAIN for a in args):
+            # the saved call's own structure: it bound then, so it binds now; every
+            # argument and size check below still runs
+            return self._checked(list(args))
         if self.sig is not None:
             try:
                 self.sig.bind(*args, **kwargs)
@@ -495,6 +506,11 @@ class _CallPlan:
                 f"({len(leaves)} leaves, {len(self.leaves)} saved; positional and keyword arguments "
                 "count as saved): an artifact serves the call it was saved for"
             )
+        return self._checked(leaves)
+
+    def _checked(self, leaves: list[Any]) -> list[Any]:
+        """The graph inputs of a call whose leaves match the saved structure, after every
+        leaf's and the sizes' checks."""
         for leaf, want in zip(leaves, self.leaves):
             problem = _leaf_problem(leaf, want)
             if problem is not None:
@@ -508,6 +524,10 @@ class _CallPlan:
     def result(self, results: tuple[Any, ...]) -> Any:
         out = [output_leaf(kind, v, results) for kind, v in self.outputs]
         return unflatten(out, self.result_spec)
+
+
+#: argument types the flat call takes as they are (a subclass takes the full path)
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
 def _leaf_problem(leaf: Any, want: dict[str, Any]) -> str | None:
