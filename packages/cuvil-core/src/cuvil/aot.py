@@ -44,6 +44,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
+from cuvil.arguments import PLAIN_TENSORS
 from cuvil.call_plan import (
     VALUE_TYPES,
     PlanError,
@@ -489,7 +490,7 @@ class _CallPlan:
         return lambda leaves: t
 
     def inputs(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
-        if not kwargs and len(args) == self._flat and all(type(a) in _PLAIN for a in args):
+        if not kwargs and len(args) == self._flat and all(type(a) in PLAIN_TENSORS for a in args):
             # the saved call's own structure: it bound then, so it binds now; every
             # argument and size check below still runs
             return self._checked(list(args))
@@ -524,10 +525,6 @@ class _CallPlan:
     def result(self, results: tuple[Any, ...]) -> Any:
         out = [output_leaf(kind, v, results) for kind, v in self.outputs]
         return unflatten(out, self.result_spec)
-
-
-#: argument types the flat call takes as they are (a subclass takes the full path)
-_PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
 def _leaf_problem(leaf: Any, want: dict[str, Any]) -> str | None:

@@ -15,7 +15,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from cuvil import autocast, fast_path, warm
-from cuvil.arguments import check_tensors
+from cuvil.arguments import PLAIN_TENSORS, check_tensors
 from cuvil.call_plan import output_leaf
 from cuvil.capabilities import check_capabilities
 from cuvil.errors import CompileError
@@ -36,10 +36,6 @@ MAX_ARTIFACTS = 64
 MANY_RECOMPILES = 16
 #: recompile reasons kept in ``stats.recompile_reasons`` (the most recent)
 MAX_REASONS = 256
-#: argument types the fast path in ``_prepare`` takes: pytree leaves whose structure key
-#: is their tensor metadata alone (a Parameter is a plain tensor to a graph; the
-#: torch.compile backend passes them as inputs)
-_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
 
 #: executables of this process by (graph hash, target, options): compiled functions
 #: whose captured graphs are the same share one compile
@@ -284,14 +280,14 @@ class CompiledFunction:
         # Fast path: plain positional tensors, checked and flattened like this before
         # (no containers), reuse the remembered tree spec.
         spec = None if kwargs else self._flat_specs.get(len(args))
-        if spec is not None and all(type(a) in _PLAIN_TENSORS for a in args):
+        if spec is not None and all(type(a) in PLAIN_TENSORS for a in args):
             leaves: list[Any] = list(args)
             bargs, bkwargs = args, dict[str, Any]()
             objects = False  # plain tensors only
         else:
             bargs, bkwargs = self._check_call(args, kwargs)
             leaves, spec = pytree.tree_flatten((bargs, bkwargs))
-            if not kwargs and all(type(a) in _PLAIN_TENSORS for a in args):
+            if not kwargs and all(type(a) in PLAIN_TENSORS for a in args):
                 self._flat_specs[len(args)] = spec
             objects = arg_objects.has_objects(spec)
         key: tuple[Any, ...] = (spec, tuple(leaf_key(x, self.dynamic) for x in leaves))

@@ -23,6 +23,11 @@ import torch
 from cuvil.errors import CompileError
 from cuvil_ir.graph_ir.types import DType
 
+#: the argument types the per-call fast paths take as they are: pytree leaves whose
+#: structure key is their tensor metadata alone (a Parameter is a plain tensor to a graph;
+#: the torch.compile backend passes them as inputs); a tensor subclass takes the full path
+PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
+
 _LAYOUT_NAMES = {
     torch.sparse_coo: "a sparse COO",
     torch.sparse_csr: "a sparse CSR",

@@ -42,6 +42,7 @@ import sympy
 import torch
 from torch.utils import _pytree as pytree
 
+from cuvil.arguments import PLAIN_TENSORS
 from cuvil.results import unflatten
 from cuvil_ir.symbolic import EXACT_NAMESPACE, exact_code
 
@@ -96,7 +97,7 @@ def _generate(cf: Any, art: Any) -> FastPath | None:
     ns: dict[str, Any] = {
         **EXACT_NAMESPACE,
         "MISS": MISS,
-        "_plain": (torch.Tensor, torch.nn.Parameter),
+        "_plain": PLAIN_TENSORS,
         "_strided": torch.strided,
         "_grad_on": torch.is_grad_enabled,
         "_set_grad": torch._C._set_grad_enabled,

@@ -203,9 +203,8 @@ class ProgramRunner:
             tensor[name] = f"_p.temps[{name!r}]"
             ptr[name] = f"_p.ptrs[{name!r}]"
 
-        def shape_code(buf_name: str) -> str:
-            b = prog.buffers[buf_name]
-            return "(" + "".join(f"{self._size_code(d)}, " for d in b.shape) + ")"
+        def tuple_code(dims: Any) -> str:
+            return "(" + "".join(f"{self._size_code(d)}, " for d in dims) + ")"
 
         def empty_code(buf_name: str, dev: str) -> str:
             # An output is allocated on every call. On cpu: torch's own allocation
@@ -221,9 +220,7 @@ class ProgramRunner:
             dtype = f"torch.{_tname(b.dtype)}"
             dims = [sympy.sympify(d) for d in (*b.shape, *b.strides)]
             if self._is_late(tuple(b.shape)) or all(d.is_Integer or d.is_Symbol for d in dims):
-                shape = "(" + "".join(f"{self._size_code(d)}, " for d in b.shape) + ")"
-                strides = "(" + "".join(f"{self._size_code(d)}, " for d in b.strides) + ")"
-                return f"_empty_cpu({shape}, {strides}, {dtype})"
+                return f"_empty_cpu({tuple_code(b.shape)}, {tuple_code(b.strides)}, {dtype})"
             if buf_name not in self._alloc_in_plan:
                 self._alloc_in_plan.append(buf_name)
             return f"_empty_cpu(*_p.alloc[{buf_name!r}], {dtype})"
