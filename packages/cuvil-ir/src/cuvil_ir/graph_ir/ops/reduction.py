@@ -31,6 +31,8 @@ from cuvil_ir.symbolic import Shape, ShapeContext
 
 T = torch.Tensor
 _REDUCTION = frozenset({"reduction", "pure"})
+#: reductions without an identity element: eager refuses an empty reduced dim
+_NO_IDENTITY = frozenset({"amax", "amin"})
 #: why the reductions that also return an index are externs on the Tensor IR level
 _WITH_INDEX = "Reduce has no arg-reduction kind (the index of the extremum) yet"
 
@@ -52,6 +54,25 @@ def _plain(out: Any, keepdim: Any) -> None:
     """Reductions capture the plain form: no ``out=``, and ``keepdim`` a Python bool."""
     if out is not None or not isinstance(keepdim, bool):
         raise NotCaptured("out= or a non-bool keepdim")
+
+
+def nonempty(b: Emitter, name: str, t: TensorType, dims: tuple[int, ...], whole: bool) -> None:
+    """An extremum (``amax``, ``amin``, ``max``, ``min``) has no identity: eager raises on
+    an empty reduced dim instead of returning +-inf. Each reduced size is decided
+    (``Ne(size, 0)`` becomes a size guard when it is symbolic), so a call with an empty
+    one captures again and is refused here, as eager refuses it."""
+    for d in dims:
+        size = t.shape[d]
+        empty = size == 0 if isinstance(size, int) else b.ctx.decide(
+            sympy.Eq(size, 0), f"{name}() over a dimension eager requires to be non-empty"
+        )
+        if empty:
+            if whole:
+                raise ShapeError(
+                    f"{name}(): Expected reduction dim to be specified for input.numel() == 0. "
+                    "Specify the reduction dim with the 'dim' argument."
+                )
+            raise ShapeError(f"{name}(): Expected reduction dim {d} to have non-zero size.")
 
 
 # -- dtype rules -----------------------------------------------------------------
@@ -109,7 +130,10 @@ def reduction(
             raise NotCaptured(f"{name} takes no dtype")
         t = tensor_of(b.type_of(input))
         extra = {"dtype": dtype_arg(dtype)} if with_dtype else {}
-        return b.emit(name, [input], dims=dims_arg(dim, t.rank), keepdim=keepdim, **extra)
+        dims = dims_arg(dim, t.rank)
+        if name in _NO_IDENTITY:
+            nonempty(b, name, t, dims, whole=dim is None or dim == () or dim == [])
+        return b.emit(name, [input], dims=dims, keepdim=keepdim, **extra)
 
     if with_dtype:
 
@@ -291,9 +315,12 @@ def _extremum(name: str, fns: Callable[[], tuple[Any, ...]], fn: Any, whole: str
         _plain(out, keepdim)
         t = tensor_of(b.type_of(input))
         if dim is None:  # max(x): one value over all elements
+            nonempty(b, name, t, dims_arg(None, t.rank), whole=True)
             return b.emit(whole, [input], dims=dims_arg(None, t.rank), keepdim=False)
         if b.is_value(dim):  # max(x, other): elementwise
             return b.emit(pairwise, [input, dim])
+        if t.rank:
+            nonempty(b, name, t, (dim_arg(dim, t.rank),), whole=False)
         values, indices = b.emit(name, [input], dim=dim_arg(dim, t.rank), keepdim=keepdim)
         # a structseq, so that `.values` / `.indices` work as they do on torch's result
         return result_type((values, indices))
