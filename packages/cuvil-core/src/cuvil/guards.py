@@ -250,7 +250,7 @@ class ReadGuard:
 
     what: str
     getter: Callable[[], Any]
-    kind: str  # "value" | "identity" | "contents" | "tensor" | "method"
+    kind: str  # "value" | "identity" | "contents" | "tensor" | "method" | "state"
     expected: Any
     shown: str  # the value at capture, for messages
     #: how another process finds the same place (see [Note: places]), or None
@@ -278,6 +278,8 @@ class ReadGuard:
                 and cur.shape == exp[2]
                 and cur.device == exp[1]
             )
+        if kind == "state":  # a StateView ([Note: module state guards] in cuvil.frontend.object_state)
+            return bool(self.expected.holds(cur))
         return bool(_KEYS[kind](cur) == self.expected)
 
 
@@ -310,6 +312,8 @@ class ReadGuards:
         for g in self.guards:
             if not g.holds():
                 cur = g.current()
+                if g.kind == "state":
+                    return f"{g.what} changed: {g.expected.changed(cur)}"
                 return f"{g.what} changed: {g.shown} -> {show(cur)}"
         return "all read guards hold"
 

@@ -58,6 +58,8 @@ from cuvil.call_plan import (
     state_slot,
 )
 from cuvil.errors import CompileError
+from cuvil.frontend import object_state
+from cuvil.frontend.object_state import fingerprint
 from cuvil.guards import MISSING, Place, ReadGuard, ReadGuards, contents_key, show, tensor_key
 
 #: bumped when an entry's layout changes (old entries then miss)
@@ -68,8 +70,7 @@ MAX_VARIANTS = 8
 ENV = "CUVIL_WARM"
 
 
-class NotStorable(Exception):
-    """A value or read another process could not find or compare."""
+NotStorable = object_state.NotStorable
 
 
 def enabled() -> bool:
@@ -97,26 +98,6 @@ def _store() -> Any:
 
 def _code_of(obj: Any) -> Any:
     return getattr(getattr(obj, "__func__", obj), "__code__", None)
-
-
-def fingerprint(code: types.CodeType) -> str:
-    """A digest of what a code object does: two lambdas on one line differ here."""
-    h = hashlib.sha256()
-
-    def feed(c: types.CodeType) -> None:
-        for part in (c.co_qualname, c.co_filename, str(c.co_firstlineno), c.co_code.hex()):
-            h.update(part.encode() + b"\0")
-        for names in (c.co_names, c.co_varnames, c.co_freevars, c.co_cellvars):
-            h.update(repr(names).encode() + b"\0")
-        h.update(repr((c.co_argcount, c.co_kwonlyargcount, c.co_posonlyargcount, c.co_flags)).encode())
-        for const in c.co_consts:
-            if isinstance(const, types.CodeType):
-                feed(const)
-            else:
-                h.update(f"{type(const).__name__}:{const!r}".encode() + b"\0")
-
-    feed(code)
-    return h.hexdigest()
 
 
 def _identity(fn: Any, module: torch.nn.Module | None) -> list[Any]:
@@ -227,6 +208,8 @@ def _describe(value: Any) -> dict[str, Any]:
             "qualname": value.__qualname__,
             "file": code.co_filename,
             "line": code.co_firstlineno,
+            # what it does, not only where: two lambdas on one line, an edited helper
+            "code": fingerprint(code),
             # defaults are values of the defining process (``k=float(os.environ["K"])``)
             "defaults": _container(value.__defaults__ or ()),
             "kwdefaults": _container(value.__kwdefaults__ or {}),
@@ -284,6 +267,11 @@ def _encode_guard(g: ReadGuard, value: Any) -> dict[str, Any]:
         if not isinstance(value, torch.Tensor):
             raise NotStorable(g.what)
         expected = [dtype_name(value.dtype), str(value.device), list(value.shape)]
+    elif g.kind == "state":
+        try:
+            expected = object_state.state_json(value)
+        except NotStorable as e:
+            raise NotStorable(f"{g.what}: {e}") from None
     else:
         expected = _describe(value)
     return {"what": g.what, "place": _place_json(g.place), "kind": g.kind, "expected": expected}
@@ -340,7 +328,7 @@ class _Resolver:
         raise NotStorable(f"unknown place {kind}")
 
 
-def _holds(kind: str, expected: Any, value: Any) -> tuple[Any, bool]:
+def _holds(kind: str, expected: Any, value: Any, place: Place) -> tuple[Any, bool]:
     """The in-process guard's expected value for ``value``, and whether ``value`` is what
     the stored guard expects."""
     if kind == "value":
@@ -351,6 +339,12 @@ def _holds(kind: str, expected: Any, value: Any) -> tuple[Any, bool]:
         return value, value is want or (type(value) is type(want) and value == want)
     if kind == "contents":
         return contents_key(value), _same_container(value, expected)
+    if kind == "state":
+        try:
+            ok = object_state.state_json(value) == expected
+        except NotStorable:
+            return None, False
+        return object_state.StateView(value, snapshotted=place[0] == "self"), ok
     if kind == "tensor":
         ok = (
             isinstance(value, torch.Tensor)
@@ -485,7 +479,7 @@ def _use(cf: Any, entry: dict[str, Any]) -> Any:
                 value = getter()
             except Exception:
                 value = MISSING
-            expected, ok = _holds(g["kind"], g["expected"], value)
+            expected, ok = _holds(g["kind"], g["expected"], value, place)
             if not ok:
                 return None
             guards.append(ReadGuard(g["what"], getter, g["kind"], expected, show(value), place))

@@ -239,6 +239,7 @@ def capture(
     finally:
         for owner, key, original in reversed(swapped):
             owner[key] = original
+    tracer.reads.module_states()  # what modules hold that no read hook saw
     path_of = {id(node): path for path, node in arg_nodes}
 
     def output(value: Any) -> int:

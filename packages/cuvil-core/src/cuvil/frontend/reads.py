@@ -215,6 +215,50 @@ class Reads:
         if isinstance(code, types.CodeType):
             self.files.add(code.co_filename)
 
+    # -- the state of the modules the capture ran ------------------------------------
+    def module_states(self) -> None:
+        """One ``"state"`` guard per module that is long-lived here (the compiled module's
+        tree, modules read from globals, attributes, containers) and its submodules, and
+        one per global hook dictionary ([Note: module state guards] in
+        :mod:`cuvil.frontend.object_state`). Called once, after the trace."""
+        from cuvil.frontend.object_state import GLOBAL_HOOKS, StateView
+
+        found: dict[int, tuple[torch.nn.Module, str, Place | None]] = {
+            id(obj): (obj, path, place)
+            for obj, path, _, place in self.stable.values()
+            if isinstance(obj, torch.nn.Module)
+        }
+        for obj, path, place in list(found.values()):
+            for sub_path, sub in obj.named_modules():
+                sub_place = place
+                for part in sub_path.split(".") if sub_path else ():
+                    sub_place = _sub(sub_place, part)
+                found.setdefault(id(sub), (sub, f"{path}.{sub_path}" if sub_path else path, sub_place))
+        if not found:
+            return
+        for sub, path, place in found.values():
+            view = StateView(sub, snapshotted=id(sub) in self.snapshotted)
+            self._add(
+                f"state of module '{path}' ({type(sub).__name__})",
+                functools.partial(_same, sub),
+                "state",
+                view,
+                sub,
+                place,
+            )
+        namespace = torch.nn.modules.module
+        for name in GLOBAL_HOOKS:
+            hooks = getattr(namespace, name, None)
+            if isinstance(hooks, dict):
+                self._add(
+                    f"torch's {name.lstrip('_').replace('_', ' ')}",
+                    functools.partial(getattr, namespace, name),
+                    "state",
+                    StateView(hooks),
+                    hooks,
+                    ("global", namespace.__name__, name),
+                )
+
     # -- functions that are not converted -----------------------------------------
     def code(self, fn: Any) -> None:
         """Guard everything ``fn`` may read from outside (a lambda, code without source):
@@ -233,6 +277,10 @@ class Reads:
             except ValueError:
                 continue
             self.free(cell, name, value)
+
+
+def _same(obj: Any) -> Any:
+    return obj
 
 
 def _key_name(key: Any) -> str:
