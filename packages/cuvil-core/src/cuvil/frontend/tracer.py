@@ -464,7 +464,8 @@ class Tracer:
             raise CompileError(
                 str(e),
                 self.source_loc(),
-                "torch would raise here for these sizes; if this is a branch that cannot run, "
+                getattr(e, "hint", None)
+                or "torch would raise here for these sizes; if this is a branch that cannot run, "
                 "make the shapes agree there too",
             ) from None
         except TypeError as e:

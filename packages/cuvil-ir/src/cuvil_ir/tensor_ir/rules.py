@@ -296,11 +296,33 @@ def _round(lw: Lowering, n: Node, x: Val) -> Lazy:
     return pointwise(n, lambda a: call("round", a), x, compute=t.dtype)
 
 
+def float_floordiv(a: E.Expr, b: E.Expr) -> E.Expr:
+    """Float ``a // b`` exactly as eager computes it (ATen's ``div_floor_floating``):
+    through ``fmod``, not ``floor(a / b)``, so ``inf // 2`` is nan, ``-1 // inf`` is -1
+    and a zero quotient keeps the sign of ``a / b``."""
+    dt = a.dtype
+    zero, one = const(0.0, dt), const(1.0, dt)
+    quotient = call("div", a, b)
+    mod = call("fmod", a, b)
+    div = call("div", call("sub", a, mod), b)
+    # a nonzero remainder whose sign differs from b's: the truncated quotient is one too high
+    differs = call("xor", call("lt", b, zero, dtype=DType.bool), call("lt", mod, zero, dtype=DType.bool))
+    adjust = call("and", call("ne", mod, zero, dtype=DType.bool), differs)
+    div = call("where", adjust, call("sub", div, one), div, dtype=dt)
+    floor = call("floor", div)
+    up = call("gt", call("sub", div, floor), const(0.5, dt), dtype=DType.bool)
+    floor = call("where", up, call("add", floor, one), floor, dtype=dt)
+    # copysign(0, a / b): the quotient is finite here, and 0 * q carries its sign (no -ffast-math)
+    signed_zero = call("mul", quotient, zero)
+    result = call("where", call("ne", div, zero, dtype=DType.bool), floor, signed_zero, dtype=dt)
+    return call("where", call("eq", b, zero, dtype=DType.bool), quotient, result, dtype=dt)
+
+
 def _binary(fn: str) -> Rule:
     def lower_binary(lw: Lowering, n: Node, a: Val, b: Val) -> Lazy:
         t = out_type(n)
         if fn == "floordiv" and t.dtype.is_floating:
-            return pointwise(n, lambda x, y: call("floor", call("div", x, y)), a, b, compute=t.dtype)
+            return pointwise(n, float_floordiv, a, b, compute=t.dtype)
         return pointwise(n, lambda x, y: call(fn, x, y), a, b, compute=t.dtype)
 
     return lower_binary

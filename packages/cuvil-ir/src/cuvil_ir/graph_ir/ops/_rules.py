@@ -14,7 +14,12 @@ from cuvil_ir.symbolic import Dim, Shape, ShapeContext, as_dim
 
 
 class ShapeError(ValueError):
-    """Operands whose shapes or dtypes the op cannot accept."""
+    """Operands whose shapes or dtypes the op cannot accept; ``hint`` (how to fix it)
+    replaces the frontend's default hint when given."""
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.hint = hint
 
 
 #: ``extern_reasons`` of ops that a library kernel runs best (see ``Op.extern_reasons``)

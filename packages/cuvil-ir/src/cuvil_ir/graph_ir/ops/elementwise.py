@@ -39,6 +39,20 @@ def _elementwise_type(ctx: ShapeContext, inputs: tuple[Type, ...], dtype: DType)
     return TensorType(dtype, broadcast_shapes(ctx, *shapes), device_of(*inputs))
 
 
+def _refuse_bool_like_eager(name: str, ref: Callable[[Any], Any]) -> None:
+    """Eager refuses many unary ops on a bool tensor (``abs``, ``neg``, ``floor``, ``relu``,
+    ``silu``, ...) while their lowerings would happily compute on 0/1. Which ones is eager's
+    business, so ask it: the op's own reference runs on a one-element bool tensor, and its
+    error (eager's exact message) refuses the capture."""
+    try:
+        ref(torch.zeros(1, dtype=torch.bool))
+    except (RuntimeError, NotImplementedError) as e:
+        raise ShapeError(
+            f"{name}() on a bool tensor: {e}",
+            hint="torch refuses this op on bool too: convert first (x.long(), x.float()), or use ~x for a mask",
+        ) from None
+
+
 def unary(
     name: str,
     fns: Callable[[], tuple[Any, ...]],
@@ -59,6 +73,9 @@ def unary(
     def capture(b: Emitter, input: Any, inplace: bool = False, *, out: Any = None) -> Any:
         if out is not None:
             raise NotCaptured("out= is not captured")
+        t = b.type_of(input) if b.is_value(input) else None
+        if isinstance(t, TensorType) and t.dtype == DType.bool:
+            _refuse_bool_like_eager(name, ref)
         result = b.emit(name, [input])
         return b.rebind(input, result) if inplace else result
 
