@@ -47,6 +47,7 @@ from pathlib import Path
 from cuvil_backend_cpu import __version__
 from cuvil_runtime import trust
 from cuvil_runtime.cache import default_cache_dir
+from cuvil_runtime.registry import TargetConfigError
 
 #: Flags every kernel is compiled with, plus the ISA's :func:`isa_flags` after ``-O3`` (see the
 #: module docstring for why these and never -ffast-math).
@@ -99,6 +100,12 @@ EXPORT_LEVELS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 
 class ToolchainError(RuntimeError):
     """No usable C compiler; the message says what is missing and how to fix it."""
+
+
+class IsaError(ToolchainError, TargetConfigError):
+    """``$CUVIL_CPU_ISA`` is not a known value, or names an ISA this CPU cannot run. An
+    explicit setting, so the ``cpu`` target is unavailable and no other target (``reference``)
+    is picked in its place (:class:`cuvil_runtime.registry.TargetConfigError`)."""
 
 
 @dataclass(frozen=True)
@@ -220,7 +227,7 @@ def requested_isa() -> str:
     raw = os.environ.get(ISA_ENV, "").strip()
     value = raw.lower() or "native"
     if value not in ISA_CHOICES:
-        raise ToolchainError(
+        raise IsaError(
             f"{ISA_ENV}={raw!r} is not one of {', '.join(ISA_CHOICES)} (unset it for native)"
         )
     return value
@@ -243,7 +250,7 @@ def isa_flags(requested: str, info: dict[str, str]) -> tuple[str, tuple[str, ...
         return "portable", ()
     model = info.get("model name") or platform.processor() or machine
     if machine not in _X86:
-        raise ToolchainError(
+        raise IsaError(
             f"{ISA_ENV}={requested} needs an x86-64 CPU; this machine is {machine or 'unknown'} "
             f"(use {ISA_ENV}=portable, or unset it for the native ISA)"
         )
@@ -251,7 +258,7 @@ def isa_flags(requested: str, info: dict[str, str]) -> tuple[str, tuple[str, ...
     missing = [f for f in _ISA_CPU_FLAGS[requested] if f not in have]
     if missing:
         where = "/proc/cpuinfo lists no CPU flags here" if not have else f"this CPU ({model}) lacks"
-        raise ToolchainError(
+        raise IsaError(
             f"{ISA_ENV}={requested}: {where} {' '.join(missing)}, so kernels built for {requested} "
             f"would die with an illegal instruction; use "
             f"{' or '.join(f'{ISA_ENV}={c}' for c in ('avx2', 'portable') if c != requested)}, "
@@ -491,9 +498,13 @@ def export_toolchain() -> Toolchain:
 
 
 def check() -> str | None:
-    """``None`` when kernels can be built here, else why not (for the backend's availability check)."""
+    """``None`` when kernels can be built here, else why not (for the backend's availability check).
+    Raises :class:`IsaError` (a :class:`~cuvil_runtime.registry.TargetConfigError`) for a bad
+    ``$CUVIL_CPU_ISA``: the user's explicit setting, not a missing piece to fall back around."""
     try:
         find_toolchain()
+    except IsaError:
+        raise
     except ToolchainError as e:
         return str(e)
     except Exception as e:  # an availability check must answer, not raise
@@ -510,6 +521,7 @@ __all__ = [
     "Toolchain",
     "ToolchainError",
     "EXPORT_LEVELS",
+    "IsaError",
     "check",
     "default_kernel_cache_dir",
     "export_cpu_flags",

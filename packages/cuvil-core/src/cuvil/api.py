@@ -27,6 +27,7 @@ from cuvil.submit import SerialQueue
 from cuvil_ir.symbolic import expr_str, symbol
 from cuvil_runtime.cache import CompileCache
 from cuvil_runtime.grad import without_grad
+from cuvil_runtime.registry import TargetMisconfiguredError
 from cuvil_runtime.target import CompileOptions, Executable, TargetError
 
 FALLBACKS = ("eager", "error")
@@ -438,7 +439,7 @@ class CompiledFunction:
             for note in getattr(executable, "notes", ()):
                 if note not in self.stats.notes:
                     self.stats.notes.append(note)
-        except OptionError:
+        except (OptionError, TargetMisconfiguredError):  # the user's own setting: never hidden by a fallback
             raise
         except Exception as e:
             if isinstance(e, CompileError):

@@ -337,9 +337,51 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _setup_errors() -> tuple[type[BaseException], ...]:
+    """Errors that mean "this host or its settings cannot do that" (no target, a bad
+    ``$CUVIL_CPU_ISA``, no C compiler): reported in one line, not as a traceback."""
+    from cuvil_runtime.registry import (
+        DuplicateTargetError,
+        TargetConfigError,
+        TargetUnavailableError,
+        UnknownTargetError,
+    )
+
+    errors: list[type[BaseException]] = [
+        DuplicateTargetError,
+        TargetConfigError,
+        TargetUnavailableError,
+        UnknownTargetError,
+    ]
+    try:  # the cpu target's toolchain errors, when that target is installed
+        from cuvil_backend_cpu.toolchain import ToolchainError
+    except ImportError:
+        pass
+    else:
+        errors.append(ToolchainError)
+    return tuple(errors)
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(line.strip() for line in str(e).splitlines() if line.strip())
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    return int(args.run(args))
+    from cuvil.errors import CompileError
+
+    setup = _setup_errors()
+    name = " ".join(p for p in (args.command, getattr(args, "action", None)) if p)
+    try:
+        return int(args.run(args))
+    except setup as e:
+        print(f"cuvil {name}: {_one_line(e)}", file=sys.stderr)
+        return 1
+    except CompileError as e:
+        cause = e.__cause__
+        shown = cause if isinstance(cause, setup) else e  # "internal error: TargetUnavailableError: ..."
+        print(f"cuvil {name}: {_one_line(shown)}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

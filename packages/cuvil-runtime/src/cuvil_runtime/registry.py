@@ -16,6 +16,7 @@ reason; it raises only when someone requests it.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from importlib.metadata import EntryPoint, entry_points
@@ -24,6 +25,8 @@ from typing import Any
 from cuvil_runtime.target import GRAPH_STAGE, BackendSpec, Capabilities, Loader, Stage, Target
 
 GROUP = "cuvil.backends"
+#: seconds a failed availability check is remembered before it is run again
+RECHECK_S = 1.0
 
 
 class UnknownTargetError(LookupError):
@@ -45,6 +48,21 @@ class TargetUnavailableError(RuntimeError):
         # device) is not fixed by installing it again: the reason says what to do.
         hint = f"; to get it: {install}" if install and not installed else ""
         super().__init__(f"target {name!r} is unavailable: {reason}{hint}")
+
+
+class TargetConfigError(RuntimeError):
+    """What a :class:`~cuvil_runtime.target.BackendSpec` ``check`` raises (instead of
+    returning a reason) when the user configured its target explicitly in a way that
+    cannot work here: an environment variable with a typo, or one naming hardware this
+    host lacks (``CUVIL_CPU_ISA=avx512`` on an AVX2 CPU). Unlike a missing dependency,
+    that is no reason to compile for another target: the target is unavailable with
+    this message, and :func:`default_target` raises :class:`TargetMisconfiguredError`
+    rather than pick a lower-priority target in its place."""
+
+
+class TargetMisconfiguredError(TargetUnavailableError):
+    """A target is unavailable because of an explicit setting of the user's (its check
+    raised :class:`TargetConfigError`); never answered by falling back to another target."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +93,12 @@ class _Entry:
     spec: BackendSpec | None = None
     reason: str | None = None
     error: BaseException | None = None
+    #: the check raised :class:`TargetConfigError` (an explicit setting of the user's is wrong)
+    misconfigured: bool = False
+    #: when the check last failed (``time.monotonic``): a failed check is asked again after
+    #: :data:`RECHECK_S`, so a transient failure (a cache folder deleted meanwhile, a compiler
+    #: being installed) does not make the target unavailable for the rest of the process
+    failed_at: float | None = None
 
 
 def _distribution_name(ep: EntryPoint) -> str:
@@ -130,6 +154,8 @@ class Registry:
     def _load(self, entry: _Entry) -> _Entry:
         with self._lock:
             if entry.loaded:
+                if entry.failed_at is not None and time.monotonic() - entry.failed_at >= RECHECK_S:
+                    self._check(entry)  # a failed check is not an answer for good
                 return entry
             ep = entry.entry_point
             try:
@@ -146,13 +172,23 @@ class Registry:
                     entry.reason = f"entry point {ep.name!r} resolves to the spec of target {obj.name!r}"
                 else:
                     entry.spec = obj
-                    try:
-                        entry.reason = obj.check()
-                    except Exception as e:
-                        entry.reason = f"availability check failed: {type(e).__name__}: {e}"
-                        entry.error = e
+                    self._check(entry)
             entry.loaded = True
             return entry
+
+    @staticmethod
+    def _check(entry: _Entry) -> None:
+        """Run the spec's availability check into ``entry`` (its spec is loaded)."""
+        assert entry.spec is not None
+        entry.error, entry.misconfigured = None, False
+        try:
+            entry.reason = entry.spec.check()
+        except TargetConfigError as e:
+            entry.reason, entry.error, entry.misconfigured = str(e), e, True
+        except Exception as e:
+            entry.reason = f"availability check failed: {type(e).__name__}: {e}"
+            entry.error = e
+        entry.failed_at = None if entry.reason is None else time.monotonic()
 
     def _info(self, name: str, entry: _Entry) -> BackendInfo:
         entry = self._load(entry)
@@ -184,9 +220,8 @@ class Registry:
         entry = self._load(self._entry(name))
         if entry.reason is not None or entry.spec is None:
             install = entry.spec.install if entry.spec is not None else None
-            raise TargetUnavailableError(
-                name, entry.reason or "no spec", install, installed=entry.spec is not None
-            ) from entry.error
+            error = TargetMisconfiguredError if entry.misconfigured else TargetUnavailableError
+            raise error(name, entry.reason or "no spec", install, installed=entry.spec is not None) from entry.error
         return entry.spec
 
     def get_target(self, name: str) -> Target:
@@ -248,7 +283,10 @@ class Registry:
         """The available target with the highest priority that runs on ``device_type``.
 
         Ties go to the name that sorts first, so the choice never depends on
-        installation order.
+        installation order. A target for ``device_type`` that is unavailable because
+        of an explicit setting (its check raised :class:`TargetConfigError`) raises
+        :class:`TargetMisconfiguredError`: the user asked for something that cannot
+        work, and compiling for another target would hide it.
         """
         candidates: list[tuple[int, str]] = []
         unusable: list[str] = []
@@ -258,6 +296,13 @@ class Registry:
             if info.available and device_type in devices:
                 candidates.append((-info.priority, info.name))
             elif not info.available and (entry.spec is None or device_type in devices):
+                if entry.misconfigured and entry.spec is not None:
+                    raise TargetMisconfiguredError(
+                        info.name,
+                        f"{info.reason} (not compiling for another target instead: the setting is explicit)",
+                        entry.spec.install,
+                        installed=True,
+                    ) from entry.error
                 unusable.append(f"{info.name} ({info.reason})")
         if not candidates:
             why = f"; unavailable: {', '.join(unusable)}" if unusable else ""
@@ -323,7 +368,10 @@ __all__ = [
     "REGISTRY",
     "BackendInfo",
     "DuplicateTargetError",
+    "RECHECK_S",
     "Registry",
+    "TargetConfigError",
+    "TargetMisconfiguredError",
     "TargetUnavailableError",
     "UnknownTargetError",
     "contract_problem",
