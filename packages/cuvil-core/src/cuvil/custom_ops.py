@@ -238,11 +238,108 @@ def _schema_text(name: str, op: CustomOp) -> str:
     return f"{name.split('::')[1]}({', '.join(params)}) -> {out}"
 
 
+class ContractError(CompileError):
+    """A custom op declared with ``shape=`` (and ``dtype=``) whose reference returned
+    something else: raised where the reference ran, before anything reads the result
+    (a kernel sized by the declaration would read past the real buffer)."""
+
+
 def _kernel(name: str) -> Callable[..., Any]:
     def run(*args: Any, **kwargs: Any) -> Any:
-        return _CURRENT[name].reference(*args, **kwargs)
+        current = _CURRENT[name]
+        out = current.reference(*args, **kwargs)
+        if current.shape is not None:
+            tensors, attrs = current.bind(*args, **kwargs)
+            _check_result(current, tensors, attrs, out)
+        return out
 
     return run
+
+
+def _checked_reference(op: CustomOp) -> Callable[..., Any]:
+    """What compiled code runs for ``op`` (the reference target, an extern call where a
+    target has no native lowering): its reference, whose result an op declared with
+    ``shape=`` checks against the declaration (the declared shapes for the operands'
+    sizes, dtype and device: tuple comparisons) before any kernel reads it."""
+    reference, shape, dtype = op.reference, op.shape, op.dtype
+    if shape is None:  # the result types are the captured region's
+        return reference
+    if op.returns > 1:
+
+        @functools.wraps(reference)
+        def run_several(*tensors: Any, **attrs: Any) -> Any:
+            out = reference(*tensors, **attrs)
+            _check_result(op, tensors, attrs, out)
+            return out
+
+        return run_several
+
+    @functools.wraps(reference)
+    def run(*tensors: Any, **attrs: Any) -> Any:
+        out = reference(*tensors, **attrs)
+        first = tensors[0]
+        if not (
+            isinstance(out, torch.Tensor)
+            and out.shape == tuple(shape(*[tuple(t.shape) for t in tensors], **attrs))
+            and out.dtype == (dtype or first.dtype)
+            and out.device == first.device
+        ):
+            _check_result(op, tensors, attrs, out)  # raises, unless a 1-tuple that is right
+        return out
+
+    return run
+
+
+def _check_result(op: CustomOp, tensors: Any, attrs: dict[str, Any], out: Any) -> None:
+    expected = _shapes(op, [tuple(t.shape) for t in tensors], attrs)
+    first = tensors[0]
+    dtype, device = op.dtype or first.dtype, first.device
+    results = out if op.returns > 1 and type(out) is tuple else (out,)
+    if op.returns == 1 and type(out) is tuple and len(out) == 1:
+        results = out  # a 1-tuple, as an op with one result may return
+    if len(results) == len(expected) and all(
+        isinstance(r, torch.Tensor) and r.shape == s and r.dtype == dtype and r.device == device
+        for r, s in zip(results, expected)
+    ):
+        return
+    raise _contract_error(op, tensors, results, expected, dtype, device)
+
+
+def _contract_error(
+    op: CustomOp,
+    tensors: Any,
+    results: Any,
+    expected: list[tuple[Any, ...]],
+    dtype: torch.dtype,
+    device: torch.device,
+) -> ContractError:
+    def desc(shape: Any, dt: Any, dev: Any) -> str:
+        return f"shape {tuple(shape)}, dtype {dt}, device {dev}"
+
+    ins = ", ".join(f"{n} {tuple(t.shape)}" for n, t in zip(op.tensors, tensors))
+    declared = "shape=, " + ("dtype=" if op.dtype is not None else "the first operand's dtype")
+    if len(results) != len(expected):
+        got = ", ".join(type(r).__name__ for r in results)
+        what = f"the declaration says {len(expected)} results, the reference returned {len(results)} ({got})"
+    else:
+        wrong = []
+        for k, (r, s) in enumerate(zip(results, expected)):
+            name = "the result" if len(expected) == 1 else f"result {k}"
+            if not isinstance(r, torch.Tensor):
+                wrong.append(f"{name}: expected a tensor of {desc(s, dtype, device)}, got {type(r).__name__}")
+            elif (r.shape, r.dtype, r.device) != (s, dtype, device):
+                wrong.append(
+                    f"{name}: expected {desc(s, dtype, device)} (from {declared}), "
+                    f"got {desc(r.shape, r.dtype, r.device)}"
+                )
+        what = "; ".join(wrong)
+    return ContractError(
+        f"custom op {op.name}: its reference's result disagrees with the declaration "
+        f"for operands {ins}: {what}",
+        _where(op.reference),
+        "make shape= return the reference's result shape(s) for the operands' shapes, and dtype= its dtype "
+        "(default: the first operand's); compiled code sizes its buffers from the declaration",
+    )
 
 
 def _register_with_torch(op: CustomOp) -> None:
@@ -362,7 +459,7 @@ def _declare(op: CustomOp, *, replace: bool) -> None:
     )
     declare_custom_op(
         op.name,
-        op.reference,
+        _checked_reference(op),
         op.attrs,
         operands=op.tensors,
         lowerings=tuple(op.lowerings),
@@ -386,4 +483,4 @@ def custom_ops() -> dict[str, CustomOp]:
     return dict(_CURRENT)
 
 
-__all__ = ["CustomOp", "custom_op", "custom_ops"]
+__all__ = ["ContractError", "CustomOp", "custom_op", "custom_ops"]
