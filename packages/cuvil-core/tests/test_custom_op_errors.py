@@ -123,3 +123,24 @@ def test_large_contradicting_calls_raise_in_a_process_that_survives(tmp_path):
     assert lines[-1] == "survived", proc.stdout
     assert len(lines) == 1 + 4 * len(TARGETS), proc.stdout
     assert all(line.endswith("raised True") for line in lines[:-1]), proc.stdout
+
+
+# -- item 13: what the capture or the C compiler refuses, named and located ------------------
+
+
+@cu.custom_op("cuvil_err::positives")
+def positives(x):  # its result's size is computed from x's values
+    return x[x > 0]
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_a_data_dependent_result_shape_without_shape_is_a_located_error(target):
+    cf = cu.compile(lambda x: positives(x + 1) * 2, target=target, fallback="error")
+    with pytest.raises(CompileError) as info:
+        cf(torch.randn(4, 8))
+    text = str(info.value)
+    line = positives.reference.__code__.co_firstlineno
+    assert text.startswith(f"{__file__}:{line}:"), text  # the declaration
+    assert "custom op cuvil_err::positives: its result has a data-dependent shape (u0,)" in text, text
+    assert "declare it with shape=" in text and "shape=lambda x: x" in text, text
+    assert "internal error" not in text and "unbound symbols" not in text, text

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from cuvil.errors import CompileError
+from cuvil.errors import CompileError, SourceLoc
 from cuvil.frontend import hooks
 from cuvil.frontend.proxy import TensorProxy
 from cuvil.frontend.tracer import Tracer
@@ -86,6 +86,7 @@ def capture_rule(
                     f"{name}: the reference must return a tensor or a tuple of tensors, got {out!r}", where
                 )
             body.finish(leaves)
+        _check_sizes_bound(name, reference, inputs, body.results, where)
         if lowerings:
             _check_elementwise(b, name, inputs, body.results, lowerings, where)
         outputs = tuple(b._fresh(v.type) for v in body.results)
@@ -94,6 +95,41 @@ def capture_rule(
         return pytree.tree_unflatten([b.wrap(v) for v in outputs], spec)
 
     return rule
+
+
+def _check_sizes_bound(
+    name: str, reference: Callable[..., Any], inputs: Sequence[Value], results: Sequence[Value], where: Any
+) -> None:
+    """A captured op's result sizes follow from its operands' (its node is typed by its
+    region): a size the reference computed from tensor data (``x[x > 0]``, ``nonzero``)
+    is refused here, at the declaration, with what to write instead."""
+    import sympy
+
+    def symbols(v: Value) -> set[Any]:
+        t = v.type
+        if not isinstance(t, TensorType):
+            return set()
+        return set().union(*(sympy.sympify(d).free_symbols for d in t.shape))
+
+    known = set().union(*(symbols(v) for v in inputs))
+    for k, r in enumerate(results):
+        free = symbols(r) - known
+        if not free:
+            continue
+        code = getattr(reference, "__code__", None)
+        loc = SourceLoc(code.co_filename, code.co_firstlineno, 0) if code is not None else where
+        shown = tuple(r.type.shape) if isinstance(r.type, TensorType) else r.type
+        which = "its result" if len(results) == 1 else f"its result {k}"
+        raise CompileError(
+            f"custom op {name}: {which} has a data-dependent shape {shown} (called at {where}: "
+            f"{', '.join(sorted(map(str, free)))} computed from tensor values, as x[x > 0] or nonzero "
+            "do); a custom op's result sizes must follow from its operands' shapes",
+            loc,
+            "return a result whose shape follows from the operands' (torch.where(x > 0, x, 0) instead "
+            "of x[x > 0]) and declare it with shape=, which maps the operands' shapes to the result's, "
+            f"e.g. @cu.custom_op({name!r}, shape=lambda x: x) (the reference then runs as a call, its "
+            "result checked against shape= at each call)",
+        )
 
 
 def _check_elementwise(
