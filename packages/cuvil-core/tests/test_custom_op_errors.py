@@ -144,3 +144,60 @@ def test_a_data_dependent_result_shape_without_shape_is_a_located_error(target):
     assert "custom op cuvil_err::positives: its result has a data-dependent shape (u0,)" in text, text
     assert "declare it with shape=" in text and "shape=lambda x: x" in text, text
     assert "internal error" not in text and "unbound symbols" not in text, text
+
+
+@cu.custom_op("cuvil_err::unbalanced", lower={"cpu": "x * (k +"})
+def unbalanced(x, *, k: float = 1.0):
+    return x * k
+
+
+@cu.custom_op("cuvil_err::unknown_fn", lower={"cpu": "x + my_scale(x)"})
+def unknown_fn(x):
+    return x + x
+
+
+@cu.custom_op("cuvil_err::bad_name", lower={"cpu": "y * 2"})
+def bad_name(x):
+    return x * 2
+
+
+needs_cpu = pytest.mark.skipif("cpu" not in TARGETS, reason="the cpu target (a C compiler) is not available")
+
+
+@needs_cpu
+@pytest.mark.parametrize(
+    "op, diagnostic",
+    [
+        (unbalanced, "at the end of the text: error: expected expression before"),
+        (unknown_fn, "column 5: error: implicit declaration of function ‘my_scale’"),
+        (bad_name, "column 1: error: ‘y’ undeclared"),
+    ],
+    ids=["syntax", "unknown-function", "unknown-name"],
+)
+def test_a_c_lowering_the_compiler_rejects_names_the_op_and_the_diagnostic(op, diagnostic):
+    cf = cu.compile(lambda x: op(x * 3) + 1, target="cpu", fallback="error")
+    with pytest.raises(CompileError) as info:
+        cf(torch.randn(4, 8))
+    text = str(info.value)
+    line = op.reference.__code__.co_firstlineno
+    assert f"custom op {op.name} (declared at {__file__}:{line})" in text, text
+    assert f"its cpu lowering {op.lowerings['cpu']!r} does not compile as C for float" in text, text
+    assert diagnostic in text, text
+    assert "internal error" not in text and "KernelBuildError" not in text and "KernelLoadError" not in text
+    assert "command:" not in text and ".c:" not in text, text  # no compiler dump of the whole kernel
+    # the reference target does not use the C text: the op still compiles there
+    ok = cu.compile(lambda x: op(x * 3) + 1, target="reference", fallback="error")
+    x = torch.randn(4, 8)
+    torch.testing.assert_close(ok(x), op.reference(x * 3) + 1)
+
+
+@needs_cpu
+def test_a_lowering_that_compiles_still_fuses_and_matches_eager():
+    @cu.custom_op("cuvil_err::good", lower={"cpu": "x * k + fabs(x)"})
+    def good(x, *, k: float = 2.0):
+        return x * k + x.abs()
+
+    cf = cu.compile(lambda x: good(x - 1) * 2, target="cpu", fallback="error")
+    x = torch.randn(4, 8)
+    torch.testing.assert_close(cf(x), (good.reference(x - 1)) * 2)
+    assert "cu_native_cuvil_err__good__f32" in cf.artifacts[-1].executable.stages["c"]

@@ -257,6 +257,10 @@ class _Gen(IndexPrinter):
         if native is not None:  # a custom op's C lowering (see [Note: native calls])
             name, params, body = native
             helper, ctype = f"cu_native_{name}", C_TYPES[d]
+            if helper not in self.natives:  # the user's text, compiled alone once per process
+                from cuvil_backend_cpu.native_check import check_native
+
+                check_native(name, ctype, params, body, PRELUDE)
             args = ", ".join(f"{ctype} {p}" for p in params) or "void"
             self.natives.setdefault(helper, f"static inline {ctype} {helper}({args}) {{ return ({body}); }}")
             return f"{helper}({', '.join(a)})"

@@ -121,6 +121,7 @@ def declare_custom_op(
     ]
     rule.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
     module = str(getattr(reference, "__module__", __name__))
+    code = getattr(inspect.unwrap(reference), "__code__", None)
     base: type[Op] = Composite if infer is None else Opaque
     body: dict[str, Any] = {
         "name": name,
@@ -130,6 +131,8 @@ def declare_custom_op(
         "torch": staticmethod(lambda: tuple(torch_callables)),
         "__module__": module,
         "__qualname__": f"{base.__name__}[{name}]",
+        #: the declaration's file:line (what errors about the op name)
+        "declared_at": f"{code.co_filename}:{code.co_firstlineno}" if code is not None else "",
     }
     if capture is not None:
         body["capture"] = staticmethod(capture)
