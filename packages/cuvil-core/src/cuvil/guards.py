@@ -183,6 +183,9 @@ class AssumptionCheck:
 # checks the metadata the graph was traced for. Guards run in read order, so an
 # attribute's guard may bind its owner object directly: the owner's identity guard
 # comes first. Library Python modules (torch, math, ...) are constants by identity.
+# A mutable buffer (a numpy array, a bytearray) is guarded by value, its bytes: code
+# that reads its items (``int(ARR[0])``) runs on the Python value at capture, so a
+# changed item recompiles instead of being frozen.
 
 
 class _Missing:
@@ -215,6 +218,8 @@ def contents_key(value: Any, depth: int = 0) -> Any:
     """A list/tuple/dict/set by contents: scalars by value, anything else by identity."""
     if isinstance(value, _SCALARS):
         return (type(value), value)
+    if is_buffer(value):  # a numpy array in a list: its items, not the array object
+        return buffer_key(value)
     if depth < 4 and type(value) in (list, tuple):
         return (type(value), tuple(contents_key(v, depth + 1) for v in value))
     if depth < 4 and type(value) is dict:
@@ -222,6 +227,33 @@ def contents_key(value: Any, depth: int = 0) -> Any:
     if depth < 4 and type(value) in (set, frozenset):
         return (type(value), frozenset(contents_key(v, depth + 1) for v in value))
     return Same(value)
+
+
+def is_buffer(value: Any) -> bool:
+    """A Python object whose memory can change in place without rebinding it (a numpy
+    array, a ``bytearray``, an ``array.array``): reading its items reads that memory."""
+    if isinstance(value, (torch.Tensor, bytes, str, memoryview)):
+        return False
+    if hasattr(value, "__array_interface__"):
+        return True
+    try:
+        memoryview(value).release()
+    except TypeError:
+        return False
+    return True
+
+
+def buffer_key(value: Any) -> Any:
+    """A buffer by value: its type, element format, shape and bytes. A numpy array that
+    exports no buffer has none, nor has an object array, whose bytes are the addresses of
+    its elements (a freed element's address can be reused): see :meth:`Reads.read`."""
+    try:
+        with memoryview(value) as view:
+            if "O" not in view.format:
+                return (type(value), view.format, view.shape, view.tobytes())
+    except (TypeError, ValueError):
+        pass
+    return ("no buffer", type(value), id(value))
 
 
 def tensor_key(value: Any) -> Any:
@@ -241,6 +273,7 @@ _KEYS: dict[str, Callable[[Any], Any]] = {
     "contents": contents_key,
     "tensor": tensor_key,
     "method": _method_key,
+    "buffer": buffer_key,
 }
 
 
@@ -250,7 +283,7 @@ class ReadGuard:
 
     what: str
     getter: Callable[[], Any]
-    kind: str  # "value" | "identity" | "contents" | "tensor" | "method" | "state"
+    kind: str  # "value" | "identity" | "contents" | "tensor" | "method" | "state" | "buffer"
     expected: Any
     shown: str  # the value at capture, for messages
     #: how another process finds the same place (see [Note: places]), or None

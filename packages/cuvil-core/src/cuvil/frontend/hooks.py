@@ -63,7 +63,15 @@ def _reject(kind: str, site: int, what: str) -> CompileError:
     )
 
 
+def _outer(value: Any) -> Any:
+    """A tensor read from outside the call as its graph input (``Tracer.outer``): its
+    truth or value is then what it is for an argument tensor, not frozen at capture."""
+    tracer = _tracer()
+    return value if tracer is None else tracer.outer(value)
+
+
 def truth(value: Any, site: int) -> bool:
+    value = _outer(value)
     if isinstance(value, TensorProxy):
         raise _reject(SITES[site].kind, site, "a tensor value")
     tracer = _tracer()
@@ -78,6 +86,7 @@ def truth(value: Any, site: int) -> bool:
 
 def boolop(value: Any, site: int) -> Any:
     """An operand of ``and``/``or``: Python tests its truth but yields the value itself."""
+    value = _outer(value)
     if isinstance(value, TensorProxy):
         raise _reject(SITES[site].kind, site, "a tensor value")
     return value
@@ -86,6 +95,7 @@ def boolop(value: Any, site: int) -> Any:
 def not_(value: Any, site: int) -> Any:
     """``not value``: Python's for a Python value or a size predicate; for a one-element
     tensor (a carried number, ``x.sum() > 0``) a bool number known when the code runs."""
+    value = _outer(value)
     if isinstance(value, TensorProxy):
         return number(torch.logical_not(_truth_tensor(value, site)))
     return not truth(value, site)
@@ -108,14 +118,15 @@ def _boolop(site: int, value: Any, thunks: tuple[Any, ...], *, is_and: bool) -> 
     of bools is the bool Python's operator returns. A non-bool operand is then refused
     (Python would return one of the operands, which one is only known at run time)."""
     i = 0
+    value = _outer(value)
     while not isinstance(value, TensorProxy) or i == len(thunks):
         if i == len(thunks) or truth(value, site) != is_and:
             return value  # the last operand, or `a and b` with a falsy `a` (`a or b`: truthy)
-        value = thunks[i]()
+        value = _outer(thunks[i]())
         i += 1
     acc = _bool_operand(value, site)
     for thunk in thunks[i:]:
-        nxt = thunk()
+        nxt = _outer(thunk())
         if isinstance(nxt, TensorProxy):
             acc = (torch.logical_and if is_and else torch.logical_or)(acc, _bool_operand(nxt, site))
         elif isinstance(nxt, (bool, torch.SymBool)):
@@ -147,6 +158,7 @@ def _truth_tensor(value: TensorProxy, site: int) -> TensorProxy:
 
 
 def iterate(value: Any, site: int) -> Any:
+    value = _outer(value)
     if isinstance(value, TensorProxy):
         raise _reject(SITES[site].kind, site, "a tensor (iterating over its rows)")
     return value
@@ -175,6 +187,8 @@ def call(site: int, fn: Any, *args: Any, **kwargs: Any) -> Any:
         if fn in (builtins.setattr, builtins.delattr) and args:
             tracer.reads.store(args[0], "attribute", SITES[site].loc)
         if fn in (builtins.int, builtins.min, builtins.max):
+            if fn is builtins.int and args:  # int(T) of a global tensor: as of an argument
+                args = (tracer.outer(args[0]), *args[1:])
             result = data_sizes.builtin(tracer, fn, args, kwargs)  # a size computed from data
             if result is not NotImplemented:
                 return result
@@ -320,6 +334,7 @@ def _tracer() -> Any:
 def if_(cond: Any, then_fn: Any, else_fn: Any, site: int, values: tuple[Any, ...]) -> Any:
     """A converted ``if``: Python when the condition is a Python value, else one ``if`` op."""
     tracer = _tracer()
+    cond = _outer(cond)
     if tracer is not None and isinstance(cond, (TensorProxy, torch.SymBool)):
         if isinstance(cond, torch.SymBool):
             tracer.sync()
@@ -335,14 +350,14 @@ def if_(cond: Any, then_fn: Any, else_fn: Any, site: int, values: tuple[Any, ...
 def while_(cond_fn: Any, body_fn: Any, site: int, names: tuple[str, ...], values: tuple[Any, ...]) -> Any:
     """A converted ``while``: a Python loop, or one ``while`` op when the condition is a tensor."""
     tracer = _tracer()
-    cond = cond_fn(*values)
+    cond = _outer(cond_fn(*values))
     if tracer is not None and isinstance(cond, (TensorProxy, torch.SymBool)):
         if isinstance(cond, torch.SymBool) and static_truth(tracer, cond) is False:
             return values
         return capture_while(tracer, cond_fn, body_fn, values, names, SITES[site].loc)
     while truth(cond, site):
         values = body_fn(*values)
-        cond = cond_fn(*values)
+        cond = _outer(cond_fn(*values))
         if tracer is not None and isinstance(cond, TensorProxy):
             # the body made the condition data-dependent (a counter set in a tensor `if`,
             # see numbers.py): the iterations so far were certain, the rest is one `while` op
@@ -353,6 +368,7 @@ def while_(cond_fn: Any, body_fn: Any, site: int, names: tuple[str, ...], values
 def for_(iterable: Any, body_fn: Any, site: int, names: tuple[str, ...], values: tuple[Any, ...]) -> Any:
     """A converted ``for``: unrolled in Python, or one ``for`` op over a symbolic or long range."""
     tracer = _tracer()
+    iterable = _outer(iterable)
     if isinstance(iterable, TensorProxy):
         raise _reject("for", site, "a tensor (iterating over its rows)")
     if tracer is not None and isinstance(iterable, SymRange):

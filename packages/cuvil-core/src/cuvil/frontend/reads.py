@@ -14,6 +14,9 @@ here. What a read becomes depends on the value (see [Note: reads are guarded] in
 - anything else (functions, classes, user modules, objects): guarded by
   identity, and remembered as *long-lived*, so reading its attributes is guarded
   too and writing them is a located error.
+
+A mutable buffer (a numpy array, a ``bytearray``) is guarded by value (its bytes),
+since the items code reads from it are Python values at capture.
 """
 
 from __future__ import annotations
@@ -29,7 +32,18 @@ import torch
 from cuvil.errors import CompileError, SourceLoc
 from cuvil.frontend.convert import is_user_file
 from cuvil.frontend.proxy import TensorProxy
-from cuvil.guards import _SCALARS, MISSING, Place, ReadGuard, Same, contents_key, show, tensor_key
+from cuvil.guards import (
+    _SCALARS,
+    MISSING,
+    Place,
+    ReadGuard,
+    Same,
+    buffer_key,
+    contents_key,
+    is_buffer,
+    show,
+    tensor_key,
+)
 
 #: a tensor the traced code may reach: (graph input name, getter, place or None)
 LiftSource = tuple[str, Callable[[], Any], Place | None]
@@ -125,6 +139,18 @@ class Reads:
             self._add(what, getter, "tensor", tensor_key(value), value, place)
         elif isinstance(value, _SCALARS) or value is MISSING:
             self._add(what, getter, "value", value, value, place)
+        elif is_buffer(value):
+            key = buffer_key(value)
+            if key[0] == "no buffer":
+                raise CompileError(
+                    f"{what} is a {type(value).__name__} whose items cannot be compared by value "
+                    f"(dtype {getattr(value, 'dtype', '?')}): what compiled code reads from it would "
+                    "be frozen at capture",
+                    None,
+                    "pass it as an argument (torch.as_tensor(...)), or hold its values in a tensor",
+                )
+            self._add(what, getter, "buffer", key, value, place)
+            self.long_lived(value, path, iname, place)
         elif type(value) in _CONTAINERS:
             self._add(what, getter, "contents", contents_key(value), value, place)
             self.long_lived(value, path, iname)

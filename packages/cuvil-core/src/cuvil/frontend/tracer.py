@@ -92,6 +92,11 @@ _DATA_DEPENDENT = frozenset(
 )
 
 
+#: the value reads (of _DATA_DEPENDENT) that a tensor read from outside the call answers
+#: on every call, as an argument does: lifted first, never the value at capture
+_VALUE_READS = _DATA_DEPENDENT - {"__format__", "__str__", "data_ptr", "storage"}
+
+
 @dataclass(frozen=True, slots=True)
 class Lifted:
     """A tensor the traced code reached that is not an argument: bound on every call
@@ -219,6 +224,20 @@ class Tracer:
         self._lifted_ids[id(t)] = proxy
         self._keepalive.append(t)
         return proxy
+
+    def outer(self, value: Any) -> Any:
+        """``value`` as the graph input it is when it is a real tensor the traced code read
+        from outside the call (a global, closure variable or attribute: a lift source), so
+        reading its value (``int(T)``, ``T.item()``, ``if T:``) is what it is for an argument
+        tensor (a size bound when the code runs, a captured ``if``, or a located refusal),
+        never the value at capture; anything else unchanged."""
+        if (
+            isinstance(value, torch.Tensor)
+            and not isinstance(value, TensorProxy)
+            and id(value) in self._lift_sources
+        ):
+            return self.lift(value)
+        return value
 
     def _global_source(self, t: torch.Tensor) -> LiftSource | None:
         """A module-level variable of user code (any frame of the trace) holding ``t``."""
@@ -407,6 +426,8 @@ class Tracer:
         if answered is not metadata.UNHANDLED:
             return answered
         name = getattr(func, "__name__", "")
+        if name in _VALUE_READS and args:
+            args = (self.outer(args[0]), *args[1:])
         has_proxy = _any_leaf(args, kwargs, lambda x: isinstance(x, TensorProxy))
         has_sym = _any_leaf(args, kwargs, lambda x: isinstance(x, _SYM))
         if name == "item" and has_proxy and len(args) == 1:

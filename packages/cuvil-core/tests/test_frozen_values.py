@@ -1,0 +1,225 @@
+"""Values that must not be frozen at capture (issue 26 items 3, 4, 9): a compiled
+function's Python runs once, so anything it reads that can change between calls must be
+a graph input, a guard, or a refusal -- never the value the capture happened to see.
+Each case mutates between calls (or between two real processes sharing one cache) and
+compares with eager."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+import cuvil as cu
+
+X = torch.arange(8.0)
+
+# -- item 3: value reads of tensors that are not arguments --------------------------------
+
+N_T = torch.tensor(3)
+FLAG_T = torch.tensor(True)
+SCALE_T = torch.tensor(1.5)
+
+
+class _Holder:
+    pass
+
+
+HOLDER = _Holder()
+HOLDER.n = torch.tensor(2)
+
+
+def _slice_int(x: torch.Tensor) -> torch.Tensor:
+    return x[: int(N_T)] * 2
+
+
+def _slice_item(x: torch.Tensor) -> torch.Tensor:
+    return x[: HOLDER.n.item()] + 1
+
+
+def _if_tensor(x: torch.Tensor) -> torch.Tensor:
+    if FLAG_T:
+        return x + 1
+    return x - 1
+
+
+def _range_int(x: torch.Tensor) -> torch.Tensor:
+    y = x
+    for _ in range(int(N_T)):
+        y = y + 1
+    return y
+
+
+def _float_of(x: torch.Tensor) -> torch.Tensor:
+    return x * float(SCALE_T)
+
+
+def _bool_of(x: torch.Tensor) -> torch.Tensor:
+    return x + 1 if bool(FLAG_T) else x - 1
+
+
+def _closure() -> tuple[Any, torch.Tensor]:
+    n = torch.tensor(2)
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return x[: int(n)] - 1
+
+    return fn, n
+
+
+def _set(value: int) -> None:
+    N_T.fill_(value)
+    HOLDER.n.fill_(value - 1)
+    FLAG_T.fill_(value % 2 == 1)
+    SCALE_T.fill_(value / 2)
+
+
+@pytest.mark.parametrize("fn", [_slice_int, _slice_item, _if_tensor, _range_int, _float_of, _bool_of])
+def test_value_read_of_a_global_tensor_is_not_frozen(fn: Any) -> None:
+    cf = cu.compile(fn, target="reference")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # float()/bool() of a tensor: eager, as for an argument
+        for value in (3, 4, 5, 2):
+            _set(value)
+            torch.testing.assert_close(cf(X), fn(X))
+    _set(3)
+    # an argument tensor's value read is a size bound when the code runs, a captured `if`
+    # or a refusal: never a recapture per value
+    assert cf.stats.compiles == 1
+
+
+def test_value_read_of_a_closure_tensor_on_the_cpu_target() -> None:
+    fn, n = _closure()
+    cf = cu.compile(fn, target="cpu", fallback="error")
+    for value in (2, 5, 0, 8):
+        n.fill_(value)
+        torch.testing.assert_close(cf(X), fn(X))
+    assert cf.stats.compiles == 1 and cf.stats.fallbacks == 0
+
+
+def test_float_of_a_global_tensor_is_refused_as_for_an_argument() -> None:
+    cf = cu.compile(_float_of, target="reference")
+    with pytest.warns(cu.CuvilFallbackWarning, match="__float__"):
+        cf(X)
+    assert "needs the value of a tensor" in cf.stats.fallback_reasons[0]
+
+
+ARR = np.array([3, 1])
+BUF = bytearray(b"\x02\x05")
+HOLDER.arr = np.array([1.5, 2.0])
+TABLE = [np.array([4])]
+OBJECTS = np.array([1, "a"], dtype=object)
+
+
+def _numpy_item(x: torch.Tensor) -> torch.Tensor:
+    return x[: int(ARR[0])] + 0
+
+
+def _bytearray_item(x: torch.Tensor) -> torch.Tensor:
+    return x[: BUF[0]] * 2
+
+
+def _numpy_attr(x: torch.Tensor) -> torch.Tensor:
+    return x * float(HOLDER.arr[0])
+
+
+def _numpy_in_list(x: torch.Tensor) -> torch.Tensor:
+    return x[: int(TABLE[0][0])] - 1
+
+
+@pytest.mark.parametrize("fn", [_numpy_item, _bytearray_item, _numpy_attr, _numpy_in_list])
+def test_item_read_of_a_global_buffer_is_guarded_by_value(fn: Any) -> None:
+    cf = cu.compile(fn, target="reference", fallback="error")
+    for value in (3, 5, 3):
+        ARR[0], BUF[0], HOLDER.arr[0], TABLE[0][0] = value, value, value / 2, value + 1
+        torch.testing.assert_close(cf(X), fn(X))
+    assert cf.stats.compiles == 2  # 3, 5, then 3 again from the first variant
+    assert "changed" in cf.stats.recompile_reasons[0]
+
+
+def test_an_object_array_is_refused() -> None:
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return x * OBJECTS[0]
+
+    cf = cu.compile(fn, target="reference")
+    with pytest.warns(cu.CuvilFallbackWarning, match="cannot be compared by value"):
+        torch.testing.assert_close(cf(X), fn(X))
+
+
+# -- across processes ------------------------------------------------------------------------
+
+CHILD = textwrap.dedent(
+    """
+    import json, os, sys, torch
+    import cuvil as cu
+    sys.path.insert(0, sys.argv[1])
+    import frozendef as d
+    x = torch.arange(8.0)
+    out = {}
+    for name in sys.argv[2].split(","):
+        fn = getattr(d, name)
+        cf = cu.compile(fn, target="reference", fallback="error")
+        got = [cf(x)]
+        want = [fn(x)]
+        if name == "length":
+            d.N_T.fill_(int(os.environ["FROZEN_N"]) + 1)  # in place, after the first call
+        else:
+            os.environ["FROZEN_MODE"] = "other"
+        got.append(cf(x))
+        want.append(fn(x))
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w)
+        out[name] = [cf.stats.warm_starts, cf.stats.compiles]
+    print(json.dumps(out))
+    """
+)
+
+DEFS = textwrap.dedent(
+    """
+    import os
+    import torch
+
+    N_T = torch.tensor(int(os.environ["FROZEN_N"]))
+
+    def length(x):
+        return x[: int(N_T)] * 2
+
+    def env(x):
+        if os.environ.get("FROZEN_MODE", "plain") == "plain":
+            return x + 1
+        return x * 3
+    """
+)
+
+
+def _child(project: Path, cases: str, **env: str) -> dict[str, list[int]]:
+    full = dict(os.environ, CUVIL_CACHE_DIR=str(project / "cache"), **env)
+    full.pop("FROZEN_MODE", None)
+    full.update(env)
+    r = subprocess.run(
+        [sys.executable, "-c", CHILD, str(project), cases], env=full, capture_output=True, text=True, timeout=300
+    )
+    assert r.returncode == 0, r.stderr[-4000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+@pytest.fixture()
+def project(tmp_path: Path) -> Path:
+    (tmp_path / "frozendef.py").write_text(DEFS)
+    return tmp_path
+
+
+def test_global_tensor_length_across_processes(project: Path) -> None:
+    assert _child(project, "length", FROZEN_N="3")["length"] == [0, 1]
+    # another process, another value of the global tensor: the stored variant reads it
+    # when it runs (a warm start, no capture), and sees the in-place update too
+    assert _child(project, "length", FROZEN_N="5")["length"] == [1, 1]
