@@ -35,17 +35,19 @@ Why it is safe to share between processes, to crash in, and to load from:
 from __future__ import annotations
 
 import ctypes
+import errno
 import hashlib
 import os
 import secrets
 import shlex
 import subprocess
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from cuvil_backend_cpu import __version__
 from cuvil_backend_cpu.progress import CompileProgress
@@ -56,6 +58,8 @@ try:
     import fcntl
 except ImportError:  # pragma: no cover - not POSIX: atomic replace alone still keeps entries whole
     fcntl = None  # type: ignore[assignment]
+
+T = TypeVar("T")
 
 #: Compiler output lines kept in a :class:`KernelBuildError` (the first errors are the useful ones).
 STDERR_LINES = 60
@@ -155,14 +159,28 @@ class KernelCache:
 
     def __init__(self, toolchain: Toolchain | None = None, root: Path | str | None = None) -> None:
         self.toolchain = toolchain if toolchain is not None else find_toolchain()
-        self.root = trust.trusted_dir(
-            Path(root) if root is not None else default_kernel_cache_dir(), "kernel cache"
-        )
-        self._secret = trust.cache_secret(self.root)
+        #: the folder asked for; :attr:`root` is the one in use (they differ after a fall back)
+        self.requested = Path(root) if root is not None else default_kernel_cache_dir()
         self.stats = CacheStats()
         self._lock = threading.Lock()
         self._libs: dict[str, ctypes.CDLL] = {}
         self._load_dir: Path | None = None
+        self._writing(trust.cache_secret)  # the key exists (or we fell back)
+
+    @property
+    def root(self) -> Path:
+        """The folder kernels are read from and built into now: :attr:`requested` as long as it
+        is trusted and takes writes; made again when deleted meanwhile (``cuvil cache clear``);
+        a private folder of this process from the first write it could not take (a full disk,
+        a read-only folder), with one warning (:func:`cuvil_runtime.trust.writing`)."""
+        return trust.trusted_dir(self.requested, "kernel cache")
+
+    @property
+    def _secret(self) -> bytes:
+        return trust.cache_secret(self.root)
+
+    def _writing(self, op: Callable[[Path], T]) -> T:
+        return trust.writing(self.requested, "kernel cache", op)
 
     def key(self, source: str) -> str:
         """The kernel's content address: sha256 over the source, the toolchain identity and our version."""
@@ -173,9 +191,9 @@ class KernelCache:
             h.update(data)
         return h.hexdigest()
 
-    def paths(self, key: str) -> tuple[Path, Path, Path]:
-        """``(<key>.so, <key>.c, <key>.hmac)`` for ``key``."""
-        folder = self.root / key[:2]
+    def paths(self, key: str, root: Path | None = None) -> tuple[Path, Path, Path]:
+        """``(<key>.so, <key>.c, <key>.hmac)`` for ``key`` (in ``root``, default :attr:`root`)."""
+        folder = (root if root is not None else self.root) / key[:2]
         return folder / f"{key}.so", folder / f"{key}.c", folder / f"{key}.hmac"
 
     def _tag(self, data: bytes) -> str:
@@ -205,13 +223,23 @@ class KernelCache:
     def evict(self, key: str) -> None:
         """Remove ``key``'s .so and sidecar (a damaged entry), so the next build makes it anew."""
         so, _, sidecar = self.paths(key)
-        with _file_lock(so.parent / f".{key}.lock"):
-            sidecar.unlink(missing_ok=True)
-            so.unlink(missing_ok=True)
+        if not so.parent.is_dir():
+            return  # nothing to remove (the folder was deleted, or this is a fresh fallback)
+        try:
+            with _file_lock(so.parent / f".{key}.lock"):
+                sidecar.unlink(missing_ok=True)
+                so.unlink(missing_ok=True)
+        except OSError as e:
+            if not trust.recoverable(e):
+                raise  # a folder that is gone or takes no writes has nothing to evict from us
 
     def _compile(self, key: str, source: str, name: str) -> Path:
-        """Build the entry for ``key`` unless another thread or process did while we waited for the lock."""
-        so, c_path, sidecar = self.paths(key)
+        """Build the entry for ``key`` unless another thread or process did while we waited for
+        the lock; in the folder :attr:`root` is then (see there: deleted, full)."""
+        return self._writing(lambda root: self._compile_in(root, key, source, name))
+
+    def _compile_in(self, root: Path, key: str, source: str, name: str) -> Path:
+        so, c_path, sidecar = self.paths(key, root)
         trust.make_dirs(so.parent)
         with _file_lock(so.parent / f".{key}.lock"):
             done = self._lookup(key)
@@ -229,6 +257,7 @@ class KernelCache:
                         "install gcc (apt install gcc) or set CC=/path/to/compiler"
                     ) from e
                 if proc.returncode != 0:
+                    _check_writable(so.parent)  # a full or read-only folder, not the source, failed it
                     output = "\n".join(part for part in (proc.stderr.strip(), proc.stdout.strip()) if part)
                     raise KernelBuildError.from_compile(name, command, proc.returncode, output, c_path)
                 digest = self._tag(tmp.read_bytes())
@@ -323,11 +352,21 @@ class KernelCache:
         data = self._verified(so)
         if data is None:
             raise KernelLoadError(f"the cached kernel {so} is missing or does not match its signature")
+        return self._writing(lambda root: load_library(data, self._loads(root), so.stem, f"the cached kernel {so}"))
+
+    def _loads(self, root: Path) -> Path:
+        """This process's folder of loaded copies in ``root``, made again when it was deleted
+        (``cuvil cache clear``) or ``root`` changed; checked like a cache folder, since what
+        is loaded from it must stay what was verified (docs/security.md)."""
         with self._lock:
-            if self._load_dir is None:
-                self._load_dir = trust.private_dir("load", parent=self.root)
             folder = self._load_dir
-        return load_library(data, folder, so.stem, f"the cached kernel {so}")
+            if folder is None or folder.parent != root or not folder.is_dir():
+                folder = self._load_dir = trust.private_dir("load", parent=root)
+                problem = trust.check_dir(folder)
+                if problem is not None:
+                    self._load_dir = None
+                    raise PermissionError(errno.EACCES, f"not loading kernels from it: {problem}", str(folder))
+            return folder
 
     def verified_bytes(self, path: Path | str) -> bytes:
         """The bytes of the entry at ``path`` (from :meth:`build_all`), checked against its signature."""
@@ -335,6 +374,20 @@ class KernelCache:
         if data is None:
             raise KernelLoadError(f"the cached kernel {path} is missing or does not match its signature")
         return data
+
+
+def _check_writable(folder: Path) -> None:
+    """Raise the ``OSError`` a write into ``folder`` meets (a full disk, a read-only folder), if any:
+    the compiler's own failure to write its output there then reads as that, not as a bad kernel."""
+    probe = _tmp_name(folder / "probe")
+    try:
+        with open(probe, "wb") as f:
+            f.write(bytes(1 << 16))
+    except OSError as e:
+        if trust.recoverable(e):
+            raise
+    finally:
+        probe.unlink(missing_ok=True)
 
 
 def load_library(data: bytes, folder: Path, stem: str, what: str) -> ctypes.CDLL:

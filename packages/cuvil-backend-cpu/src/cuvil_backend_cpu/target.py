@@ -82,8 +82,9 @@ class CpuTarget(CpuHooks):
         return exe
 
     def _programs(self) -> Path:
-        """The program cache's folder, beside the kernel cache."""
-        return self.cache.root.parent / "cpu-programs"
+        """The program cache's folder, beside the kernel cache's (the one asked for: when either
+        falls back to a private folder, the other decides for itself)."""
+        return self.cache.requested.parent / "cpu-programs"
 
     # -- the KernelBackend hooks ----------------------------------------------------------
     def extern(self, op: str, reference: Callable[..., Any], channels_last: bool) -> Callable[..., Any]:
@@ -120,7 +121,7 @@ class CpuTarget(CpuHooks):
         """The program with kernels built for a named ISA level (:func:`export_toolchain`),
         so the artifact runs on any CPU of that level, not only this one."""
         tc = export_toolchain()
-        exporter = self if self.cache.toolchain == tc else CpuTarget(KernelCache(tc, self.cache.root))
+        exporter = self if self.cache.toolchain == tc else CpuTarget(KernelCache(tc, self.cache.requested))
         return export_program(exporter, rewrite(graph, options), options, self._programs())
 
     def binaries(

@@ -139,25 +139,42 @@ class DiskCache:
     """Content-addressed byte artifacts under ``root`` (default: :func:`default_cache_dir`).
 
     A ``root`` other users could write to is replaced by a private temporary folder,
-    with a warning (see :mod:`cuvil_runtime.trust`).
+    with a warning (see :mod:`cuvil_runtime.trust`). So is one that stops taking
+    writes (a full disk, a read-only folder: one warning naming it and why); one
+    deleted meanwhile (``cuvil cache clear``) is made again on the next write.
     """
 
     def __init__(self, root: str | os.PathLike[str] | None = None) -> None:
-        self.root = trust.trusted_dir(Path(root) if root is not None else default_cache_dir())
-        self._key = trust.cache_secret(self.root)
+        #: the folder asked for; :attr:`root` is the one in use
+        self.requested = Path(root) if root is not None else default_cache_dir()
+        trust.writing(self.requested, "cache", trust.cache_secret)  # the key exists (or we fell back)
+
+    @property
+    def root(self) -> Path:
+        """The folder entries are read from and written to now (see the class doc)."""
+        return trust.trusted_dir(self.requested, "cache")
 
     def path(self, key: str) -> Path:
         """Where the artifact for ``key`` lives (a two-level fan-out keeps folders small)."""
+        return self._path(self.root, key)
+
+    @staticmethod
+    def _path(root: Path, key: str) -> Path:
         digest = hashlib.sha256(key.encode()).hexdigest()
-        return self.root / digest[:2] / digest
+        return root / digest[:2] / digest
 
     def get(self, key: str) -> bytes | None:
         """The bytes stored under ``key``, or ``None`` on a miss or a damaged file."""
-        path = self.path(key)
+        root = self.root
+        path = self._path(root, key)
         blob = trust.read_private_file(path)
         if blob is None:  # missing, unreadable or not ours: either way not a usable artifact
             return None
-        data = _decode(self._key, blob)
+        try:
+            secret = trust.cache_secret(root)
+        except OSError:  # the folder went away meanwhile: a miss
+            return None
+        data = _decode(secret, blob)
         if data is None:
             # Damaged: remove it so the next put starts clean. A writer may have
             # replaced it meanwhile; deleting that good file only costs a rebuild.
@@ -168,13 +185,18 @@ class DiskCache:
         return data
 
     def put(self, key: str, data: bytes) -> Path:
-        """Store ``data`` under ``key`` atomically; returns the file's path."""
-        path = self.path(key)
+        """Store ``data`` under ``key`` atomically; returns the file's path (in a private
+        folder when the cache folder cannot take it, see the class doc)."""
+        return trust.writing(self.requested, "cache", lambda root: self._put(root, key, bytes(data)))
+
+    def _put(self, root: Path, key: str, data: bytes) -> Path:
+        path = self._path(root, key)
+        secret = trust.cache_secret(root)
         trust.make_dirs(path.parent)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         try:
             with os.fdopen(fd, "wb") as f:
-                f.write(_encode(self._key, bytes(data)))
+                f.write(_encode(secret, data))
             os.replace(tmp, path)
         except BaseException:
             try:

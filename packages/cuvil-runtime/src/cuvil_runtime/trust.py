@@ -27,6 +27,7 @@ verify and is rebuilt. See docs/security.md.
 from __future__ import annotations
 
 import atexit
+import errno
 import hashlib
 import hmac
 import os
@@ -36,7 +37,11 @@ import stat
 import tempfile
 import threading
 import warnings
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
 
 #: the mode of every folder the caches create
 DIR_MODE = 0o700
@@ -46,6 +51,13 @@ SECRET_NAME = ".cuvil-key"
 
 class UntrustedCacheWarning(UserWarning):
     """A cache folder was not used because others could write to it (or it is not writable)."""
+
+
+#: what a write into a cache folder that cannot take it raises: full disk or quota, read-only
+#: file system or folder, a file where a folder should be, a file too large
+FULL_ERRNOS = frozenset(
+    {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG, errno.ENOTDIR, errno.EEXIST}
+)
 
 
 _lock = threading.Lock()
@@ -166,18 +178,32 @@ def trusted_dir(path: Path | str, purpose: str = "cache") -> Path:
     """``path`` created as needed (0700) when only this user can write there, else a private
     temporary folder, with one :class:`UntrustedCacheWarning` saying why and how to fix it.
 
-    The answer is remembered per path for the life of the process.
+    The answer is remembered per path for the life of the process, except that a
+    folder deleted meanwhile (``cuvil cache clear``, ``rm -rf``) is made again and
+    checked again (someone else may have made it in between), and a private folder
+    deleted meanwhile is replaced by a fresh one.
     """
     path = Path(path).absolute()
     with _lock:
         known = _decided.get(path)
     if known is not None:
-        return known
+        if os.path.isdir(known):
+            return known
+        if known != path:  # our private folder was removed (a cleaned /tmp): a fresh one
+            with _lock:
+                _decided.pop(path, None)
+            return _decide(path, purpose, None)
+        with _lock:
+            _secrets.pop(path, None)  # its key went with it: make or read the new folder's
+    return _decide(path, purpose, known)
+
+
+def _decide(path: Path, purpose: str, before: Path | None) -> Path:
     try:
         make_dirs(path)
-        problem = check_dir(path)
-    except OSError as e:
-        problem = f"cannot create {path} ({e.strerror or e}: a read-only cache?)"
+    except OSError as e:  # a read-only or full file system, a file in the way
+        return fall_back(path, purpose, e)
+    problem = check_dir(path)
     if problem is None:
         chosen = path
     else:
@@ -187,10 +213,72 @@ def trusted_dir(path: Path | str, purpose: str = "cache") -> Path:
             f"folder {chosen} for this process instead (no warm start). To fix: use a folder only "
             "you can write (chmod 700 it, or point CUVIL_CACHE_DIR at one).",
             UntrustedCacheWarning,
-            stacklevel=3,
+            stacklevel=4,
         )
     with _lock:
-        return _decided.setdefault(path, chosen)
+        if before is None:
+            return _decided.setdefault(path, chosen)
+        _decided[path] = chosen
+        return chosen
+
+
+_fallen: set[int] = set()  # the errnos a fall_back warned about (one warning each per process)
+
+
+def fall_back(path: Path | str, purpose: str, error: OSError) -> Path:
+    """The folder to use instead of ``path`` (a trusted folder a write into failed with
+    ``error``: a full disk, a read-only folder): a private folder of this process (mode
+    0700, :func:`tempfile.mkdtemp`) from now on, with one :class:`UntrustedCacheWarning`
+    naming ``path`` and the reason (one per kind of failure and process, however many
+    stores hit it). A ``path`` already replaced keeps its replacement."""
+    path = Path(path).absolute()
+    with _lock:
+        known = _decided.get(path)
+    if known is not None and known != path and os.path.isdir(known):
+        return known
+    chosen = private_dir(purpose)
+    reason = error.strerror or str(error)
+    code = error.errno if error.errno is not None else -1
+    with _lock:
+        _decided[path] = chosen
+        first = code not in _fallen
+        _fallen.add(code)
+    if first:
+        warnings.warn(
+            f"cuvil: cannot write the {purpose} folder {path} ({reason}"
+            f"{f': {error.filename}' if error.filename else ''}: a read-only or full cache?). "
+            f"Compiling into the private folder "
+            f"{chosen} for the rest of this process instead (other cache folders that fail the same "
+            "way are replaced too, without another warning). To fix: free space, or point "
+            "CUVIL_CACHE_DIR at a writable folder.",
+            UntrustedCacheWarning,
+            stacklevel=3,
+        )
+    return chosen
+
+
+def recoverable(error: OSError) -> bool:
+    """Whether a failed write into a cache folder is worth a retry: the folder was deleted
+    (``ENOENT``: made again) or cannot take it (:data:`FULL_ERRNOS`: a private folder)."""
+    return error.errno == errno.ENOENT or error.errno in FULL_ERRNOS
+
+
+def writing(path: Path | str, purpose: str, op: Callable[[Path], T]) -> T:
+    """``op(folder)`` with ``folder`` the one :func:`trusted_dir` chose for ``path``. When it
+    raises an ``OSError`` because the folder was deleted meanwhile, ``op`` runs again (the
+    folder is made again); when the folder cannot be written (full, read-only: see
+    :data:`FULL_ERRNOS`), ``op`` runs again in the private folder :func:`fall_back`
+    chooses. Nothing stays broken for the rest of the process."""
+    for attempt in range(4):
+        folder = trusted_dir(path, purpose)
+        try:
+            return op(folder)
+        except OSError as e:
+            if attempt == 3 or not recoverable(e):
+                raise
+            if e.errno != errno.ENOENT:
+                fall_back(path, purpose, e)
+    raise AssertionError  # pragma: no cover
 
 
 def cache_secret(folder: Path) -> bytes:
@@ -207,7 +295,11 @@ def cache_secret(folder: Path) -> bytes:
         tmp = folder / f".{SECRET_NAME}.{os.getpid()}-{secrets.token_hex(6)}.tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         try:
-            os.write(fd, fresh)
+            if os.write(fd, fresh) != len(fresh):
+                raise OSError(errno.ENOSPC, "short write of the cache key", str(tmp))
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
         finally:
             os.close(fd)
         try:
@@ -264,10 +356,13 @@ __all__ = [
     "cache_secret",
     "check_dir",
     "check_file",
+    "fall_back",
     "make_dirs",
     "private_dir",
     "read_private_file",
+    "recoverable",
     "sign",
     "trusted_dir",
     "verify",
+    "writing",
 ]
