@@ -10,7 +10,11 @@ from __future__ import annotations
 from cuvil_runtime.target import GRAPH_STAGE, TENSOR_STAGE, WRAPPER_STAGE, Capabilities, Stage
 
 CAPABILITIES = Capabilities(
-    devices=frozenset({"cpu"}), control_flow=True, extern_calls=True, data_dependent_sizes=True
+    devices=frozenset({"cpu"}),
+    control_flow=True,
+    extern_calls=True,
+    data_dependent_sizes=True,
+    strided_inputs=True,
 )
 
 #: the pipeline, in order (``cu.audit`` and ``CUVIL_DUMP`` list these)

@@ -186,11 +186,18 @@ def generate_all(backend: KernelBackend, program: TensorProgram, options: Compil
 
 
 def _lower_and_generate(
-    backend: KernelBackend, graph: Graph, options: CompileOptions, store: DiskCache | None
+    backend: KernelBackend,
+    graph: Graph,
+    options: CompileOptions,
+    store: DiskCache | None,
+    strided_inputs: bool = False,
 ) -> tuple[TensorProgram, dict[str, Any], bool]:
-    """Tensor IR and each kernel's code: from the program cache when it has them."""
+    """Tensor IR and each kernel's code: from the program cache when it has them
+    (``strided_inputs``: the variant that reads its inputs by strides, see [Note:
+    strided inputs] in :mod:`cuvil_runtime.runner`)."""
     codec = program_codec(tuple(backend.codec_classes))
-    key = _sha("\n".join([backend.hash(), graph.text, repr(options)]))
+    parts = [backend.hash(), graph.text, repr(options)] + (["strided inputs"] if strided_inputs else [])
+    key = _sha("\n".join(parts))
     blob = store.get(key) if store is not None else None
     if blob is not None:
         try:
@@ -198,7 +205,7 @@ def _lower_and_generate(
             return dc_replace(slim, graph=graph), dict(codes), True
         except (SerialError, TypeError, ValueError):  # an entry this code cannot read: rebuild it
             pass
-    program = lower(graph, backend.fusion_policy(options))
+    program = lower(graph, backend.fusion_policy(options), strided_inputs=strided_inputs)
     codes = generate_all(backend, program, options)
     if store is not None:
         try:
@@ -218,7 +225,22 @@ def compile_program(
     program, codes, hit = _lower_and_generate(backend, graph, options, store)
     names = list(codes)
     launches = backend.build([(n, codes[n]) for n in names], f"compiling {graph.name}")
-    return _executable(backend, graph, program, codes, dict(zip(names, launches)), hit)
+    strided: Callable[[], ProgramRunner] | None = None
+    capabilities = getattr(backend, "capabilities", None)
+    if getattr(capabilities, "strided_inputs", False) and any(i.is_tensor for i in program.inputs):
+        strided = functools.partial(_strided_runner, backend, graph, options, store)
+    return _executable(backend, graph, program, codes, dict(zip(names, launches)), hit, strided)
+
+
+def _strided_runner(
+    backend: KernelBackend, graph: Graph, options: CompileOptions, store: DiskCache | None
+) -> ProgramRunner:
+    """The runner of ``graph`` whose kernels read the inputs by the call's strides
+    (see [Note: strided inputs] in :mod:`cuvil_runtime.runner`)."""
+    program, codes, _ = _lower_and_generate(backend, graph, options, store, strided_inputs=True)
+    names = list(codes)
+    launches = backend.build([(n, codes[n]) for n in names], f"compiling {graph.name} for strided inputs")
+    return ProgramRunner(program, dict(zip(names, launches)), backend)
 
 
 def _executable(
@@ -228,9 +250,12 @@ def _executable(
     codes: dict[str, Any],
     launches: dict[str, Launch],
     hit: bool,
+    strided: Callable[[], ProgramRunner] | None = None,
 ) -> ProgramExecutable:
-    """The executable of a lowered program whose kernels are loaded."""
-    return ProgramExecutable(graph, program, ProgramRunner(program, launches, backend), backend, codes, hit)
+    """The executable of a lowered program whose kernels are loaded (``strided``: see
+    :class:`ProgramRunner`)."""
+    runner = ProgramRunner(program, launches, backend, strided)
+    return ProgramExecutable(graph, program, runner, backend, codes, hit)
 
 
 # -- ahead-of-time artifacts ------------------------------------------------------------

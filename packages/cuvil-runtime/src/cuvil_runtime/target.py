@@ -50,6 +50,10 @@ class Capabilities:
     #: sizes computed from tensor data (``nonzero``, ``x[mask]``, ``int(t)`` as a size) are
     #: bound when the producing op runs (see [Note: data-dependent sizes] in cuvil_ir)
     data_dependent_sizes: bool = False
+    #: kernels can read tensor inputs by strides bound per call (a size argument per
+    #: stride): a non-contiguous input (an expand, a transpose) is read where it lies
+    #: instead of copied (see [Note: strided inputs] in :mod:`cuvil_runtime.runner`)
+    strided_inputs: bool = False
     #: the target's own keyword options of ``cu.compile`` (``cuda_graphs=False``); they
     #: reach ``compile`` in ``CompileOptions.extra``, and any other keyword is an error
     options: frozenset[str] = frozenset()

@@ -18,7 +18,7 @@ import sympy
 from cuvil_ir.graph_ir.nodes import KV, Block, Graph, Node, Ref, Value
 from cuvil_ir.graph_ir.registry import REGISTRY
 from cuvil_ir.graph_ir.types import DType, ScalarType, TensorType
-from cuvil_ir.symbolic import Dim
+from cuvil_ir.symbolic import Dim, symbol
 from cuvil_ir.tensor_ir import expr as E
 from cuvil_ir.tensor_ir.program import (
     CHANNELS_LAST,
@@ -133,9 +133,10 @@ class Lowering:
         kind: str,
         name: str | None = None,
         order: tuple[int, ...] | None = None,
+        given: tuple[Dim, ...] | None = None,
     ) -> str:
         name = name or self.fresh("b")
-        self.buffers[name] = Buffer(name, dtype, tuple(_dim(d) for d in shape), kind, order)
+        self.buffers[name] = Buffer(name, dtype, tuple(_dim(d) for d in shape), kind, order, given)
         return name
 
     def load(self, buf: str) -> Lazy:
@@ -165,11 +166,13 @@ class Lowering:
         """Write ``lz`` into a new buffer with one kernel (unless it already is a buffer).
 
         ``order``: the new buffer's layout (``"auto"``: see :meth:`layout_for`; outputs
-        are always row-major, as eager returns them).
+        are always row-major, as eager returns them). An input read by its call's
+        strides (``Buffer.given``) is copied: callers rely on the result's layout.
         """
+        whole = self.is_whole(lz) if kind == "temp" else None
         if (
-            kind == "temp"
-            and self.is_whole(lz) is not None
+            whole is not None
+            and self.buffers[whole].given is None
             and (order == "auto" or self._has_order(lz, order))
         ):
             return lz
@@ -267,15 +270,24 @@ class Lowering:
             body = E.replace(body, r, repl)
 
     # -- graph walking -------------------------------------------------------------
-    def lower_graph(self, graph: Graph, name: str) -> TensorProgram:
+    def lower_graph(self, graph: Graph, name: str, strided_inputs: bool = False) -> TensorProgram:
         inputs = []
         for v in graph.inputs:
-            inputs.append(self.bind_input(v))
+            inputs.append(self.bind_input(v, strided_inputs))
         return self.lower_block(graph, name, graph.nodes, graph.outputs, tuple(inputs))
 
-    def bind_input(self, v: Value) -> ProgramInput:
+    def bind_input(self, v: Value, strided: bool = False) -> ProgramInput:
+        """A graph input; ``strided``: a tensor is read with the strides the call's
+        tensor has (size symbols ``stride_<buffer>_<dim>``, bound per call), not as a
+        row-major array."""
         if isinstance(v.type, TensorType):
-            buf = self.add_buffer(v.type.dtype, v.type.shape, "input", name=self.fresh("in"))
+            name = self.fresh("in")
+            given = None
+            if strided:
+                # a dim of size 1 is only ever read at index 0: its stride does not matter
+                shape = v.type.shape
+                given = tuple(0 if d == 1 else symbol(f"stride_{name}_{k}") for k, d in enumerate(shape))
+            buf = self.add_buffer(v.type.dtype, v.type.shape, "input", name=name, given=given)
             self.device = v.type.device
             self.env[v.name] = self.load(buf)
             return ProgramInput(buf, True)
@@ -559,13 +571,16 @@ def specialize(graph: Graph) -> Graph:
     return Graph(graph.name, inputs, nodes, tuple(val(v) for v in graph.outputs), graph.assumptions)
 
 
-def lower(graph: Graph, policy: FusionPolicy | None = None) -> TensorProgram:
-    """Lower a verified Graph IR graph to Tensor IR, then plan its memory."""
+def lower(graph: Graph, policy: FusionPolicy | None = None, *, strided_inputs: bool = False) -> TensorProgram:
+    """Lower a verified Graph IR graph to Tensor IR, then plan its memory.
+
+    ``strided_inputs``: kernels read the tensor inputs by strides bound per call
+    (:meth:`Lowering.bind_input`) instead of as row-major arrays."""
     from cuvil_ir.tensor_ir.memory import plan_program
 
     lowering = Lowering(policy or FusionPolicy())
     lowering.assumptions = tuple(graph.assumptions)
-    program = lowering.lower_graph(specialize(graph), graph.name)
+    program = lowering.lower_graph(specialize(graph), graph.name, strided_inputs)
     return plan_program(program)
 
 

@@ -27,7 +27,10 @@ class Buffer:
     """An array; ``shape`` dims are ints or size expressions.
 
     ``order`` is the layout: dimensions from outermost to innermost in memory
-    (``None``: row-major, ``(0, 2, 3, 1)``: channels-last for NCHW).
+    (``None``: row-major, ``(0, 2, 3, 1)``: channels-last for NCHW). ``given``: the
+    strides of an input read as the caller laid it out, size symbols the runtime binds
+    from the tensor's ``stride()`` on every call (0 for an expanded dim; see [Note:
+    strided inputs] in :mod:`cuvil_runtime.runner`); ``None``: the layout of ``order``.
     """
 
     name: str
@@ -35,9 +38,12 @@ class Buffer:
     shape: tuple[Dim, ...]
     kind: str
     order: tuple[int, ...] | None = None
+    given: tuple[Dim, ...] | None = None
 
     @property
     def strides(self) -> tuple[Dim, ...]:
+        if self.given is not None:
+            return self.given
         return layout_strides(self.shape, self.order)
 
     @property
@@ -56,6 +62,8 @@ class Buffer:
     def __str__(self) -> str:
         dims = ", ".join(dim_str(d) for d in self.shape)
         layout = "" if self.order is None else " order(" + ", ".join(map(str, self.order)) + ")"
+        if self.given is not None:
+            layout += " strides(" + ", ".join(dim_str(d) for d in self.given) + ")"
         return f"%{self.name}: {self.dtype.value}[{dims}] {self.kind}{layout}"
 
 
