@@ -29,6 +29,7 @@ from pathlib import Path
 from types import MappingProxyType, ModuleType
 from typing import Any, Protocol
 
+from cuvil_ir.graph_ir.aliases import computed_graph, output_aliases
 from cuvil_ir.graph_ir.nodes import Graph
 from cuvil_ir.serial import Codec, SerialError
 from cuvil_ir.tensor_ir.lower import lower
@@ -195,6 +196,8 @@ def _lower_and_generate(
     """Tensor IR and each kernel's code: from the program cache when it has them
     (``strided_inputs``: the variant that reads its inputs by strides, see [Note:
     strided inputs] in :mod:`cuvil_runtime.runner`)."""
+    # only the outputs the program computes: see [Note: output aliasing] in cuvil_ir.graph_ir.aliases
+    full, graph = graph, computed_graph(graph, output_aliases(graph))
     codec = program_codec(tuple(backend.codec_classes))
     parts = [backend.hash(), graph.text, repr(options)] + (["strided inputs"] if strided_inputs else [])
     key = _sha("\n".join(parts))
@@ -202,7 +205,7 @@ def _lower_and_generate(
     if blob is not None:
         try:
             slim, codes = codec.loads(blob)
-            return dc_replace(slim, graph=graph), dict(codes), True
+            return dc_replace(slim, graph=full), dict(codes), True
         except (SerialError, TypeError, ValueError):  # an entry this code cannot read: rebuild it
             pass
     program = lower(graph, backend.fusion_policy(options), strided_inputs=strided_inputs)
@@ -213,7 +216,7 @@ def _lower_and_generate(
             store.put(key, codec.dumps((dc_replace(program, graph=None), codes)))  # type: ignore[arg-type]
         except (OSError, SerialError):
             pass  # an unwritable entry only costs the next process a re-lowering
-    return program, codes, False
+    return dc_replace(program, graph=full), codes, False
 
 
 def compile_program(

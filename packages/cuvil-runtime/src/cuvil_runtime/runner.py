@@ -25,6 +25,7 @@ from typing import Any
 import sympy
 import torch
 
+from cuvil_ir.graph_ir.aliases import output_aliases
 from cuvil_ir.graph_ir.registry import REGISTRY
 from cuvil_ir.graph_ir.types import DType, TensorType
 from cuvil_ir.symbolic import EXACT_NAMESPACE, evaluate, exact_code, symbol
@@ -89,6 +90,9 @@ class ProgramRunner:
         #: whether the generated code reads the bindings passed in (``_b``): a symbol no
         #: input's shape binds, or a region that does
         self.reads_bindings = False
+        #: per graph output, the view it is of an input or another output (see [Note:
+        #: output aliasing] in cuvil_ir.graph_ir.aliases); None: all are computed
+        self.aliases = _aliases(program)
         self.source, self._run = self._generate()
 
     def __call__(self, *inputs: Any) -> tuple[Any, ...]:
@@ -182,6 +186,7 @@ class ProgramRunner:
             "_as_strided": torch.as_strided,
             "_value": _value,
             "_late_attrs": _late_attrs,
+            "_late_attr": _late_attr,
             "_sym": symbol,
             "_empty_cpu": _empty_cpu,
         }
@@ -368,13 +373,69 @@ class ProgramRunner:
                 outs.append(tensor.get(ref, f"v_{ref}"))
             else:
                 outs.append(self._scalar_code(ref))
+        originals: list[str] = []
+        if self.aliases is not None:
+            outs = self._alias_outputs(body, ns, outs, originals, known)
         body.append(f"return ({''.join(x + ', ' for x in outs)})")
         if not any(_USES_PLAN.search(line) for line in body[plan_at + 1 :]):
             del body[plan_at]  # nothing reads the plan: no lookup per call
+        body[:0] = originals  # the caller's tensors, before any copy to row-major
         lines += ["    " + line for line in body]
         source = "\n".join(lines) + "\n"
         exec(compile(source, f"<cuvil {self.backend.name} wrapper {prog.name}>", "exec"), ns)
         return source, ns["run"]
+
+    def _alias_outputs(
+        self, body: list[str], ns: dict[str, Any], computed: list[str], originals: list[str], known: list[Any]
+    ) -> list[str]:
+        """Every graph output: the computed ones in order, and each alias rebuilt by its
+        view chain's references on the caller's input or on an output (eager's sizes,
+        strides and storage; see [Note: output aliasing] in cuvil_ir.graph_ir.aliases)."""
+        assert self.aliases is not None
+        prog = self.program
+        rest = iter(computed)
+        outs = [next(rest) if a is None else "" for a in self.aliases]
+        for i, a in enumerate(self.aliases):
+            if a is None:
+                continue
+            if a.base == "input":
+                name = prog.inputs[a.index].name
+                code = f"_o_{name}"
+                if f"_o_{name} = v_{name}" not in originals:
+                    originals.append(f"_o_{name} = v_{name}")
+            else:
+                code = outs[a.index]
+            for k, (node, which) in enumerate(a.chain):
+                fn = f"_view_{i}_{k}"
+                ns[fn] = REGISTRY.get(node.op).reference
+                kwargs = ", ".join(f"{name}={self._attr_code(v, ns, known, f'{fn}_{name}')}" for name, v in node.attrs)
+                code = f"{fn}({code}{', ' if kwargs else ''}{kwargs})"
+                if len(node.outputs) > 1:
+                    code = f"{code}[{which}]"
+            body.append(f"_v{i} = {code}")
+            outs[i] = f"_v{i}"
+        return outs
+
+    def _attr_code(self, v: Any, ns: dict[str, Any], known: list[Any], const: str) -> str:
+        """An attribute of a view replayed per call, its sizes from the call's symbols."""
+        if isinstance(v, sympy.Basic) and not isinstance(v, (sympy.Rel, sympy.logic.boolalg.Boolean)):
+            return self._size_code(v)
+        if isinstance(v, tuple):
+            return "(" + "".join(f"{self._attr_code(x, ns, known, f'{const}_{j}')}, " for j, x in enumerate(v)) + ")"
+        if v is None or isinstance(v, (bool, int, float, str)):
+            return repr(v)
+        if isinstance(v, sympy.Basic) or (hasattr(v, "items") and not isinstance(v, dict) and self._uses_symbols(v)):
+            ns[const] = v
+            items = ", ".join(f"_sym({s.name!r}): s_{s.name}" for s in known)
+            return f"_late_attr({const}, {{{items}}})"
+        ns[const] = evaluate_attr(v, {})
+        return const
+
+    @staticmethod
+    def _uses_symbols(x: Any) -> bool:
+        syms: set[sympy.Symbol] = set()
+        _add_symbols(syms, x)
+        return bool(syms)
 
     def _bind_results(
         self,
@@ -524,6 +585,26 @@ def _zero_division() -> None:
 # row-major buffer (a reshape that merges strided dims, as eager copies), and regions
 # (if/for/while bodies) still copy what they get non-contiguous. A target without the
 # capability, and a loaded ``cu.save`` artifact, copy as before.
+
+
+def _aliases(program: TensorProgram) -> tuple[Any, ...] | None:
+    """The output aliases of a top-level program lowered from its graph's computed
+    outputs (``cuvil_runtime.pipeline``); None for a region, a program that computes
+    every output, or one lowered before aliases existed (a ``cu.save`` artifact)."""
+    graph = program.graph
+    if graph is None or len(graph.outputs) == len(program.outputs):
+        return None
+    aliases = output_aliases(graph)
+    if sum(a is None for a in aliases) != len(program.outputs):
+        raise ValueError(
+            f"program @{program.name} has {len(program.outputs)} outputs, but its graph computes "
+            f"{sum(a is None for a in aliases)} of {len(aliases)}: the program was not lowered from this graph"
+        )
+    return aliases
+
+
+def _late_attr(value: Any, bindings: dict[sympy.Symbol, int]) -> Any:
+    return evaluate_attr(value, bindings)
 
 
 def _late_attrs(attrs: Any, bindings: dict[sympy.Symbol, int]) -> dict[str, Any]:

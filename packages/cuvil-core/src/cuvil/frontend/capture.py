@@ -22,7 +22,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from cuvil.errors import CompileError
-from cuvil.frontend import arg_objects, hooks, layout
+from cuvil.frontend import aliasing, arg_objects, hooks, layout
 from cuvil.frontend.arg_objects import WriteBack
 from cuvil.frontend.convert import ConversionError, convert, is_user_function
 from cuvil.frontend.numbers import NumberProxy
@@ -244,10 +244,12 @@ def capture(
 
     def output(value: Any) -> int:
         outputs.append(tracer.value_of(value))
+        returned.append(value)
         return len(outputs) - 1
 
     out_leaves, out_spec = pytree.tree_flatten(out, is_leaf=lambda x: id(x) in path_of)
     outputs: list[Value] = []
+    returned: list[Any] = []  # what each output came from (cuvil/frontend/aliasing.py)
     out_plan: list[tuple[str, Any]] = []
     for leaf in out_leaves:
         if isinstance(leaf, Undefined):
@@ -259,14 +261,17 @@ def capture(
         elif isinstance(leaf, NumberProxy):  # a Python number only known at run time
             out_plan.append(("item", len(outputs)))
             outputs.append(tracer.value_of(leaf))
+            returned.append(leaf)
         elif isinstance(leaf, (torch.Tensor, torch.SymInt, torch.SymFloat)):
             out_plan.append(("graph", len(outputs)))
             outputs.append(tracer.value_of(leaf))
+            returned.append(leaf)
         else:
             # an object holding traced values is rebuilt per call ([Note: objects in the argument tree])
             skeleton = None if isinstance(leaf, _SCALARS) else arg_objects.template(leaf, output)
             out_plan.append(("const", leaf) if skeleton is None else ("object", skeleton))
-    write_backs = _write_backs(tracer, arg_nodes, before, traced_leaves, outputs, spec, fn, module)
+    write_backs = _write_backs(tracer, arg_nodes, before, traced_leaves, outputs, spec, fn, module, returned)
+    aliasing.settle(tracer, outputs, returned)
     for lifted in tracer.lifted:
         plan.append(("lifted", lifted.getter))
     graph = tracer.graph(outputs)
@@ -321,6 +326,7 @@ def _write_backs(
     spec: pytree.TreeSpec,
     fn: Any,
     module: Any,
+    returned: list[Any],
 ) -> list[WriteBack]:
     """The arguments the function changed in place, their new leaves appended to
     ``outputs`` ([Note: objects in the argument tree], rule 3)."""
@@ -342,6 +348,7 @@ def _write_backs(
             elif isinstance(leaf, (torch.Tensor, torch.SymInt, torch.SymFloat)):
                 plan.append(("graph", len(outputs)))
                 outputs.append(tracer.value_of(leaf))
+                returned.append(leaf)
             else:
                 arg_objects.check_plain(leaf, f"a new value in argument {name}")
                 plan.append(("const", leaf))

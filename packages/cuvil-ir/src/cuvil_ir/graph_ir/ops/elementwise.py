@@ -419,6 +419,32 @@ class Cast(Op):
         return x.to(dtype.torch)
 
 
+class Clone(Op):
+    """A new tensor with ``x``'s values, for a returned value eager gives as a new tensor
+    where the graph's structure alone would make it an alias (``return x.clone()``).
+
+    Not captured from torch calls (a copy of an immutable value is the value): the
+    capture emits it only for outputs; see [Note: output aliasing] in
+    :mod:`cuvil_ir.graph_ir.aliases`.
+    """
+
+    name = "clone"
+    traits = frozenset({"pure"})
+
+    @staticmethod
+    def infer(ctx: ShapeContext, x: Type) -> Type:
+        return tensor_of(x)
+
+    @staticmethod
+    def reference(x: Any) -> Any:
+        return x.clone(memory_format=torch.contiguous_format)
+
+    @staticmethod
+    def decompose(b: Builder, x: Sym) -> Sym:
+        # the value itself: a target copies every output that is not its own fresh buffer
+        return x
+
+
 def _cast(b: Emitter, x: Any, dtype: DType | None, device: str | None = None, copy: bool = False) -> Any:
     t = tensor_of(b.type_of(x))
     if device is not None and device != t.device:
