@@ -111,3 +111,122 @@ def test_the_caller_thread_is_free_while_a_call_runs():
         fu.result(timeout=60)
     total = time.perf_counter() - t0
     assert submitted < total
+
+
+# -- exit and done callbacks (issue 26 item 10): each scenario in a real child process,
+# which must print the expected line, exit 0 and print no traceback within the timeout.
+
+_PRELUDE = """
+import sys, threading, time
+import torch
+import cuvil as cu
+from cuvil.submit import set_workers
+set_workers(int(sys.argv[1]))
+"""
+
+
+def _child(tmp_path, body: str, workers: int = 2) -> str:
+    import subprocess
+    import sys
+    import textwrap
+
+    script = tmp_path / "child.py"
+    script.write_text(_PRELUDE + textwrap.dedent(body))
+    try:
+        done = subprocess.run(
+            [sys.executable, str(script), str(workers)], capture_output=True, text=True, timeout=60
+        )
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"the child process hung (60 s); stdout: {e.stdout!r} stderr: {e.stderr!r}")
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr and "exception calling callback" not in done.stderr, done.stderr
+    return done.stdout
+
+
+def test_a_non_daemon_thread_waiting_on_futures_does_not_keep_the_process_from_exiting(tmp_path):
+    out = _child(
+        tmp_path,
+        """
+        cf = cu.compile(lambda x: x * 2, target="reference", fallback="error")
+        cf(torch.ones(2))
+        futures = [cf.submit(torch.full((2,), float(i))) for i in range(20)]
+
+        def waiter():  # waits after the main thread has returned; submits more meanwhile
+            more = [cf.submit(torch.full((2,), 1.0)) for _ in range(5)]
+            print("sum", sum(f.result().sum().item() for f in futures + more), flush=True)
+
+        threading.Thread(target=waiter).start()
+        """,
+    )
+    assert out.split() == ["sum", str(2.0 * 2 * sum(range(20)) + 5 * 4.0)]
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_calls_chained_through_done_callbacks_complete_during_shutdown(tmp_path, workers):
+    out = _child(
+        tmp_path,
+        """
+        cf = cu.compile(lambda x: x + 1, target="reference", fallback="error")
+        cf(torch.zeros(()))
+        seen = []
+
+        def chain(fut):
+            seen.append(fut.result().item())
+            if len(seen) < 6:
+                cf.submit(fut.result()).add_done_callback(chain)
+            else:
+                print("chain", seen, flush=True)
+
+        cf.submit(torch.zeros(())).add_done_callback(chain)  # the main thread returns at once
+        """,
+        workers,
+    )
+    assert out.strip() == "chain [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]"
+
+
+def test_calls_pending_when_the_main_thread_returns_all_complete(tmp_path):
+    out = _child(
+        tmp_path,
+        """
+        f = cu.compile(lambda a, b: (a @ b).relu().sum(), target="reference", fallback="error")
+        g = cu.compile(lambda a: a.sum(), target="reference", fallback="error")
+        a = torch.randn(256, 256)
+        f(a, a), g(a)
+        futures = [f.submit(a, a) for _ in range(30)] + [g.submit(a) for _ in range(30)]
+
+        def report(_):
+            if all(x.done() for x in futures):
+                ok = all(not x.cancelled() and x.exception() is None for x in futures)
+                print("all", ok, flush=True)
+
+        for fu in futures:
+            fu.add_done_callback(report)
+        """,
+    )
+    assert out.split()[-2:] == ["all", "True"]  # the last to finish reports (one or both lines)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_done_callback_waiting_on_a_nested_submit_of_the_same_function_does_not_deadlock(tmp_path, workers):
+    out = _child(
+        tmp_path,
+        """
+        cf = cu.compile(lambda x: x * 3, target="reference", fallback="error")
+        cf(torch.ones(1))
+        got = []
+        gate = threading.Event()
+        cf._queue.submit(lambda: gate.wait(30))  # the call below runs on the pool, callback attached
+        fut = cf.submit(torch.ones(1))
+        fut.add_done_callback(lambda _: got.append(cf.submit(torch.full((1,), 2.0)).result().item()))
+        later = cf.submit(torch.full((1,), 5.0))  # queued behind the first: still in order
+        gate.set()
+        print("first", fut.result().item(), "later", later.result(timeout=30).item(), flush=True)
+        deadline = time.monotonic() + 30
+        while not got and time.monotonic() < deadline:
+            time.sleep(0.01)
+        print("nested", got, flush=True)
+        """,
+        workers,
+    )
+    assert out.split("\n")[:2] == ["first 3.0 later 15.0", "nested [6.0]"]
+
