@@ -433,7 +433,10 @@ class CompiledFunction:
                     self.__name__, self.fn, self.module, leaves, names, spec, self.dynamic, self.dims
                 )
                 if wkey is not None:
-                    warm.store(self, wkey, captured, leaves, key)
+                    why = warm.store(self, wkey, captured, leaves, key)
+                    note = f"not stored for warm starts: {why}" if why is not None else None
+                    if note is not None and note not in self.stats.notes:
+                        self.stats.notes.append(note)
             check_capabilities(captured.graph, target.capabilities, target_name)
             executable = _EXECUTABLES.get_or_compile(captured.graph, target, options)
             for note in getattr(executable, "notes", ()):

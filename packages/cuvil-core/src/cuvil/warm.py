@@ -158,7 +158,7 @@ def _scalar(value: Any) -> dict[str, Any]:
     name = type(value).__name__
     if name in VALUE_TYPES and type(value) is VALUE_TYPES[name]:
         return {"t": name, "v": value}
-    raise NotStorable(type(value).__name__)
+    raise NotStorable(f"a {type(value).__name__} value cannot be compared in another process")
 
 
 def _from_scalar(d: dict[str, Any]) -> Any:
@@ -222,7 +222,7 @@ def _describe(value: Any) -> dict[str, Any]:
         # an object of a library class may hold state no read guard sees (a partial's
         # arguments, a library module's flags), so it is never matched by class
         return {"t": "instance", "module": cls.__module__, "qualname": cls.__qualname__}
-    raise NotStorable(cls.__name__)
+    raise NotStorable(f"a {cls.__name__} object (a library class) is compared by identity, which another process cannot prove")
 
 
 #: special methods a class matched by class alone may define: none that Python calls
@@ -256,16 +256,25 @@ def _user_class(cls: type) -> bool:
     return True
 
 
+def _guarded(g: ReadGuard, encode: Any, value: Any) -> Any:
+    try:
+        return encode(value)
+    except NotStorable as e:
+        raise NotStorable(f"{g.what}: {e}") from None
+
+
 def _encode_guard(g: ReadGuard, value: Any) -> dict[str, Any]:
-    if g.place is None or g.kind == "method":
-        raise NotStorable(g.what)
+    if g.place is None:
+        raise NotStorable(f"{g.what} has no place another process can find")
+    if g.kind == "method":
+        raise NotStorable(f"{g.what} is a bound method, compared by identity")
     if g.kind == "value":
-        expected: Any = _scalar(value)
+        expected: Any = _guarded(g, _scalar, value)
     elif g.kind == "contents":
-        expected = _container(value)
+        expected = _guarded(g, _container, value)
     elif g.kind == "tensor":
         if not isinstance(value, torch.Tensor):
-            raise NotStorable(g.what)
+            raise NotStorable(f"{g.what} is no longer a tensor")
         expected = [dtype_name(value.dtype), str(value.device), list(value.shape)]
     elif g.kind == "state":
         try:
@@ -273,7 +282,7 @@ def _encode_guard(g: ReadGuard, value: Any) -> dict[str, Any]:
         except NotStorable as e:
             raise NotStorable(f"{g.what}: {e}") from None
     else:
-        expected = _describe(value)
+        expected = _guarded(g, _describe, value)
     return {"what": g.what, "place": _place_json(g.place), "kind": g.kind, "expected": expected}
 
 
@@ -360,19 +369,20 @@ def _holds(kind: str, expected: Any, value: Any, place: Place) -> tuple[Any, boo
 # -- store and lookup ----------------------------------------------------------------------
 
 
-def store(cf: Any, entry_key: str, c: Any, leaves: list[Any], structure: tuple[Any, ...]) -> bool:
-    """Write the variant ``c`` under ``entry_key`` when every read has a place; returns
-    whether it was written. Never raises: a variant that cannot be stored is only
-    captured again by the next process."""
+def store(cf: Any, entry_key: str, c: Any, leaves: list[Any], structure: tuple[Any, ...]) -> str | None:
+    """Write the variant ``c`` under ``entry_key`` when every read has a place and a
+    value another process can compare; returns None when written, else why not (the
+    caller puts it in ``stats.notes``). Never raises: a variant that cannot be stored is
+    only captured again by the next process."""
     try:
         return _store_entry(cf, entry_key, c, leaves, structure)
-    except Exception:
-        return False
+    except Exception as e:  # a bug here must not fail a compile that worked
+        return f"internal error: {type(e).__name__}: {e}"
 
 
-def _store_entry(cf: Any, entry_key: str, c: Any, leaves: list[Any], structure: tuple[Any, ...]) -> bool:
+def _store_entry(cf: Any, entry_key: str, c: Any, leaves: list[Any], structure: tuple[Any, ...]) -> str | None:
     if not c.storable:
-        return False
+        return "the capture ran a Python side effect (a print) that a warm start would not redo"
     try:
         guards = [_encode_guard(g, g.current()) for g in c.guards.guards]
         files_needed = set(c.files) | {
@@ -391,22 +401,23 @@ def _store_entry(cf: Any, entry_key: str, c: Any, leaves: list[Any], structure: 
             else:
                 lf = next(lifted)
                 if lf.place is None:
-                    raise NotStorable(f"tensor {lf.name} has no place")
+                    raise NotStorable(f"tensor {lf.name} has no place another process can find")
                 inputs.append({"kind": "lifted", "name": lf.name, "place": _place_json(lf.place)})
         bargs, bkwargs = pytree.tree_unflatten(leaves, structure[0])
         call = encode_call(cf, c, structure, bargs, bkwargs)
         call["inputs"] = inputs
         files = {f: _file_hash(f) for f in sorted(files_needed)}
-        if any(h is None for h in files.values()):
-            raise NotStorable("a source file cannot be read")
-    except (NotStorable, CompileError, StopIteration, TypeError, ValueError):
-        return False
+        unreadable = sorted(f for f, h in files.items() if h is None)
+        if unreadable:
+            raise NotStorable(f"source file {unreadable[0]} cannot be read")
+    except (NotStorable, CompileError, StopIteration, TypeError, ValueError) as e:
+        return str(e) or type(e).__name__
     from cuvil_ir.serial import Codec, SerialError
 
     try:
         graph = Codec().dumps(c.graph).decode()
-    except SerialError:
-        return False
+    except SerialError as e:
+        return f"the graph cannot be serialized: {e}"
     variant = {"graph": graph, "call": call, "guards": guards, "files": files}
     # One key, several variants: the same structure compiled for sizes that other size
     # assumptions hold for (x[-3:] of 2 rows clamps, of 5 rows does not), or for other
@@ -417,9 +428,9 @@ def _store_entry(cf: Any, entry_key: str, c: Any, leaves: list[Any], structure: 
     entry = {"version": VERSION, "variants": [variant, *variants][:MAX_VARIANTS]}
     try:
         store.put(entry_key, json.dumps(entry, sort_keys=True).encode())
-    except OSError:
-        return False
-    return True
+    except OSError as e:
+        return f"the cache could not be written: {e}"
+    return None
 
 
 def _variants(blob: bytes | None) -> list[dict[str, Any]]:

@@ -394,6 +394,10 @@ def _converted(fn: Any) -> Any:
             forward = type(fn).forward
             if is_user_function(forward):
                 return types.MethodType(convert(forward, hooks_module), fn)
+        if isinstance(fn, types.FunctionType):  # a library function, run as is
+            tracer = _tracer()
+            if tracer is not None:
+                tracer.reads.library_code(fn)
     except ConversionError:
         # no source: run as is (tensor ops are still captured by the tracer), guarding
         # every global and closure variable its code names

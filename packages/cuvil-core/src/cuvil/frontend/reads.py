@@ -10,7 +10,8 @@ here. What a read becomes depends on the value (see [Note: reads are guarded] in
 - a Python scalar (``int``, ``float``, ``str``, ``None``, a dtype ...): guarded by value;
 - a ``list``/``tuple``/``dict``/``set``: guarded by contents (scalars by value,
   other elements by identity);
-- a library Python module (``torch``, ``math``): a constant, not guarded;
+- a library Python module (``torch``, ``math``): a constant, not guarded, but the
+  attributes read from it are (``torch.relu`` by identity, ``math.pi`` by value);
 - anything else (functions, classes, user modules, objects): guarded by
   identity, and remembered as *long-lived*, so reading its attributes is guarded
   too and writing them is a located error.
@@ -197,8 +198,11 @@ class Reads:
         )
 
     def attr(self, obj: Any, name: str, value: Any, loc: SourceLoc | None) -> None:
+        if _library_module(obj):
+            self._library_attr(obj, name, value)
+            return
         entry = self.stable.get(id(obj))
-        if entry is None or entry[0] is not obj or _library_module(obj):
+        if entry is None or entry[0] is not obj:
             return
         path, iname, owner_place = entry[1], entry[2], entry[3]
         if name in MUTATORS and isinstance(obj, (list, dict, set)):
@@ -224,6 +228,30 @@ class Reads:
             getter,
             value,
             _sub(owner_place, name),
+        )
+
+    def _library_attr(self, mod: types.ModuleType, name: str, value: Any) -> None:
+        """``torch.relu``, ``np.pi``, ``somelib.SETTING``: a library module's attribute is
+        guarded like a global of that module (by value, contents or identity), so a
+        monkeypatched function or a setting computed from the environment is never
+        frozen, in this process or another. Attributes a module makes up on access
+        (``__getattr__``) are not in its namespace and stay constants."""
+        namespace = getattr(mod, "__dict__", None)
+        modname = getattr(mod, "__name__", None)
+        if (
+            not isinstance(namespace, dict)
+            or not isinstance(modname, str)
+            or namespace.get(name, MISSING) is not value
+            or isinstance(value, types.ModuleType)  # a submodule: its own reads are guarded
+        ):
+            return
+        self.read(
+            f"attribute '{modname}.{name}'",
+            f"{modname}.{name}",
+            f"lib.{name}",
+            functools.partial(namespace.get, name, MISSING),
+            value,
+            ("global", modname, name) if sys.modules.get(modname) is mod else None,
         )
 
     def store(self, obj: Any, kind: str, loc: SourceLoc | None) -> None:
@@ -303,6 +331,22 @@ class Reads:
             except ValueError:
                 continue
             self.free(cell, name, value)
+
+
+    def library_code(self, fn: Any) -> None:
+        """A library Python function the trace runs as is (``somelib.scale(x)``): the
+        plain settings of its module that its own code names (``SCALE = float(os.environ
+        ...)``) are guarded by value, so a setting that differs by environment is not
+        reused by a warm start. Deeper reads (functions it calls, objects it reaches)
+        are the installed library's code, keyed by its version, not guarded."""
+        code = getattr(fn, "__code__", None)
+        if not isinstance(code, types.CodeType) or not isinstance(fn, types.FunctionType):
+            return
+        globals_ = fn.__globals__
+        for name in sorted(code.co_names):
+            value = globals_.get(name, MISSING)
+            if value is not MISSING and isinstance(value, _SCALARS):
+                self.glob(globals_, name, value)
 
 
 def _same(obj: Any) -> Any:
