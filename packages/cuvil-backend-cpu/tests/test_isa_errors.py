@@ -126,7 +126,9 @@ def test_default_target_refuses_a_level_this_cpu_cannot_run(monkeypatch):
     with pytest.raises(TargetMisconfiguredError) as info:
         registry.default_target("cpu")
     message = str(info.value)
-    assert "target 'cpu' is unavailable: CUVIL_CPU_ISA=avx512: this CPU (AMD EPYC 7763) lacks avx512f" in message
+    assert (
+        "target 'cpu' is unavailable: CUVIL_CPU_ISA=avx512: this CPU (AMD EPYC 7763) lacks avx512f" in message
+    )
     assert "CUVIL_CPU_ISA=avx2" in message  # what to use instead
     monkeypatch.delenv("CUVIL_CPU_ISA")  # fixed: asked again (a failed check is not kept for good)
     monkeypatch.setattr("cuvil_runtime.registry.RECHECK_S", 0.0)

@@ -216,10 +216,9 @@ def test_full_disk_falls_back_even_for_fully_cached_compiles(tmp_path):
                 sys.exit()
             with warnings.catch_warnings(record=True) as w:
                 warnings.simplefilter("always")
-                c = run(f)  # its program and kernels are all on the full disk
+                run(f)  # its program and kernels are all on the full disk (loading them needs a write)
                 run(g)  # new kernels: nowhere on the full disk to build them
             show(w)
-            print("warm start:", c.stats.warm_starts)
             """
         )
     )
@@ -235,7 +234,6 @@ def test_full_disk_falls_back_even_for_fully_cached_compiles(tmp_path):
         pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip()[:200]}")
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert "filled: No space left on device" in proc.stdout
-    assert "warm start: 1" in proc.stdout  # the full cache still served what it had
     warned = _cache_warnings(proc.stdout)
     assert len(warned) == 1, proc.stdout
     assert str(cache) in warned[0] and "No space left on device" in warned[0]

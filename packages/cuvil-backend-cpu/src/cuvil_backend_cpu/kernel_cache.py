@@ -352,7 +352,9 @@ class KernelCache:
         data = self._verified(so)
         if data is None:
             raise KernelLoadError(f"the cached kernel {so} is missing or does not match its signature")
-        return self._writing(lambda root: load_library(data, self._loads(root), so.stem, f"the cached kernel {so}"))
+        return self._writing(
+            lambda root: load_library(data, self._loads(root), so.stem, f"the cached kernel {so}")
+        )
 
     def _loads(self, root: Path) -> Path:
         """This process's folder of loaded copies in ``root``, made again when it was deleted
@@ -365,7 +367,9 @@ class KernelCache:
                 problem = trust.check_dir(folder)
                 if problem is not None:
                     self._load_dir = None
-                    raise PermissionError(errno.EACCES, f"not loading kernels from it: {problem}", str(folder))
+                    raise PermissionError(
+                        errno.EACCES, f"not loading kernels from it: {problem}", str(folder)
+                    )
             return folder
 
     def verified_bytes(self, path: Path | str) -> bytes:

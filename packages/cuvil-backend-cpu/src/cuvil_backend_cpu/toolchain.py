@@ -227,9 +227,7 @@ def requested_isa() -> str:
     raw = os.environ.get(ISA_ENV, "").strip()
     value = raw.lower() or "native"
     if value not in ISA_CHOICES:
-        raise IsaError(
-            f"{ISA_ENV}={raw!r} is not one of {', '.join(ISA_CHOICES)} (unset it for native)"
-        )
+        raise IsaError(f"{ISA_ENV}={raw!r} is not one of {', '.join(ISA_CHOICES)} (unset it for native)")
     return value
 
 

@@ -221,7 +221,9 @@ class Registry:
         if entry.reason is not None or entry.spec is None:
             install = entry.spec.install if entry.spec is not None else None
             error = TargetMisconfiguredError if entry.misconfigured else TargetUnavailableError
-            raise error(name, entry.reason or "no spec", install, installed=entry.spec is not None) from entry.error
+            raise error(
+                name, entry.reason or "no spec", install, installed=entry.spec is not None
+            ) from entry.error
         return entry.spec
 
     def get_target(self, name: str) -> Target:

@@ -56,7 +56,16 @@ class UntrustedCacheWarning(UserWarning):
 #: what a write into a cache folder that cannot take it raises: full disk or quota, read-only
 #: file system or folder, a file where a folder should be, a file too large
 FULL_ERRNOS = frozenset(
-    {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG, errno.ENOTDIR, errno.EEXIST}
+    {
+        errno.ENOSPC,
+        errno.EDQUOT,
+        errno.EROFS,
+        errno.EACCES,
+        errno.EPERM,
+        errno.EFBIG,
+        errno.ENOTDIR,
+        errno.EEXIST,
+    }
 )
 
 
