@@ -223,3 +223,67 @@ def test_global_tensor_length_across_processes(project: Path) -> None:
     # another process, another value of the global tensor: the stored variant reads it
     # when it runs (a warm start, no capture), and sees the in-place update too
     assert _child(project, "length", FROZEN_N="5")["length"] == [1, 1]
+
+
+# -- item 4: a source file edited on disk after import ---------------------------------------
+
+EDITED = textwrap.dedent(
+    """
+    import torch
+
+    class Base(torch.nn.Module):
+        def forward(self, x):
+            return x + 1
+
+    class Net(Base):
+        def forward(self, x):
+            k = 2.0
+            f = lambda v: v * k  # a closure cell and a nested code object
+            if x.sum() > 0:  # Python control flow on a tensor: needs conversion
+                return f(super().forward(x))
+            return x - 1
+
+    def fn(x):
+        if x.sum() > 0:
+            return x * 2
+        return x - 1
+    """
+)
+
+
+def _import_fresh(tmp_path: Path, name: str, text: str = EDITED) -> Any:
+    import importlib
+
+    (tmp_path / f"{name}.py").write_text(text)
+    sys.path.insert(0, str(tmp_path))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(tmp_path))
+
+
+def test_unedited_source_is_converted(tmp_path: Path) -> None:
+    mod = _import_fresh(tmp_path, "unedited_src")
+    net = mod.Net().eval()
+    compiled = [(cu.compile(f, target="reference", fallback="error"), f) for f in (mod.fn, net)]
+    for cf, eager in compiled:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # no "source changed" warning
+            for x in (X, -X - 1):
+                torch.testing.assert_close(cf(x), eager(x))
+
+
+def test_source_edited_after_import_runs_the_code_in_memory(tmp_path: Path) -> None:
+    # not the text of the test above: code objects compare equal across files, and a
+    # conversion verified for equal code is reused
+    text = EDITED.replace("x - 1", "x - 4")
+    mod = _import_fresh(tmp_path, "edited_src", text)
+    path = tmp_path / "edited_src.py"
+    path.write_text(text.replace("x * 2", "x * 3"))
+    cf = cu.compile(mod.fn, target="reference")
+    with pytest.warns(UserWarning, match="is not the code Python is running"):
+        out = cf(X)
+    # the function is not converted: its tensor `if` cannot be captured, so it runs as
+    # eager does, the code in memory (x * 2), never the text on disk (x * 3)
+    torch.testing.assert_close(out, mod.fn(X))
+    torch.testing.assert_close(out, X * 2)

@@ -25,6 +25,7 @@ import sys
 import sysconfig
 import textwrap
 import types
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -276,6 +277,109 @@ def convert(fn: Any, hooks: Any) -> types.FunctionType:
     return out
 
 
+# [Note: source is verified]
+# The text inspect/linecache return is the file as it is on disk now, which is not the
+# code Python runs when the file was edited after import. Converting that text would
+# compile the new text while eager runs the old code, so the text is first compiled as
+# it stands (no rewriting) and compared with ``fn.__code__`` structurally: bytecode,
+# constants (nested code objects alike), names, variables, argument counts, flags. Line
+# numbers are not compared: an edit elsewhere that keeps the function where it was is
+# harmless. A mismatch is a ConversionError, so the function runs unconverted, as one
+# without source does (its globals and closure variables guarded whole).
+
+#: CO_NESTED: set for a function compiled inside the check's factory, maybe not for the original
+_CO_NESTED = 0x10
+_FUTURE_FLAGS = 0
+for _feature in __import__("__future__").all_feature_names:
+    _FUTURE_FLAGS |= getattr(__import__("__future__"), _feature).compiler_flag
+
+
+def same_code(a: types.CodeType, b: types.CodeType, *, name: bool = True) -> bool:
+    """Do ``a`` and ``b`` do the same thing (see [Note: source is verified])?"""
+    if (
+        a.co_code != b.co_code
+        or (name and a.co_name != b.co_name)
+        or a.co_names != b.co_names
+        or a.co_varnames != b.co_varnames
+        or a.co_freevars != b.co_freevars
+        or a.co_cellvars != b.co_cellvars
+        or (a.co_argcount, a.co_posonlyargcount, a.co_kwonlyargcount)
+        != (b.co_argcount, b.co_posonlyargcount, b.co_kwonlyargcount)
+        or (a.co_flags & ~_CO_NESTED) != (b.co_flags & ~_CO_NESTED)
+        or len(a.co_consts) != len(b.co_consts)
+    ):
+        return False
+    for x, y in zip(a.co_consts, b.co_consts):
+        if isinstance(x, types.CodeType) and isinstance(y, types.CodeType):
+            if not same_code(x, y):
+                return False
+        elif type(x) is not type(y) or repr(x) != repr(y):  # repr: nan, -0.0, nested tuples
+            return False
+    return True
+
+
+def _imported_names(filename: str) -> set[str]:
+    """The names the module in ``filename`` binds by ``import`` in its own scope."""
+    import linecache
+
+    try:
+        tree = ast.parse("".join(linecache.getlines(filename)))
+    except (SyntaxError, ValueError):
+        return set()
+    out: set[str] = set()
+    todo: list[ast.AST] = list(tree.body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            continue
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            out.update((a.asname or a.name).split(".")[0] for a in node.names if a.name != "*")
+        todo.extend(ast.iter_child_nodes(node))
+    return out
+
+
+def _check_source(fn: Any, src: str, first: int) -> None:
+    """Raise ConversionError when ``src`` (dedented, starting at line ``first``) does not
+    compile to the code ``fn`` runs ([Note: source is verified])."""
+    code = fn.__code__
+    tree = ast.parse(src)
+    fdef = tree.body[0]
+    assert isinstance(fdef, (ast.FunctionDef, ast.AsyncFunctionDef))
+    # renamed: inside the factory its own name would be a local, and a recursive call
+    # would compile to a closure read instead of the global read the original does
+    fdef.name = "__cuvil_checked__"
+    # inside a factory whose locals are the free variables, so they stay free variables
+    factory = ast.FunctionDef(
+        name="__cuvil_check__",
+        args=ast.arguments(posonlyargs=[], args=[], kwonlyargs=[], kw_defaults=[], defaults=[]),
+        body=[*[ast.Assign([ast.Name(v, ast.Store())], ast.Constant(None)) for v in code.co_freevars], fdef],
+        decorator_list=[],
+        returns=None,
+    )
+    if sys.version_info >= (3, 12):
+        factory.type_params = []
+    # names the module binds by import: CPython compiles `F.relu(x)` differently for them
+    imports = [ast.Import([ast.alias(n)]) for n in sorted(_imported_names(code.co_filename))]
+    module = ast.Module([*imports, factory], type_ignores=[])
+    ast.increment_lineno(tree, first - 1)
+    ast.fix_missing_locations(module)
+    try:
+        compiled = compile(module, code.co_filename, "exec", flags=code.co_flags & _FUTURE_FLAGS, dont_inherit=True)
+    except (SyntaxError, ValueError) as e:
+        raise ConversionError(f"cannot compile the source of {fn.__qualname__}: {e}") from None
+    outer = next(c for c in compiled.co_consts if isinstance(c, types.CodeType))
+    found = [c for c in outer.co_consts if isinstance(c, types.CodeType) and c.co_name == fdef.name]
+    if not any(same_code(c, code, name=False) for c in found):
+        msg = (
+            f"the source of {fn.__qualname__} in {code.co_filename} (line {code.co_firstlineno}) is not "
+            "the code Python is running: the file changed after it was imported. Cuvil runs the "
+            "function as it is in memory, unconverted (as a function without source: Python "
+            "control flow on tensors is not captured); re-import the module to convert it again"
+        )
+        warnings.warn_explicit(msg, UserWarning, code.co_filename, code.co_firstlineno)
+        raise ConversionError(msg)
+
+
 def _convert_code(fn: Any) -> types.FunctionType:
     try:
         # the code object, not the function: inspect follows a decorator's __wrapped__
@@ -295,6 +399,7 @@ def _convert_code(fn: Any) -> types.FunctionType:
         raise ConversionError(f"{fn.__qualname__} is not defined by a def statement (a lambda?)")
     if isinstance(fdef, ast.AsyncFunctionDef):
         raise ConversionError(f"{fn.__qualname__} is an async function")
+    _check_source(fn, src, first)
     fdef.decorator_list = []
     # Default values come from the original function (``convert`` passes its
     # ``__defaults__``): their expressions may name locals of an enclosing function
