@@ -57,6 +57,7 @@ from cuvil.call_plan import (
     output_leaf,
     rebuild_signature,
     state_slot,
+    validate_call,
 )
 from cuvil.errors import CompileError
 from cuvil.results import unflatten
@@ -381,6 +382,13 @@ class LoadedFunction:
         graph = self._graph(members)
         if graph.hash != manifest.get("audit", {}).get("graph_ir"):
             raise ArtifactError(f"{path} is damaged: its graph does not match the graph hash of its manifest")
+        try:  # every field's type, and inputs/outputs against the program, before any is read
+            validate_call(call, graph, members)
+        except PlanError as e:
+            raise ArtifactError(
+                f"{path} is damaged: call.json does not fit its schema or its program, at {e}; "
+                "it was edited after cu.save wrote it: save it again"
+            ) from None
         files = {n.removeprefix("files/"): b for n, b in members.items() if n.startswith("files/")}
         exported = Exported(members["target.json"], files, manifest["requires"])
         try:
