@@ -287,3 +287,57 @@ def test_source_edited_after_import_runs_the_code_in_memory(tmp_path: Path) -> N
     # eager does, the code in memory (x * 2), never the text on disk (x * 3)
     torch.testing.assert_close(out, mod.fn(X))
     torch.testing.assert_close(out, X * 2)
+
+
+# -- item 9: calls whose result differs on every call ----------------------------------------
+
+
+def _py_random(x: torch.Tensor) -> torch.Tensor:
+    import random
+
+    return x * random.random()
+
+
+def _py_randint(x: torch.Tensor) -> torch.Tensor:
+    import random
+
+    return x[: random.randint(1, 7)]
+
+
+def _np_random(x: torch.Tensor) -> torch.Tensor:
+    return x + float(np.random.rand())
+
+
+def _clock(x: torch.Tensor) -> torch.Tensor:
+    import time
+
+    return x + (time.time() % 1.0)
+
+
+def _new_id(x: torch.Tensor) -> torch.Tensor:
+    import uuid
+
+    return x + uuid.uuid4().int % 7
+
+
+@pytest.mark.parametrize(
+    ("fn", "call"),
+    [
+        (_py_random, "Random.random"),
+        (_py_randint, "Random.randint"),
+        (_np_random, "RandomState.rand"),
+        (_clock, "time"),
+        (_new_id, "uuid4"),
+    ],
+)
+def test_a_call_with_a_new_result_each_call_is_refused(fn: Any, call: str) -> None:
+    cf = cu.compile(fn, target="reference")
+    with pytest.warns(cu.CuvilFallbackWarning, match=f"`{call}`"):
+        a = cf(X)
+    b = cf(X)
+    # eager on every call: the values differ between calls, as eager's do
+    assert not torch.equal(a, b) or fn is _py_randint
+    reason = cf.stats.fallback_reasons[0]
+    assert "would run once" in reason and "test_frozen_values.py:" in reason
+    with pytest.raises(cu.CompileError, match="pass it in"):
+        cu.compile(fn, target="reference", fallback="error")(X)

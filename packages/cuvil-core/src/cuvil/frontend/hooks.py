@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import builtins
 import functools
-import inspect
 import sys
 import types
 import warnings
@@ -23,7 +22,7 @@ import torch
 
 from cuvil import autocast
 from cuvil.errors import CompileError
-from cuvil.frontend import data_sizes
+from cuvil.frontend import data_sizes, impure
 from cuvil.frontend.convert import SITES, ConversionError, convert, is_user_function
 from cuvil.frontend.numbers import number
 from cuvil.frontend.proxy import TensorProxy
@@ -177,12 +176,14 @@ def call(site: int, fn: Any, *args: Any, **kwargs: Any) -> Any:
     if tracer is not None:
         if fn is builtins.print:
             return _print(tracer, site, args, kwargs)
-        if _sets_rng_state(fn):
+        why = impure.refusal(fn)
+        if why is not None:
+            name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", repr(fn))
             raise CompileError(
-                f"`{getattr(fn, '__qualname__', fn)}` inside compiled code would run once, while it "
-                "is captured: later calls would draw other random numbers than eager",
+                f"`{name}` {why[0]}: inside compiled code it would run once, while it is captured, "
+                "and every later call would reuse that result where eager gets a new one",
                 SITES[site].loc,
-                "seed before calling the compiled function",
+                why[1],
             )
         if fn in (builtins.setattr, builtins.delattr) and args:
             tracer.reads.store(args[0], "attribute", SITES[site].loc)
@@ -216,25 +217,6 @@ def call(site: int, fn: Any, *args: Any, **kwargs: Any) -> Any:
         return target(*args, **kwargs)
     finally:
         tracer.depth[code] = depth
-
-
-#: (module, name) of the functions that set the global random state; by name, since
-#: importing torch._dynamo replaces ``torch.manual_seed`` with a wrapper of it
-_RNG_STATE_SETTERS = frozenset(("torch.random", name) for name in ("manual_seed", "seed", "set_rng_state"))
-
-
-def _sets_rng_state(fn: Any) -> bool:
-    """Does calling ``fn`` set a random generator's state (the global one's, or a
-    ``torch.Generator``'s: ``g.manual_seed(0)``)?"""
-    if isinstance(fn, types.FunctionType):
-        fn = inspect.unwrap(fn)
-        return (getattr(fn, "__module__", None), getattr(fn, "__name__", None)) in _RNG_STATE_SETTERS
-    owner = getattr(fn, "__self__", None)
-    return isinstance(owner, torch.Generator) and getattr(fn, "__name__", "") in (
-        "manual_seed",
-        "seed",
-        "set_state",
-    )
 
 
 def _unwrap(fn: Any) -> Any:
