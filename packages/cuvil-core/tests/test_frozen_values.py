@@ -341,3 +341,50 @@ def test_a_call_with_a_new_result_each_call_is_refused(fn: Any, call: str) -> No
     assert "would run once" in reason and "test_frozen_values.py:" in reason
     with pytest.raises(cu.CompileError, match="pass it in"):
         cu.compile(fn, target="reference", fallback="error")(X)
+
+
+def _env_get(x: torch.Tensor) -> torch.Tensor:
+    scale = float(os.environ.get("FROZEN_SCALE", "2"))
+    if "FROZEN_FLAG" in os.environ:
+        return x * scale
+    return x + scale
+
+
+def _env_getenv(x: torch.Tensor) -> torch.Tensor:
+    return x * float(os.getenv("FROZEN_SCALE", "2"))
+
+
+@pytest.mark.parametrize("fn", [_env_get, _env_getenv])
+def test_environment_reads_are_guarded(fn: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("FROZEN_SCALE", raising=False)
+    monkeypatch.delenv("FROZEN_FLAG", raising=False)
+    cf = cu.compile(fn, target="reference", fallback="error")
+    torch.testing.assert_close(cf(X), fn(X))
+    monkeypatch.setenv("FROZEN_SCALE", "5")
+    torch.testing.assert_close(cf(X), fn(X))
+    assert "environment variable 'FROZEN_SCALE' changed: <unset> -> '5'" in cf.stats.recompile_reasons
+    monkeypatch.setenv("FROZEN_FLAG", "1")
+    torch.testing.assert_close(cf(X), fn(X))
+    monkeypatch.delenv("FROZEN_SCALE")
+    monkeypatch.delenv("FROZEN_FLAG")
+    torch.testing.assert_close(cf(X), fn(X))  # the first variant again
+    assert cf.stats.cache_hits >= 1
+
+
+def test_writing_the_environment_is_refused() -> None:
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        os.environ["FROZEN_W"] = "1"
+        return x + 1
+
+    with pytest.raises(cu.CompileError, match="changes os.environ"):
+        cu.compile(fn, target="reference", fallback="error")(X)
+    assert "FROZEN_W" not in os.environ
+
+
+def test_environment_read_across_processes(project: Path) -> None:
+    # the child calls with FROZEN_MODE unset, then set: two variants, both stored
+    assert _child(project, "env", FROZEN_N="3")["env"] == [0, 2]
+    assert _child(project, "env", FROZEN_N="3")["env"] == [2, 2]  # both warm starts, each matching eager
+    # set from the start: the unset variant's guard fails in the new process, so the
+    # first call does not reuse it; the child's checks against eager hold throughout
+    assert _child(project, "env", FROZEN_N="3", FROZEN_MODE="other")["env"][0] <= 1

@@ -40,6 +40,7 @@ _SCALARS = (bool, int, float, str, type(None), torch.dtype, torch.device)
 #   ("closure", name)            a closure cell of the compiled (root) function
 #   ("self", path)               the compiled module, or its submodule at path ("" for itself)
 #   ("attr", place, name)        an attribute of the object at place
+#   ("environ", name)            the environment variable name (unset: MISSING)
 # Reads of anything else (an object argument, a closure cell of a helper) have none,
 # and a variant with such a read is kept in this process only.
 Place = tuple[Any, ...]

@@ -319,6 +319,8 @@ class _Resolver:
             if place[1] not in cells:
                 raise NotStorable(f"no closure variable {place[1]}")
             return functools.partial(getattr, cells[place[1]], "cell_contents")
+        if kind == "environ":  # an environment variable (cuvil/frontend/impure.py)
+            return functools.partial(os.environ.get, place[1], MISSING)
         if kind == "root":  # the compiled function itself
             fn = self.fn
             return lambda: fn

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import builtins
 import functools
+import os
 import sys
 import types
 import warnings
@@ -176,6 +177,8 @@ def call(site: int, fn: Any, *args: Any, **kwargs: Any) -> Any:
     if tracer is not None:
         if fn is builtins.print:
             return _print(tracer, site, args, kwargs)
+        if fn is os.getenv and args:
+            return impure.getenv(tracer.reads, *args, **kwargs)
         why = impure.refusal(fn)
         if why is not None:
             name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", repr(fn))
@@ -234,6 +237,8 @@ def _unwrap(fn: Any) -> Any:
 def glob(name: str, value: Any) -> Any:
     tracer = _tracer()
     if tracer is not None:
+        if value is os.environ:  # each variable read is guarded instead (impure.EnvironReads)
+            return impure.EnvironReads(tracer.reads)
         tracer.reads.glob(sys._getframe(1).f_globals, name, value)
     return value
 
@@ -248,6 +253,8 @@ def free(cells: dict[str, types.CellType], name: str) -> Any:
         ) from None
     tracer = _tracer()
     if tracer is not None:
+        if value is os.environ:
+            return impure.EnvironReads(tracer.reads)
         tracer.reads.free(cell, name, value)
     return value
 
@@ -256,6 +263,8 @@ def attr(obj: Any, name: str) -> Any:
     value = getattr(obj, name)
     tracer = _tracer()
     if tracer is not None and not isinstance(obj, TensorProxy):
+        if value is os.environ:
+            return impure.EnvironReads(tracer.reads)
         tracer.reads.attr(obj, name, value, tracer.source_loc() if name in MUTATORS else None)
     return value
 

@@ -12,13 +12,19 @@ are graph operations that draw anew on every run.
 from __future__ import annotations
 
 import datetime
+import functools
 import inspect
+import os
 import random
 import sys
 import types
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
+
+from cuvil.errors import CompileError
+from cuvil.guards import MISSING, ReadGuard, contents_key, show
 
 _RANDOM = ("draws a random number", "draw it outside and pass it in (a tensor or a Python number)")
 _CLOCK = ("reads the clock", "read the time outside the compiled function and pass it in")
@@ -81,4 +87,79 @@ def refusal(fn: Any) -> tuple[str, str] | None:
     return IMPURE.get(key)  # type: ignore[arg-type]
 
 
-__all__ = ["IMPURE", "refusal"]
+
+
+# -- the environment: read through a view that guards each variable ---------------------------
+
+
+class EnvironReads(Mapping[str, str]):
+    """``os.environ`` as converted code sees it while it is captured: every variable it
+    reads (``get``, ``[]``, ``in``, ``os.getenv``) becomes a guard on that variable's value
+    (unset included), re-read on each call and by a warm start (place ``("environ",
+    name)``), so a changed variable recompiles instead of being frozen at capture."""
+
+    def __init__(self, reads: Any) -> None:
+        self._reads = reads
+
+    def _read(self, key: str) -> Any:
+        value = os.environ.get(key, MISSING)
+        seen = ("environ", key)
+        if seen not in self._reads._seen:
+            self._reads._seen.add(seen)
+            self._reads.guards.append(
+                ReadGuard(
+                    f"environment variable {key!r}",
+                    functools.partial(os.environ.get, key, MISSING),
+                    "value",
+                    value,
+                    show(value),
+                    ("environ", key),
+                )
+            )
+        return value
+
+    def __getitem__(self, key: str) -> str:
+        value = self._read(key)
+        if value is MISSING:
+            raise KeyError(key)
+        return value  # type: ignore[no-any-return]
+
+    def get(self, key: str, default: Any = None) -> Any:  # type: ignore[override]
+        value = self._read(key)
+        return default if value is MISSING else value
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, str) and self._read(key) is not MISSING
+
+    def _whole(self) -> dict[str, str]:
+        env = dict(os.environ)
+        if ("environ", None) not in self._reads._seen:
+            self._reads._seen.add(("environ", None))
+            self._reads.guards.append(
+                ReadGuard("the environment", lambda: dict(os.environ), "contents", contents_key(env), "os.environ")
+            )
+        return env
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._whole())
+
+    def __len__(self) -> int:
+        return len(self._whole())
+
+    def _write(self, *args: Any, **kwargs: Any) -> Any:
+        raise CompileError(
+            "compiled code changes os.environ",
+            None,
+            "Python side effects would run once, at compile time, not on every call; set the "
+            "variable before calling the compiled function",
+        )
+
+    __setitem__ = __delitem__ = setdefault = pop = popitem = update = clear = _write  # type: ignore[assignment]
+
+
+def getenv(reads: Any, key: str, default: Any = None) -> Any:
+    """``os.getenv`` in converted code: a guarded read of the variable."""
+    return EnvironReads(reads).get(key, default)
+
+
+__all__ = ["IMPURE", "EnvironReads", "getenv", "refusal"]
