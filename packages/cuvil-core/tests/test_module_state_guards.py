@@ -206,3 +206,51 @@ def test_across_processes_bert_layer_norm_eps(tmp_path):
     assert a["diff"] < 1e-4
     b = _child(tmp_path, "bert:0.5")
     assert b["diff"] < 1e-4, "layer_norm_eps=0.5 reused the 1e-12 variant"
+
+
+SCALE = 2.0
+
+
+class Scaled(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.l = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.l(x) * SCALE
+
+
+def test_a_hooked_module_forward_is_still_captured_and_guarded():
+    """A hook on the compiled module used to run its forward as is: the globals it read
+    were frozen (found by the staleness fuzzer)."""
+    global SCALE
+    m = Scaled().eval()
+    c = cu.compile(m, target="reference", fallback="error")
+    x = torch.randn(2, 4)
+    handle = m.register_forward_hook(lambda mod, args, out: out + 1)
+    try:
+        with torch.no_grad():
+            torch.testing.assert_close(c(x), m(x))
+            SCALE = -3.0
+            torch.testing.assert_close(c(x), m(x))
+            assert "global 'SCALE'" in c.stats.recompile_reasons[-1]
+    finally:
+        SCALE = 2.0
+        handle.remove()
+
+
+def test_what_a_hook_reads_is_guarded():
+    global SCALE
+    m = _model(lambda: nn.ReLU())
+    c = cu.compile(m, target="reference", fallback="error")
+    x = torch.randn(3, 4)
+    handle = m[1].register_forward_hook(lambda mod, args, out: out * SCALE)
+    try:
+        with torch.no_grad():
+            torch.testing.assert_close(c(x), m(x))
+            SCALE = 7.0
+            torch.testing.assert_close(c(x), m(x))
+    finally:
+        SCALE = 2.0
+        handle.remove()

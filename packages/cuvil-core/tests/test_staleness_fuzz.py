@@ -158,7 +158,7 @@ def write(program: Program, folder: Path, values: dict[str, Any]) -> Path:
 
 
 def load(path: Path) -> Any:
-    name = f"{path.stem}_{uuid.uuid4().hex[:8]}"
+    name = path.stem  # stable across processes: the warm-start key names the class by module
     spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)

@@ -328,16 +328,28 @@ def show(value: Any) -> str:
 class ReadGuards:
     """The read guards of one artifact, checked in order on each call."""
 
-    __slots__ = ("guards",)
+    __slots__ = ("_others", "_states_unchanged", "guards")
 
     def __init__(self, guards: Sequence[ReadGuard]) -> None:
         self.guards = tuple(guards)
+        states = [g for g in self.guards if g.kind == "state"]
+        self._states_unchanged: Callable[[], bool] | None = None
+        self._others = self.guards
+        if states:
+            from cuvil.frontend.object_state import fast_check
+
+            # the module state guards of a whole model as one generated check; only
+            # when it fails are they compared one by one (an equal value rebound)
+            self._states_unchanged = fast_check([(g.getter, g.expected) for g in states])
+            self._others = tuple(g for g in self.guards if g.kind != "state")
 
     def __len__(self) -> int:
         return len(self.guards)
 
     def holds(self) -> bool:
-        for g in self.guards:
+        if self._states_unchanged is not None and not self._states_unchanged():
+            return all(g.holds() for g in self.guards)
+        for g in self._others:
             if not g.holds():
                 return False
         return True

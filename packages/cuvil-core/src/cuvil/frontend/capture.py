@@ -141,12 +141,13 @@ def root_callable(fn: Any, module: torch.nn.Module | None) -> Callable[..., Any]
     """The converted function (or bound forward) to run on proxies."""
     if module is not None:
         forward = type(module).forward
-        if hooks._has_hooks(module) or not is_user_function(forward):
+        if not is_user_function(forward):
             return module
         try:
-            return types.MethodType(convert(forward, hooks), module)
+            converted = types.MethodType(convert(forward, hooks), module)
         except ConversionError:
             return module
+        return hooks.with_hooks(module, converted) if hooks._has_hooks(module) else converted
     if is_user_function(fn):
         try:
             return convert(fn, hooks)

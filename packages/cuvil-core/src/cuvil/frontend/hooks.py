@@ -17,6 +17,7 @@ import os
 import sys
 import types
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -381,10 +382,11 @@ def _converted(fn: Any) -> Any:
             return convert(fn, hooks_module)
         if isinstance(fn, types.MethodType) and is_user_function(fn.__func__):
             return types.MethodType(convert(fn.__func__, hooks_module), fn.__self__)
-        if isinstance(fn, torch.nn.Module) and not _has_hooks(fn):
+        if isinstance(fn, torch.nn.Module):
             forward = type(fn).forward
             if is_user_function(forward):
-                return types.MethodType(convert(forward, hooks_module), fn)
+                converted = types.MethodType(convert(forward, hooks_module), fn)
+                return with_hooks(fn, converted) if _has_hooks(fn) else converted
         if isinstance(fn, types.FunctionType):  # a library function, run as is
             tracer = _tracer()
             if tracer is not None:
@@ -396,6 +398,30 @@ def _converted(fn: Any) -> Any:
         if tracer is not None:
             tracer.reads.code(getattr(fn, "__func__", fn))
     return fn
+
+
+_ABSENT = object()
+
+
+def with_hooks(m: torch.nn.Module, forward: Any) -> Callable[..., Any]:
+    """Call ``m`` as torch does -- its hooks and torch's global hooks around it -- with
+    ``forward`` (the converted forward) in place of its own for this call, so the
+    forward of a hooked module is captured and its reads guarded like any other's
+    (``Module._call_impl`` looks ``self.forward`` up on the instance)."""
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        namespace = m.__dict__
+        before = namespace.get("forward", _ABSENT)
+        namespace["forward"] = forward
+        try:
+            return m(*args, **kwargs)
+        finally:
+            if before is _ABSENT:
+                namespace.pop("forward", None)
+            else:
+                namespace["forward"] = before
+
+    return call
 
 
 def _has_hooks(m: torch.nn.Module) -> bool:

@@ -36,6 +36,7 @@ import enum
 import functools
 import operator
 import types
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -102,10 +103,11 @@ def _has_state(v: Any) -> bool:
 class _Namespace:
     """One mapping's entries at snapshot time: Python values by equality, others by identity."""
 
-    __slots__ = ("d", "eq", "eq_values", "ids", "label", "n")
+    __slots__ = ("d", "eq", "eq_values", "ids", "keys", "label", "n")
 
     def __init__(self, d: dict[Any, Any], keys: list[Any], label: str) -> None:
         self.d = d
+        self.keys = tuple(keys)
         self.label = label
         self.n = len(d)
         eq = [k for k in keys if _plain(d[k])]
@@ -228,6 +230,60 @@ class StateView:
             if not p.holds():
                 return p.changed()
         return "unchanged"
+
+
+def same(obj: Any) -> Any:
+    """The getter of an object held for the whole process (``functools.partial(same, m)``)."""
+    return obj
+
+
+def fast_check(guards: list[tuple[Callable[[], Any], StateView]]) -> Callable[[], bool]:
+    """One function that is True when every ``(getter, view)`` still reads the same
+    object and every walked namespace and sequence holds *the very same* values, as
+    one generated expression: per namespace one tuple comparison of its Python values
+    and a C-level ``map(is_, ...)`` over its objects, ``not d`` for the empty hook
+    dictionaries most modules have. False means "compare exactly"
+    (:meth:`StateView.holds`), which explains nothing away: the two agree on every
+    state, the fast one is only quicker where nothing changed. [Note: module state guards]"""
+    env: dict[str, Any] = {"is_": operator.is_, "all": all, "map": map, "len": len, "tuple": tuple}
+    terms: list[str] = []
+    for i, (getter, view) in enumerate(guards):
+        if not (isinstance(getter, functools.partial) and getter.func is same and getter.args == (view.obj,)):
+            env[f"g{i}"], env[f"o{i}"] = getter, view.obj
+            terms.append(f"g{i}() is o{i}")
+        for j, part in enumerate(view.parts):
+            name = f"p{i}_{j}"
+            if isinstance(part, _Namespace):
+                d = part.d
+                env[name] = d
+                if not d:
+                    terms.append(f"not {name}")
+                    continue
+                if not part.keys:
+                    terms.append(f"len({name}) == {len(d)}")
+                    continue
+                terms.append(f"len({name}) == {len(d)}")
+                plain = [k for k in part.keys if _plain(d[k])]
+                objects = [k for k in part.keys if not _plain(d[k])]
+                if plain:  # one C-level tuple comparison (padded: itemgetter of one key is no tuple)
+                    env[f"{name}p"] = operator.itemgetter(*plain, plain[0])
+                    env[f"{name}pv"] = tuple(d[k] for k in [*plain, plain[0]])
+                    terms.append(f"{name}p({name}) == {name}pv")
+                if objects:
+                    env[f"{name}o"] = operator.itemgetter(*objects, objects[0])
+                    env[f"{name}ov"] = tuple(d[k] for k in [*objects, objects[0]])
+                    terms.append(f"all(map(is_, {name}o({name}), {name}ov))")
+            else:
+                env[name] = part.seq
+                if not part.items:
+                    terms.append(f"not {name}")
+                    continue
+                env[f"{name}v"] = part.items
+                terms.append(f"len({name}) == {len(part.items)} and all(map(is_, tuple({name}), {name}v))")
+    body = " and ".join(terms) or "True"
+    source = f"def state_unchanged():\n    try:\n        return bool({body})\n    except Exception:\n        return False\n"
+    exec(compile(source, "<cuvil state guards>", "exec"), env)  # noqa: S102 -- our own text
+    return env["state_unchanged"]  # type: ignore[no-any-return]
 
 
 def module_keys(m: torch.nn.Module) -> list[str]:

@@ -266,7 +266,9 @@ class Reads:
         )
 
     def add_file(self, code: Any) -> None:
-        if isinstance(code, types.CodeType):
+        # a pseudo-file (``<string>``, a notebook cell) has no text to hash: the code
+        # itself is compared, by its fingerprint, wherever a function is guarded
+        if isinstance(code, types.CodeType) and not code.co_filename.startswith("<"):
             self.files.add(code.co_filename)
 
     # -- the state of the modules the capture ran ------------------------------------
@@ -275,7 +277,7 @@ class Reads:
         tree, modules read from globals, attributes, containers) and its submodules, and
         one per global hook dictionary ([Note: module state guards] in
         :mod:`cuvil.frontend.object_state`). Called once, after the trace."""
-        from cuvil.frontend.object_state import GLOBAL_HOOKS, StateView
+        from cuvil.frontend.object_state import FORWARD_HOOKS, GLOBAL_HOOKS, StateView, same
 
         found: dict[int, tuple[torch.nn.Module, str, Place | None]] = {
             id(obj): (obj, path, place)
@@ -294,12 +296,20 @@ class Reads:
             view = StateView(sub, snapshotted=id(sub) in self.snapshotted)
             self._add(
                 f"state of module '{path}' ({type(sub).__name__})",
-                functools.partial(_same, sub),
+                functools.partial(same, sub),
                 "state",
                 view,
                 sub,
                 place,
             )
+        # hooks run as they are (torch calls them): guard what their code reads, as for
+        # any function without source (a hook scaling by a global)
+        hook_dicts = [getattr(sub, n, None) for sub, _, _ in found.values() for n in FORWARD_HOOKS]
+        hook_dicts += [getattr(torch.nn.modules.module, n, None) for n in GLOBAL_HOOKS]
+        for hooks in hook_dicts:
+            if isinstance(hooks, dict):
+                for hook in list(hooks.values()):
+                    self.code(hook)
         namespace = torch.nn.modules.module
         for name in GLOBAL_HOOKS:
             hooks = getattr(namespace, name, None)
@@ -347,10 +357,6 @@ class Reads:
             value = globals_.get(name, MISSING)
             if value is not MISSING and isinstance(value, _SCALARS):
                 self.glob(globals_, name, value)
-
-
-def _same(obj: Any) -> Any:
-    return obj
 
 
 def _key_name(key: Any) -> str:
