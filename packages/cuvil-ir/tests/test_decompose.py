@@ -69,7 +69,9 @@ def run(nodes: tuple[Node, ...] | list[Node], env: dict[str, Any], hints: dict[s
 
 def test_the_composite_ops_have_cases() -> None:
     covered = {n.op for c in CASES for n in capture(c).emitter.nodes}
-    assert not set(COMPOSITE) - covered, sorted(set(COMPOSITE) - covered)
+    # ops the frontend emits itself are tested where it emits them (test_output_aliasing.py)
+    frontend = {n for n in COMPOSITE if "frontend" in REGISTRY.get(n).traits}
+    assert not set(COMPOSITE) - covered - frontend, sorted(set(COMPOSITE) - covered - frontend)
     assert {"gelu", "softmax", "layer_norm", "rms_norm", "group_norm"} <= set(COMPOSITE)
 
 

@@ -387,10 +387,14 @@ def _store_entry(cf: Any, entry_key: str, c: Any, leaves: list[Any], structure: 
         return "the capture ran a Python side effect (a print) that a warm start would not redo"
     try:
         guards = [_encode_guard(g, g.current()) for g in c.guards.guards]
+        # a pseudo-file (``<string>``, a notebook cell) has no text to hash; a function
+        # from one is still matched by its code's fingerprint (``_describe``)
         files_needed = set(c.files) | {
             g["expected"]["file"]
             for g in guards
-            if isinstance(g["expected"], dict) and g["expected"].get("t") == "function"
+            if isinstance(g["expected"], dict)
+            and g["expected"].get("t") == "function"
+            and not str(g["expected"]["file"]).startswith("<")
         }
         inputs: list[dict[str, Any]] = []
         names = [v.name for v in c.graph.inputs]

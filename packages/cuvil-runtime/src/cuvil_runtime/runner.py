@@ -412,6 +412,9 @@ class ProgramRunner:
                 code = f"{fn}({code}{', ' if kwargs else ''}{kwargs})"
                 if len(node.outputs) > 1:
                     code = f"{code}[{which}]"
+                else:  # a one-piece split (``chunk(2)`` of a size-1 dim) is still a tuple
+                    ns["_one"] = _one
+                    code = f"_one({code})"
             body.append(f"_v{i} = {code}")
             outs[i] = f"_v{i}"
         return outs
@@ -585,6 +588,11 @@ def _zero_division() -> None:
 # row-major buffer (a reshape that merges strided dims, as eager copies), and regions
 # (if/for/while bodies) still copy what they get non-contiguous. A target without the
 # capability, and a loaded ``cu.save`` artifact, copy as before.
+
+
+def _one(result: Any) -> Any:
+    """The single result of a view op, which may return it as a one-element tuple."""
+    return result[0] if isinstance(result, (tuple, list)) else result
 
 
 def _aliases(program: TensorProgram) -> tuple[Any, ...] | None:

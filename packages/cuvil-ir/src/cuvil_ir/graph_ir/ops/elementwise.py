@@ -429,7 +429,9 @@ class Clone(Op):
     """
 
     name = "clone"
-    traits = frozenset({"pure"})
+    #: "frontend": emitted by the frontend, not captured from a torch call, so its tests
+    #: are where it is emitted (cuvil-core's test_output_aliasing.py)
+    traits = frozenset({"pure", "frontend"})
 
     @staticmethod
     def infer(ctx: ShapeContext, x: Type) -> Type:
