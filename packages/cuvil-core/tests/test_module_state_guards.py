@@ -46,6 +46,8 @@ def test_builtin_module_setting_recaptures(name, build, mutate):
         torch.testing.assert_close(c(x), m(x))
         mutate(m[1])
         torch.testing.assert_close(c(x), m(x))
+        longer = torch.randn(7, 4) * 3  # another batch size: the same symbolic variant
+        torch.testing.assert_close(c(longer), m(longer))
     assert c.stats.compiles == 2, c.stats.recompile_reasons
     assert "state" in c.stats.recompile_reasons[-1]
 

@@ -434,9 +434,8 @@ class CompiledFunction:
                 )
                 if wkey is not None:
                     why = warm.store(self, wkey, captured, leaves, key)
-                    note = f"not stored for warm starts: {why}" if why is not None else None
-                    if note is not None and note not in self.stats.notes:
-                        self.stats.notes.append(note)
+                    if why is not None and f"not stored for warm starts: {why}" not in self.stats.notes:
+                        self.stats.notes.append(f"not stored for warm starts: {why}")
             check_capabilities(captured.graph, target.capabilities, target_name)
             executable = _EXECUTABLES.get_or_compile(captured.graph, target, options)
             for note in getattr(executable, "notes", ()):

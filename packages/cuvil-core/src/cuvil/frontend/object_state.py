@@ -259,9 +259,6 @@ def fast_check(guards: list[tuple[Callable[[], Any], StateView]]) -> Callable[[]
                 if not d:
                     terms.append(f"not {name}")
                     continue
-                if not part.keys:
-                    terms.append(f"len({name}) == {len(d)}")
-                    continue
                 terms.append(f"len({name}) == {len(d)}")
                 plain = [k for k in part.keys if _plain(d[k])]
                 objects = [k for k in part.keys if not _plain(d[k])]
@@ -401,7 +398,10 @@ __all__ = [
     "NotStorable",
     "StateView",
     "encode",
+    "fast_check",
     "fingerprint",
+    "module_keys",
     "runs_unconverted",
+    "same",
     "state_json",
 ]
