@@ -163,7 +163,7 @@ CHILD = textwrap.dedent(
     import cuvil as cu
     sys.path.insert(0, sys.argv[1])
     import frozendef as d
-    x = torch.arange(8.0)
+    x = torch.arange(8.0, dtype=torch.float32)
     out = {}
     for name in sys.argv[2].split(","):
         fn = getattr(d, name)
@@ -172,8 +172,10 @@ CHILD = textwrap.dedent(
         want = [fn(x)]
         if name == "length":
             d.N_T.fill_(int(os.environ["FROZEN_N"]) + 1)  # in place, after the first call
-        else:
+        elif name == "env":
             os.environ["FROZEN_MODE"] = "other"
+        else:  # torch's process state: the default dtype, the deterministic flag
+            d.flip()
         got.append(cf(x))
         want.append(fn(x))
         for g, w in zip(got, want):
@@ -197,6 +199,21 @@ DEFS = textwrap.dedent(
         if os.environ.get("FROZEN_MODE", "plain") == "plain":
             return x + 1
         return x * 3
+
+    if os.environ.get("FROZEN_STATE") == "flipped":
+        torch.set_default_dtype(torch.float64)
+        torch.use_deterministic_algorithms(True)
+
+    def flip():
+        flipped = torch.get_default_dtype() is torch.float64
+        torch.set_default_dtype(torch.float32 if flipped else torch.float64)
+        torch.use_deterministic_algorithms(not flipped)
+
+    def state(x):
+        y = x + torch.ones(8)  # float64 under a float64 default dtype
+        if torch.are_deterministic_algorithms_enabled():
+            return y * 3
+        return y - 1
     """
 )
 
@@ -204,11 +221,13 @@ DEFS = textwrap.dedent(
 def _child(project: Path, cases: str, **env: str) -> dict[str, list[int]]:
     full = dict(os.environ, CUVIL_CACHE_DIR=str(project / "cache"), **env)
     full.pop("FROZEN_MODE", None)
+    full.pop("FROZEN_STATE", None)
     full.update(env)
     r = subprocess.run(
         [sys.executable, "-c", CHILD, str(project), cases], env=full, capture_output=True, text=True, timeout=300
     )
     assert r.returncode == 0, r.stderr[-4000:]
+    assert "Traceback" not in r.stderr, r.stderr[-4000:]
     return json.loads(r.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 
@@ -317,7 +336,7 @@ def _clock(x: torch.Tensor) -> torch.Tensor:
 def _new_id(x: torch.Tensor) -> torch.Tensor:
     import uuid
 
-    return x + uuid.uuid4().int % 7
+    return x + uuid.uuid4().int % 1000003  # equal for two calls once in a million
 
 
 @pytest.mark.parametrize(
@@ -388,3 +407,90 @@ def test_environment_read_across_processes(project: Path) -> None:
     # set from the start: the unset variant's guard fails in the new process, so the
     # first call does not reuse it; the child's checks against eager hold throughout
     assert _child(project, "env", FROZEN_N="3", FROZEN_MODE="other")["env"][0] <= 1
+
+
+# -- torch's process state: queries and the default dtype --------------------------------------
+
+
+def _grad_branch(x: torch.Tensor) -> torch.Tensor:
+    if torch.is_grad_enabled():
+        return x + 1
+    return x - 1
+
+
+def _deterministic_branch(x: torch.Tensor) -> torch.Tensor:
+    if torch.are_deterministic_algorithms_enabled():
+        return x * 2
+    return x * 3
+
+
+def _default_dtype_factory(x: torch.Tensor) -> torch.Tensor:
+    return x + torch.ones(8)  # no read in user code: torch's factory reads the default
+
+
+def _default_dtype_read(x: torch.Tensor) -> torch.Tensor:
+    return x.to(torch.get_default_dtype()) * 2
+
+
+def _autocast_query(x: torch.Tensor) -> torch.Tensor:
+    if torch.is_autocast_enabled("cpu"):
+        return x * 5
+    return x + torch.get_num_threads()
+
+
+def _flip_grad() -> None:
+    torch.set_grad_enabled(not torch.is_grad_enabled())
+
+
+def _flip_deterministic() -> None:
+    torch.use_deterministic_algorithms(not torch.are_deterministic_algorithms_enabled())
+
+
+def _flip_dtype() -> None:
+    flipped = torch.get_default_dtype() is torch.float64
+    torch.set_default_dtype(torch.float32 if flipped else torch.float64)
+
+
+def _flip_threads() -> None:
+    torch.set_num_threads(1 if torch.get_num_threads() > 1 else 2)
+
+
+@pytest.mark.parametrize(
+    ("fn", "flip", "reason"),
+    [
+        (_grad_branch, _flip_grad, "torch.is_grad_enabled() changed: True -> False"),
+        (_deterministic_branch, _flip_deterministic, "torch.are_deterministic_algorithms_enabled() changed"),
+        (_default_dtype_factory, _flip_dtype, "torch.get_default_dtype() changed: torch.float32 -> torch.float64"),
+        (_default_dtype_read, _flip_dtype, "torch.get_default_dtype() changed"),
+        (_autocast_query, _flip_threads, "torch.get_num_threads() changed"),
+    ],
+)
+def test_torch_process_state_is_guarded(fn: Any, flip: Any, reason: str) -> None:
+    grad, det, dtype, threads = (
+        torch.is_grad_enabled(),
+        torch.are_deterministic_algorithms_enabled(),
+        torch.get_default_dtype(),
+        torch.get_num_threads(),
+    )
+    try:
+        cf = cu.compile(fn, target="reference", fallback="error")
+        for _ in range(3):  # flipped, then back: the first variant again
+            got, want = cf(X), fn(X)
+            assert got.dtype == want.dtype
+            torch.testing.assert_close(got, want)
+            flip()
+        assert cf.stats.compiles == 2
+        assert any(reason in r for r in cf.stats.recompile_reasons), cf.stats.recompile_reasons
+    finally:
+        torch.set_grad_enabled(grad)
+        torch.use_deterministic_algorithms(det)
+        torch.set_default_dtype(dtype)
+        torch.set_num_threads(threads)
+
+
+def test_torch_process_state_across_processes(project: Path) -> None:
+    # the child flips the state after its first call: both variants are stored
+    assert _child(project, "state", FROZEN_N="3")["state"] == [0, 2]
+    assert _child(project, "state", FROZEN_N="3")["state"] == [2, 2]
+    # a process that starts flipped reuses the flipped variant, never the other
+    assert _child(project, "state", FROZEN_N="3", FROZEN_STATE="flipped")["state"] == [2, 2]

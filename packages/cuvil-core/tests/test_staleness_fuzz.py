@@ -11,6 +11,8 @@ state, comparing every compiled call with eager on the same inputs. The state
 - user globals (a float, a dict entry deciding a branch, a tensor filled in place, a
   tensor whose ``int()`` slices the output), a plain attribute of the model, and which
   of two lambdas defined on one line a global names;
+- torch's process state: the deterministic-algorithms flag a branch asks for, and the
+  default dtype a factory call (``torch.ones``) reads;
 - across processes only: the text of a helper function in the program's file.
 
 A program is written as source text to a file and imported, as a user's would be.
@@ -95,12 +97,17 @@ def draw_program(seed: int) -> Program:
         ("y = y + BIAS", "fill:BIAS", [0.0, 1.0, -2.0]),
         ("y = y * self.k", "plain:k", [1, 3]),
         ("y = helper(y)", "body", [0, 1, 2]),
+        ("y = y * 2.0 if torch.are_deterministic_algorithms_enabled() else y - 0.5", "torch:deterministic", [False, True]),
     ]
     for stmt, knob, values in rng.sample(extras, rng.randint(2, len(extras))):
         values = values[:]
-        rng.shuffle(values)
+        if not knob.startswith("torch:"):  # torch's settings start as the process has them
+            rng.shuffle(values)
         knobs[knob] = values
         body.insert(rng.randint(0, len(body)), stmt)
+    if rng.random() < 0.3:  # a factory reads torch's default dtype (float64: a float64 result)
+        body.append("y = y + torch.ones(FEATURES) * 0.5")
+        knobs["torch:dtype"] = ["float32", "float64"]
     if rng.random() < 0.5:
         body.append("y = y[:, : int(N_T)]")
         knobs["fill:N_T"] = rng.sample([FEATURES, 4, 2], 3)
@@ -201,6 +208,11 @@ class Live:
                     self.handles[knob] = target.register_forward_hook(HOOKS[value])
                 else:
                     self.handles[knob] = target.register_forward_pre_hook(PRE_HOOKS[value])
+        elif kind == "torch":  # torch's process state
+            if rest == "dtype":
+                torch.set_default_dtype(getattr(torch, value))
+            else:
+                torch.use_deterministic_algorithms(value)
         elif kind == "body":
             pass  # the file's text: chosen when it is written
         else:
@@ -210,9 +222,16 @@ class Live:
         for knob, value in sorted(values.items()):
             self.apply(knob, value)
 
+    def close(self) -> None:
+        """Hooks removed, torch's process state as before."""
+        for handle in self.handles.values():
+            handle.remove()
+        torch.set_default_dtype(torch.float32)
+        torch.use_deterministic_algorithms(False)
+
 
 def inputs(seed: int) -> torch.Tensor:
-    return torch.randn(3, FEATURES, generator=torch.Generator().manual_seed(seed)) * 2
+    return torch.randn(3, FEATURES, generator=torch.Generator().manual_seed(seed), dtype=torch.float32) * 2
 
 
 def compare(compiled: Any, model: Any, x: torch.Tensor) -> str | None:
@@ -267,8 +286,7 @@ def run_in_process(program: Program, folder: Path, mutations: int, target: str =
         if why is not None:
             out["findings"].append(f"seed {program.seed} ({target}) after [{', '.join(history)}]: {why}")
             break
-    for handle in live.handles.values():
-        handle.remove()
+    live.close()
     out["recompiles"] = compiled.stats.compiles - 1
     return out
 
@@ -289,6 +307,7 @@ def child_main(batch_file: str) -> None:
         live.setup(item["values"])
         compiled = cu.compile(live.model, target=batch["target"], fallback="error")
         why = compare(compiled, live.model, inputs(item["seed"]))
+        live.close()
         out["programs"] += 1
         out["calls"] += 1
         out["warm_starts"] += compiled.stats.warm_starts

@@ -24,8 +24,19 @@ LIB = textwrap.dedent(
     SCALE = float(os.environ.get("ENVLIB_SCALE", "2.0"))
     OFFSET = float(os.environ.get("ENVLIB_OFFSET", "0.0"))
 
+    DEEP = float(os.environ.get("ENVLIB_DEEP", "1.0"))
+
     def scale(x):
         return x * SCALE
+
+    def _deepest(x):
+        return x * DEEP
+
+    def _middle(x):
+        return _deepest(x) + 1
+
+    def deep(x):
+        return _middle(x) - 1
     """
 )
 
@@ -49,6 +60,9 @@ USER = textwrap.dedent(
 
     def helper(x):
         return HELPER(x) * 2
+
+    def deep(x):
+        return envlib.deep(x) * 2
     """
 )
 
@@ -82,7 +96,7 @@ def dirs(tmp_path):
 
 def _child(root, case, **env):
     full = dict(os.environ, CUVIL_CACHE_DIR=str(root / "cache"), CASE=case, **env)
-    for k in ("ENVLIB_SCALE", "ENVLIB_OFFSET", "PICK", "PATCH_RELU"):
+    for k in ("ENVLIB_SCALE", "ENVLIB_OFFSET", "ENVLIB_DEEP", "PICK", "PATCH_RELU"):
         if k not in env:
             full.pop(k, None)
     r = subprocess.run(
@@ -101,6 +115,7 @@ def _child(root, case, **env):
     [
         ("offset", {}, {"ENVLIB_OFFSET": "5.0"}),  # user code reads the library's setting
         ("scaled", {}, {"ENVLIB_SCALE": "-3.0"}),  # the library function reads it
+        ("deep", {}, {"ENVLIB_DEEP": "4.0"}),  # a library function two calls down reads it
         ("relu", {}, {"PATCH_RELU": "1"}),  # torch.relu monkeypatched in one process
         ("relu", {"PATCH_RELU": "1"}, {}),
         ("helper", {"PICK": "a"}, {"PICK": "b"}),  # two lambdas on one line

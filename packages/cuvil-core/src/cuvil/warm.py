@@ -58,7 +58,7 @@ from cuvil.call_plan import (
     state_slot,
 )
 from cuvil.errors import CompileError
-from cuvil.frontend import object_state
+from cuvil.frontend import impure, object_state
 from cuvil.frontend.object_state import fingerprint
 from cuvil.guards import MISSING, Place, ReadGuard, ReadGuards, contents_key, show, tensor_key
 
@@ -321,6 +321,11 @@ class _Resolver:
             return functools.partial(getattr, cells[place[1]], "cell_contents")
         if kind == "environ":  # an environment variable (cuvil/frontend/impure.py)
             return functools.partial(os.environ.get, place[1], MISSING)
+        if kind == "query":  # a torch setting read by a call (cuvil/frontend/impure.py)
+            read = impure.query_getter(place)
+            if read is None:
+                raise NotStorable(f"no query {place[1]}.{place[2]}")
+            return read
         if kind == "root":  # the compiled function itself
             fn = self.fn
             return lambda: fn

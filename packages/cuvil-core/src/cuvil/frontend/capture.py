@@ -22,7 +22,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from cuvil.errors import CompileError
-from cuvil.frontend import aliasing, arg_objects, hooks, layout
+from cuvil.frontend import aliasing, arg_objects, hooks, impure, layout
 from cuvil.frontend.arg_objects import WriteBack
 from cuvil.frontend.convert import ConversionError, convert, is_user_function
 from cuvil.frontend.numbers import NumberProxy
@@ -217,6 +217,7 @@ def capture(
         before = {path: _Snapshot(node) for path, node in arg_nodes if len(path) == 2}
         target = root_callable(fn, module)
         _guard_defaults(tracer, fn, module)
+        impure.default_dtype(tracer.reads)  # factories and number promotion read it
         tracer.reads.add_file(getattr(getattr(target, "__func__", target), "__code__", None))
         if module is not None:  # its submodule links are guarded by the module snapshot
             for path, sub in module.named_modules():

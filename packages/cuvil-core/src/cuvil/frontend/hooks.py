@@ -180,6 +180,9 @@ def call(site: int, fn: Any, *args: Any, **kwargs: Any) -> Any:
             return _print(tracer, site, args, kwargs)
         if fn is os.getenv and args:
             return impure.getenv(tracer.reads, *args, **kwargs)
+        query = impure.query(fn)
+        if query is not None:  # torch.is_grad_enabled() ...: guarded by its result
+            return impure.guarded_query(tracer.reads, query, fn, args, kwargs)
         why = impure.refusal(fn)
         if why is not None:
             name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", repr(fn))

@@ -162,4 +162,91 @@ def getenv(reads: Any, key: str, default: Any = None) -> Any:
     return EnvironReads(reads).get(key, default)
 
 
-__all__ = ["IMPURE", "EnvironReads", "getenv", "refusal"]
+# -- torch's process state: queries guarded by value -------------------------------------
+
+#: (module, name) of calls that read torch's process-wide settings. Called from
+#: converted code, the result is a Python value that capture freezes into the program
+#: (``if torch.is_grad_enabled():``), so each call becomes a guard on its result: a
+#: changed setting recompiles, here and in a warm start (place ``("query", module,
+#: name, *args)``). torch's default dtype is guarded on every capture, read or not
+#: (:func:`default_dtype`): factory functions and number promotion consult it, also
+#: inside library code.
+QUERIES: frozenset[tuple[str, str]] = frozenset(
+    ("torch", n)
+    for n in (
+        "get_default_dtype",
+        "is_grad_enabled",
+        "is_inference_mode_enabled",
+        "are_deterministic_algorithms_enabled",
+        "is_deterministic_algorithms_warn_only_enabled",
+        "get_deterministic_debug_mode",
+        "get_float32_matmul_precision",
+        "get_num_threads",
+        "get_num_interop_threads",
+        "is_anomaly_enabled",
+        "is_anomaly_check_nan_enabled",
+        "is_autocast_enabled",
+        "get_autocast_dtype",
+        "is_autocast_cache_enabled",
+        "is_warn_always_enabled",
+    )
+)
+
+_PLAIN_ARGS = (str, int, bool, type(None))
+
+
+def query(fn: Any) -> tuple[str, str] | None:
+    """``fn``'s (module, name) when it reads a torch process setting (:data:`QUERIES`)."""
+    if isinstance(fn, types.FunctionType):
+        fn = inspect.unwrap(fn)
+    key = (getattr(fn, "__module__", None), getattr(fn, "__name__", None))
+    return key if key in QUERIES else None  # type: ignore[return-value]
+
+
+def guarded_query(reads: Any, key: tuple[str, str], fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Call the query ``fn`` and guard its result by value (re-read on every call)."""
+    value = fn(*args, **kwargs)
+    plain = not kwargs and all(type(a) in _PLAIN_ARGS for a in args)
+    shown_args = ", ".join(repr(a) for a in args)
+    what = f"{key[0]}.{key[1]}({shown_args})" if plain else f"{key[0]}.{key[1]}(...)"
+    seen = ("query", what)
+    if seen not in reads._seen:
+        reads._seen.add(seen)
+        reads.guards.append(
+            ReadGuard(
+                what,
+                functools.partial(fn, *args, **kwargs),
+                "value",
+                value,
+                show(value),
+                ("query", *key, *args) if plain else None,
+            )
+        )
+    return value
+
+
+def default_dtype(reads: Any) -> None:
+    """Guard torch's default dtype (every capture: see :data:`QUERIES`)."""
+    guarded_query(reads, ("torch", "get_default_dtype"), torch.get_default_dtype, (), {})
+
+
+def query_getter(place: tuple[Any, ...]) -> Any:
+    """A warm start's reader of the query at ``place`` (``("query", module, name, *args)``)."""
+    module, name, *args = place[1:]
+    if (module, name) not in QUERIES:
+        return None
+    fn = getattr(sys.modules.get(module), name, None)
+    return None if fn is None else functools.partial(fn, *args)
+
+
+__all__ = [
+    "IMPURE",
+    "QUERIES",
+    "EnvironReads",
+    "default_dtype",
+    "getenv",
+    "guarded_query",
+    "query",
+    "query_getter",
+    "refusal",
+]

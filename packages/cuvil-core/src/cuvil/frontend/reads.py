@@ -110,6 +110,8 @@ class Reads:
         #: the module snapshot in cuvil/api.py already checks on every call
         self.snapshotted: set[int] = set()
         self._lift_sources = lift_sources
+        #: code of library functions whose settings are guarded -> the fewest calls deep seen
+        self._library_seen: dict[types.CodeType, int] = {}
 
     def long_lived(
         self, obj: Any, path: str, input_name: str | None = None, place: Place | None = None
@@ -343,20 +345,41 @@ class Reads:
             self.free(cell, name, value)
 
 
-    def library_code(self, fn: Any) -> None:
+    def library_code(self, fn: Any, depth: int = 0) -> None:
         """A library Python function the trace runs as is (``somelib.scale(x)``): the
-        plain settings of its module that its own code names (``SCALE = float(os.environ
+        plain settings of its module that its code names (``SCALE = float(os.environ
         ...)``) are guarded by value, so a setting that differs by environment is not
-        reused by a warm start. Deeper reads (functions it calls, objects it reaches)
-        are the installed library's code, keyed by its version, not guarded."""
+        reused by a warm start; so are those of the library's functions it names, to
+        :data:`LIBRARY_DEPTH` calls deep (``scale`` calling ``_impl`` reading ``FACTOR``).
+        Their source files count like user code's (cuvil/warm.py). What library code
+        reaches through objects (a registry dict, a setting behind a getter) is the
+        installed library's behaviour."""
         code = getattr(fn, "__code__", None)
         if not isinstance(code, types.CodeType) or not isinstance(fn, types.FunctionType):
             return
+        if self._library_seen.get(code, LIBRARY_DEPTH + 1) <= depth:
+            return
+        self._library_seen[code] = depth
         globals_ = fn.__globals__
-        for name in sorted(code.co_names):
+        package = str(globals_.get("__name__", "")).partition(".")[0]
+        if package != "torch":  # torch's own files: keyed by its version
+            self.add_file(code)
+        for name in sorted(_names(code)):
             value = globals_.get(name, MISSING)
-            if value is not MISSING and isinstance(value, _SCALARS):
+            if value is MISSING or (name.startswith("__") and name.endswith("__")):
+                continue  # a dunder (``__name__``): fixed with the module
+            if isinstance(value, _SCALARS):
                 self.glob(globals_, name, value)
+            elif (
+                depth < LIBRARY_DEPTH
+                and isinstance(value, types.FunctionType)
+                and str(value.__globals__.get("__name__", "")).partition(".")[0] == package
+            ):
+                self.library_code(value, depth + 1)
+
+
+#: how many calls deep the settings read by library functions run as they are are guarded
+LIBRARY_DEPTH = 3
 
 
 def _key_name(key: Any) -> str:
