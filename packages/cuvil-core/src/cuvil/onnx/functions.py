@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from cuvil_ir.graph_ir.nodes import Node
 
 if TYPE_CHECKING:
-    from cuvil.onnx.export import Exporter
+    from cuvil.onnx.export.exporter import Exporter
 
 
 def custom_domain_node(ex: Exporter, n: Node) -> list[str] | None:

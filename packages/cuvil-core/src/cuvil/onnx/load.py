@@ -25,7 +25,7 @@ import numpy as np
 import sympy
 import torch
 
-from cuvil.onnx.export import _py
+from cuvil.onnx.export.exporter import python_value as _py
 from cuvil_ir.graph_ir.nodes import Block, Graph, Node, Value
 from cuvil_ir.graph_ir.registry import REGISTRY, infer_types, registrar
 from cuvil_ir.graph_ir.types import DType, TensorType, Type
@@ -41,7 +41,7 @@ _ONNX_TO_DTYPE: dict[int, DType] = {}
 
 def to_dtype(elem_type: int) -> DType:
     if not _ONNX_TO_DTYPE:
-        from cuvil.onnx.export import onnx_dtype
+        from cuvil.onnx.export.builder import onnx_dtype
 
         for dt in DType:
             _ONNX_TO_DTYPE[onnx_dtype(dt)] = dt

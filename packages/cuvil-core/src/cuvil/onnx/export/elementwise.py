@@ -1,0 +1,209 @@
+"""Elementwise ops: unary math and activations, binary arithmetic, comparisons, logical
+and bitwise ops, ``where``, ``clamp``, ``cast`` and ``const``.
+
+:data:`UNARY` maps a Cuvil op to the ONNX op that computes it from one input of the
+output dtype; the binary tables likewise for two inputs.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import sympy
+
+from cuvil.onnx.export.builder import ExportError, dtype_of
+from cuvil.onnx.export.exporter import OPS, Exporter, OpFn, attr, out_type, register
+from cuvil_ir.graph_ir.nodes import Node
+from cuvil_ir.graph_ir.types import DType, ScalarType, promote_types
+
+_UNARY = {
+    "abs": "Abs",
+    "neg": "Neg",
+    "exp": "Exp",
+    "log": "Log",
+    "sqrt": "Sqrt",
+    "sin": "Sin",
+    "cos": "Cos",
+    "tan": "Tan",
+    "tanh": "Tanh",
+    "sigmoid": "Sigmoid",
+    "relu": "Relu",
+    "erf": "Erf",
+    "floor": "Floor",
+    "ceil": "Ceil",
+    "reciprocal": "Reciprocal",
+    "sign": "Sign",
+    "atan": "Atan",
+    "hardswish": "HardSwish",
+    "mish": "Mish",
+}
+
+
+def _unary(onnx_op: str) -> OpFn:
+    def fn(ex: Exporter, n: Node) -> Any:
+        return ex.op(onnx_op, [ex.val(n.inputs[0], out_type(n).dtype)])
+
+    return fn
+
+
+for _k, _v in _UNARY.items():
+    OPS[_k] = _unary(_v)
+
+
+def _fconst(ex: Exporter, value: float, dt: DType) -> str:
+    return ex.const(value, dt)
+
+
+@register("rsqrt", "log1p", "expm1", "log2", "square", "trunc", "hardsigmoid")
+def _unary_composite(ex: Exporter, n: Node) -> Any:
+    """Primitives ONNX spells with a few nodes (and its native HardSigmoid)."""
+    dt = out_type(n).dtype
+    x = ex.val(n.inputs[0], dt)
+    if n.op == "rsqrt":
+        return ex.op("Reciprocal", [ex.op("Sqrt", [x])])
+    if n.op == "log1p":
+        return ex.op("Log", [ex.op("Add", [x, _fconst(ex, 1.0, dt)])])
+    if n.op == "expm1":
+        return ex.op("Sub", [ex.op("Exp", [x]), _fconst(ex, 1.0, dt)])
+    if n.op == "log2":
+        return ex.op("Div", [ex.op("Log", [x]), _fconst(ex, math.log(2.0), dt)])
+    if n.op == "square":
+        return ex.op("Mul", [x, x])
+    if n.op == "trunc":
+        if not dt.is_floating:
+            return ex.op("Identity", [x])
+        neg = ex.op("Less", [x, _fconst(ex, 0.0, dt)])
+        return ex.op("Where", [neg, ex.op("Ceil", [x]), ex.op("Floor", [x])])
+    return ex.op("HardSigmoid", [x], alpha=1.0 / 6.0, beta=0.5)
+
+
+@register("gelu")
+def _gelu(ex: Exporter, n: Node) -> Any:
+    if ex.opset < 20:
+        return None  # no Gelu before opset 20: the decomposition
+    return ex.op("Gelu", [ex.val(n.inputs[0], out_type(n).dtype)], approximate=str(attr(n, "approximate")))
+
+
+@register("leaky_relu")
+def _leaky(ex: Exporter, n: Node) -> Any:
+    return ex.op("LeakyRelu", [ex.val(n.inputs[0], out_type(n).dtype)], alpha=float(attr(n, "negative_slope")))
+
+
+@register("elu")
+def _elu(ex: Exporter, n: Node) -> Any:
+    return ex.op("Elu", [ex.val(n.inputs[0], out_type(n).dtype)], alpha=float(attr(n, "alpha")))
+
+
+@register("round")
+def _round(ex: Exporter, n: Node) -> Any:
+    dt = out_type(n).dtype
+    x = ex.val(n.inputs[0], dt)
+    d = int(attr(n, "decimals") or 0)
+    if d == 0:
+        return ex.op("Round", [x])
+    s = _fconst(ex, 10.0**d, dt)
+    return ex.op("Div", [ex.op("Round", [ex.op("Mul", [x, s])]), s])
+
+
+_ARITH = {
+    "add": "Add",
+    "sub": "Sub",
+    "mul": "Mul",
+    "div": "Div",
+    "pow": "Pow",
+    "maximum": "Max",
+    "minimum": "Min",
+}
+_CMP = {"eq": "Equal", "lt": "Less", "le": "LessOrEqual", "gt": "Greater", "ge": "GreaterOrEqual"}
+_LOGICAL = {"logical_and": "And", "logical_or": "Or", "logical_xor": "Xor"}
+_BITWISE = {
+    "bitwise_and": ("BitwiseAnd", "And"),
+    "bitwise_or": ("BitwiseOr", "Or"),
+    "bitwise_xor": ("BitwiseXor", "Xor"),
+}
+
+
+@register(*_ARITH, *_CMP, "ne", *_LOGICAL, *_BITWISE, "floor_divide", "remainder", "fmod", "atan2")
+def _binary(ex: Exporter, n: Node) -> Any:
+    a, b = n.inputs
+    out = out_type(n).dtype
+    if n.op in _ARITH:
+        if n.op == "pow" and isinstance(b.type, ScalarType) and out.is_floating:
+            return ex.op("Pow", [ex.val(a, out), ex.val(b, DType.f32 if out != DType.f64 else DType.f64)])
+        return ex.op(_ARITH[n.op], [ex.val(a, out), ex.val(b, out)])
+    if n.op in _CMP or n.op == "ne":
+        ct = promote_types(a.type, b.type)
+        if n.op == "ne":
+            return ex.op("Not", [ex.op("Equal", [ex.val(a, ct), ex.val(b, ct)])])
+        return ex.op(_CMP[n.op], [ex.val(a, ct), ex.val(b, ct)])
+    if n.op in _LOGICAL:
+        return ex.op(_LOGICAL[n.op], [ex.val(a, DType.bool), ex.val(b, DType.bool)])
+    if n.op in _BITWISE:
+        bit, logical = _BITWISE[n.op]
+        return ex.op(logical if out == DType.bool else bit, [ex.val(a, out), ex.val(b, out)])
+    x, y = ex.val(a, out), ex.val(b, out)
+    if n.op == "fmod":
+        return ex.op("Mod", [x, y], fmod=1)
+    if n.op == "atan2":
+        raise ExportError("atan2 has no ONNX translation")
+    if out.is_floating:
+        q = ex.op("Floor", [ex.op("Div", [x, y])])
+        if n.op == "floor_divide":
+            return q
+        return ex.op("Sub", [x, ex.op("Mul", [q, y])])
+    if n.op == "remainder":
+        return ex.op("Mod", [x, y], fmod=0)
+    # integer floor division: (x - mod(x, y)) / y is exact
+    return ex.op("Div", [ex.op("Sub", [x, ex.op("Mod", [x, y], fmod=0)]), y])
+
+
+@register("logical_not")
+def _lnot(ex: Exporter, n: Node) -> Any:
+    return ex.op("Not", [ex.val(n.inputs[0], DType.bool)])
+
+
+@register("bitwise_not")
+def _bnot(ex: Exporter, n: Node) -> Any:
+    dt = out_type(n).dtype
+    return ex.op("Not" if dt == DType.bool else "BitwiseNot", [ex.val(n.inputs[0], dt)])
+
+
+@register("where")
+def _where(ex: Exporter, n: Node) -> Any:
+    c, a, b = n.inputs
+    dt = out_type(n).dtype
+    return ex.op("Where", [ex.val(c, DType.bool), ex.val(a, dt), ex.val(b, dt)])
+
+
+@register("clamp")
+def _clamp(ex: Exporter, n: Node) -> Any:
+    dt = out_type(n).dtype
+    lo, hi = attr(n, "min"), attr(n, "max")
+    args = [ex.val(n.inputs[0], dt)]
+    args.append("" if lo is None else ex.const(lo, dt))
+    args.append("" if hi is None else ex.const(hi, dt))
+    while args[-1] == "":
+        args.pop()
+    return ex.op("Clip", args)
+
+
+@register("cast")
+def _cast(ex: Exporter, n: Node) -> Any:
+    return ex.op("Identity", [ex.val(n.inputs[0], out_type(n).dtype)])
+
+
+@register("const")
+def _const(ex: Exporter, n: Node) -> Any:
+    value = attr(n, "value")
+    t = n.outputs[0].type
+    dt = dtype_of(t)
+    if isinstance(value, sympy.Basic) and value.free_symbols:
+        return ex.scalar_expr(value, dt)
+    if isinstance(value, sympy.Basic):
+        value = bool(value) if dt == DType.bool else (int(value) if dt.is_integer else float(value))
+    name = ex.const(value, dt)
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        ex.numbers[name] = float(value)
+    return name
+

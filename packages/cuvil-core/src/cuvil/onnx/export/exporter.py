@@ -1,0 +1,163 @@
+"""The Graph IR walk: :class:`Exporter` gives each Graph IR value an ONNX name and writes
+each node through the op table :data:`OPS` (filled by the op-family modules of this
+package), or as its decomposition when the table has no entry for it.
+
+Handlers take ``(exporter, node)`` and return the ONNX name(s) of the node's outputs, or
+``None`` for "no native form here: use the decomposition". Python scalars
+(``Scalar[...]``) are 0-d tensors (int64, double, bool), cast to the operand dtype at each
+use (:meth:`Exporter.val`), as torch's weak-scalar promotion does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import sympy
+
+from cuvil.onnx.export.builder import OPSET, ExportError, Scope, dtype_of, onnx_dtype
+from cuvil.onnx.export.sizes import SizeExprs
+from cuvil.onnx.functions import custom_domain_node
+from cuvil_ir.graph_ir.decompose import NotDecomposed, expand, uses_decomposition
+from cuvil_ir.graph_ir.nodes import Node, Value
+from cuvil_ir.graph_ir.registry import REGISTRY, registrar
+from cuvil_ir.graph_ir.types import DType, ScalarType, TensorType, Type
+from cuvil_ir.symbolic import expr_str
+
+
+class Exporter(SizeExprs):
+    """Graph IR nodes written as ONNX nodes; ``env`` maps each Graph IR value to its ONNX name."""
+
+    def __init__(self, opset: int = OPSET) -> None:
+        super().__init__(opset)
+        self.env: dict[Value, str] = {}
+        #: symbols the graph's assumptions pin to a value
+        self.known: dict[sympy.Symbol, int] = {}
+        #: the graph's assumptions (decompositions infer their types under them)
+        self.assumptions: tuple[sympy.Basic, ...] = ()
+        #: ONNX value -> the Python number of a ``const`` node it holds, so that a use in
+        #: float arithmetic gets a constant of its dtype rather than a ``Cast``
+        self.numbers: dict[str, float] = {}
+        #: custom ops as custom-domain nodes and functions (:mod:`cuvil.onnx.functions`)
+        self.custom_domain = False
+        #: (domain, name, overload) -> FunctionProto
+        self.functions: dict[tuple[str, str, str], Any] = {}
+
+    # -- values -----------------------------------------------------------------------
+    def val(self, v: Value, dst: DType | None = None) -> str:
+        name = self.env[v]
+        if dst is None:
+            return name
+        if name in self.numbers and dst in (DType.f32, DType.f64) and dtype_of(v.type) != dst:
+            return self.const(self.numbers[name], dst)
+        return self.cast(name, dtype_of(v.type), dst)
+
+    # -- graphs -----------------------------------------------------------------------
+    def value_info(self, name: str, t: Type, *, shapes: bool = True) -> Any:
+        helper = self.onnx.helper
+        if isinstance(t, ScalarType):
+            return helper.make_tensor_value_info(name, onnx_dtype(dtype_of(t)), [])
+        dims: list[Any] = []
+        for d in t.shape:
+            if isinstance(d, sympy.Basic) and self.known:
+                d = sympy.sympify(d.xreplace(self.known))
+                d = int(d) if d.is_Integer else d
+            if not shapes:
+                dims.append(None)
+            elif isinstance(d, int):
+                dims.append(d)
+            elif isinstance(d, sympy.Symbol):
+                dims.append(d.name)
+            else:
+                dims.append(expr_str(d))
+        return helper.make_tensor_value_info(name, onnx_dtype(t.dtype), dims)
+
+    def block(self, nodes: Sequence[Node]) -> None:
+        for n in nodes:
+            fn = OPS.get(n.op)
+            outs = None
+            if self.custom_domain and n.op in REGISTRY and "composite" in REGISTRY.get(n.op).traits:
+                outs = custom_domain_node(self, n)  # None: its body is not closed, inline it
+            elif fn is not None:
+                try:
+                    outs = fn(self, n)  # None: no native form here, use the decomposition
+                except ExportError:
+                    raise
+                except Exception as e:
+                    raise ExportError(f"exporting {n.op}{f' at {n.loc}' if n.loc else ''}: {e}") from e
+            if outs is None:
+                outs = self.decomposed(n)
+            if isinstance(outs, str):
+                outs = [outs]
+            for v, name in zip(n.outputs, outs):
+                self.env[v] = name
+
+    def decomposed(self, n: Node) -> list[str]:
+        """``n`` exported as its decomposition's primitives (see
+        :mod:`cuvil_ir.graph_ir.decompose`), or an :class:`ExportError` naming the op and
+        the reason its declaration gives."""
+        where = f" (at {n.loc})" if n.loc else ""
+        if not uses_decomposition(n.op, "onnx", native=False):
+            extra = f" {attr(n, 'target')}" if n.op == "extern" else ""
+            reason = REGISTRY.get(n.op).extern_reasons.get("onnx") if n.op in REGISTRY else None
+            why = f": {reason}" if reason else ""
+            raise ExportError(f"Graph IR op {n.op!r}{extra}{where} has no ONNX translation{why}")
+        try:
+            ex = expand(n, self.assumptions)
+        except NotDecomposed as e:
+            raise ExportError(f"exporting {n.op}{where}: {e}") from e
+        self.block(ex.nodes)
+        return [self.env[v] for v in ex.outputs]
+
+    def subgraph(
+        self, name: str, inputs: Sequence[tuple[str, Type]], body: Callable[[], Sequence[tuple[str, Type]]]
+    ) -> Any:
+        parent = self.scope
+        self.scope = Scope(parent)
+        try:
+            results = body()
+            outs = []
+            for r, t in results:
+                o = self.op("Identity", [r])
+                outs.append(self.value_info(o, t, shapes=False))
+            ins = [self.value_info(n, t, shapes=False) for n, t in inputs]
+            return self.onnx.helper.make_graph(self.scope.nodes, name, ins, outs)
+        finally:
+            self.scope = parent
+
+
+# -- the op table ------------------------------------------------------------------------
+OpFn = Callable[[Exporter, Node], Any]
+OPS: dict[str, OpFn] = {}
+
+#: ``@register("add", "sub")`` puts a handler in :data:`OPS`
+register = registrar(OPS)
+
+
+def attr(n: Node, name: str) -> Any:
+    """An attribute of ``n`` (typed loosely: each op's schema says what it holds)."""
+    return n.attr(name)
+
+
+def out_type(n: Node) -> TensorType:
+    t = n.outputs[0].type
+    assert isinstance(t, TensorType)
+    return t
+
+
+def tensor_of(v: Value) -> TensorType:
+    t = v.type
+    if not isinstance(t, TensorType):
+        raise ExportError(f"expected a tensor, got {t}")
+    return t
+
+
+def python_value(value: Any, dt: DType) -> Any:
+    if dt == DType.bool:
+        return bool(value)
+    if dt.is_integer:
+        return int(value)
+    return float(value)
+
+
+__all__ = ["OPS", "Exporter", "OpFn", "attr", "out_type", "python_value", "register", "tensor_of"]
