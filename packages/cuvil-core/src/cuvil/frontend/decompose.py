@@ -74,11 +74,6 @@ _SKIP = frozenset(
 )
 
 
-#: the calls being decomposed (innermost last): a reference that calls itself again
-#: (through a primitive spelled as the call) gets the extern path there
-_ACTIVE: list[Any] = []
-
-
 @functools.cache
 def _references() -> dict[Any, Callable[..., Any]]:
     from torch._prims.context import torch_to_refs_map
@@ -264,7 +259,7 @@ def layout(tracer: Tracer, func: Any, args: tuple[Any, ...], kwargs: dict[str, A
     references ask only to give their result eager's layout (``copy_strided`` when it
     differs), and Graph IR values have no layout. User code asking gets the answer of
     :mod:`cuvil.frontend.metadata`; this one is never seen outside a reference."""
-    if not _ACTIVE or func is not torch.Tensor.stride or not args or not isinstance(args[0], TensorProxy):
+    if not tracer.decomposing or func is not torch.Tensor.stride or not args or not isinstance(args[0], TensorProxy):
         return NotImplemented
     shape = args[0].shape
     strides: list[Any] = []
@@ -291,56 +286,33 @@ def attempt(tracer: Tracer) -> Iterator[Attempt]:
     """Record on ``tracer`` tentatively: unless :meth:`Attempt.keep` is called inside the
     block and what it recorded is declared ops only, everything recorded is rolled back
     and an exception raised inside (``Exception``, not interrupts) is swallowed; see
-    [Note: decompositions]. Size facts learnt stay
-    learnt, ours and torch's ``ShapeEnv``'s alike: they hold for the example sizes,
-    so the most they cost is a narrower artifact, and the two must not drift apart
-    (a fact torch keeps and the graph forgot would be an unchecked assumption)."""
-    ctx = tracer.ctx
-    n_nodes, n_inputs, n_lifted = len(tracer.nodes), len(tracer.inputs), len(tracer.lifted)
-    consts, lifted_ids, names = dict(tracer._consts), dict(tracer._lifted_ids), set(tracer._names)
-    seen_data_sizes, data_symbols = set(tracer.seen_data_sizes), set(ctx.data_symbols)
-    hints = dict(ctx.hints) if ctx.hints is not None else None
+    [Note: decompositions]. What a rollback restores, and what it leaves (size facts
+    learnt stay learnt), is :meth:`Tracer.checkpoint`'s ([Note: tracer checkpoints])."""
+    before = tracer.checkpoint()
     recording = Attempt()
     try:
         yield recording
     except Exception:
         recording.kept = False
     if recording.kept:
-        declared = all(n.op != "extern" for n in tracer.nodes[n_nodes:])
-        recording.kept = declared and tracer.seen_data_sizes == seen_data_sizes
-    if recording.kept:
-        return
-    # in place: a region being recorded holds these very objects (Tracer.region)
-    del tracer.nodes[n_nodes:]
-    del tracer.inputs[n_inputs:]
-    del tracer.lifted[n_lifted:]
-    for now, before in (
-        (tracer._consts, consts),
-        (tracer._lifted_ids, lifted_ids),
-        (tracer._names, names),
-        (tracer.seen_data_sizes, seen_data_sizes),
-        (ctx.data_symbols, data_symbols),
-        (ctx.hints, hints),
-    ):
-        _restore(now, before)
-
-
-def _restore(now: Any, before: Any) -> None:
-    if now is not None and before is not None:
-        now.clear()
-        now.update(before)
+        declared = all(n.op != "extern" for n in tracer.recorded_since(before))
+        recording.kept = declared and tracer.seen_data_sizes == before.seen_data_sizes
+    if not recording.kept:
+        tracer.rollback(before)
 
 
 def decompose(tracer: Tracer, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """``func(*args, **kwargs)`` recorded as the declared ops its reference calls, or
     ``NotImplemented`` (and nothing recorded) when it cannot be; see [Note: decompositions]."""
     impl = implementation(func)
-    if impl is None or func in _ACTIVE:
+    # the calls this compile is decomposing: a reference that calls itself again (through
+    # a primitive spelled as the call) gets the extern path there
+    if impl is None or func in tracer.decomposing:
         return NotImplemented
     operands = [x for x in pytree.tree_leaves((args, kwargs)) if isinstance(x, TensorProxy)]
     values = [x._cuvil_value for x in operands]
     kept = False
-    _ACTIVE.append(func)
+    tracer.decomposing.append(func)
     try:
         with attempt(tracer) as recording:
             with tracer.mode():  # the handler runs with the tracer's mode popped
@@ -352,7 +324,7 @@ def decompose(tracer: Tracer, func: Any, args: tuple[Any, ...], kwargs: dict[str
                 recording.keep()
         kept = recording.kept
     finally:
-        _ACTIVE.pop()
+        tracer.decomposing.pop()
         if not kept:
             for x, v in zip(operands, values):
                 x._cuvil_value = v

@@ -30,7 +30,6 @@ layout). See [Note: layout queries].
 
 from __future__ import annotations
 
-import sys
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -42,7 +41,7 @@ from cuvil.frontend import data_sizes
 from cuvil.frontend.proxy import TensorProxy
 
 if TYPE_CHECKING:
-    from cuvil.frontend.tracer import Tracer
+    from cuvil.frontend.tracer import LayoutGuard, Tracer
 
 HINT = (
     "call .contiguous() first (its result is contiguous, whatever the input), or ask "
@@ -100,8 +99,8 @@ def contiguous(tracer: Tracer, p: TensorProxy, memory_format: Any = None) -> Ten
     """``x.contiguous()``: the same value, as a new proxy (eager returns ``x`` itself or
     a contiguous copy; the new proxy is contiguous in either case, while ``x`` keeps its
     layout). An alias of ``x`` for in-place updates (see [Note: layout queries])."""
-    if _inside_reference():
-        return p  # Graph IR values have no layout (cuvil/frontend/decompose.py)
+    if tracer.decomposing:
+        return p  # inside a reference: Graph IR values have no layout (cuvil/frontend/decompose.py)
     out = type(p)(tracer, p._cuvil_value)
     out._cuvil_is_input = p._cuvil_is_input
     base = p if p._cuvil_base is None else p._cuvil_base
@@ -112,8 +111,8 @@ def contiguous(tracer: Tracer, p: TensorProxy, memory_format: Any = None) -> Ten
 
 def is_contiguous(tracer: Tracer, p: TensorProxy, memory_format: Any = torch.contiguous_format) -> bool:
     """Eager's ``p.is_contiguous(memory_format)``; see [Note: layout queries]."""
-    if _inside_reference():
-        # a reference run by cuvil/frontend/decompose.py: Graph IR values are contiguous
+    if tracer.decomposing:
+        # inside a reference run by cuvil/frontend/decompose.py: Graph IR values are contiguous
         # there, as its `x.stride()` answers
         return True
     if p.ir_type.rank == 0 and memory_format in (torch.contiguous_format, torch.preserve_format):
@@ -129,23 +128,17 @@ def is_contiguous(tracer: Tracer, p: TensorProxy, memory_format: Any = torch.con
         answer = bool(fake.is_contiguous(memory_format=memory_format))
     # the sizes the answer (and the replay) depended on become assumptions, located here
     tracer.sync(f"{loc}: is_contiguous()" if loc else "is_contiguous()")
-    guards = tracer.__dict__.setdefault("_cuvil_layout_guards", {})
-    guards.update(args)
+    tracer.layout_guards.update(args)
     return answer
 
 
-def guards(tracer: Tracer) -> tuple[tuple[int, tuple[int, ...], str], ...]:
+def guards(tracer: Tracer) -> tuple[LayoutGuard, ...]:
     """The layout guards answers needed: (argument leaf, dim order, name), by leaf."""
-    found = tracer.__dict__.get("_cuvil_layout_guards", {})
+    found = tracer.layout_guards
     return tuple(found[k] for k in sorted(found))
 
 
-def _inside_reference() -> bool:
-    decompose = sys.modules.get("cuvil.frontend.decompose")
-    return bool(getattr(decompose, "_ACTIVE", None))
-
-
-def _fake(tracer: Tracer, p: TensorProxy) -> tuple[Any, dict[int, tuple[int, tuple[int, ...], str]]]:
+def _fake(tracer: Tracer, p: TensorProxy) -> tuple[Any, dict[int, LayoutGuard]]:
     """A fake tensor with eager's layout for ``p``, and the argument layouts it used."""
     memo = p.__dict__.get("_cuvil_fake")
     if memo is not None:
@@ -168,7 +161,7 @@ def _fake(tracer: Tracer, p: TensorProxy) -> tuple[Any, dict[int, tuple[int, tup
     return out
 
 
-def _argument_fake(tracer: Tracer, p: TensorProxy) -> tuple[Any, dict[int, tuple[int, tuple[int, ...], str]]]:
+def _argument_fake(tracer: Tracer, p: TensorProxy) -> tuple[Any, dict[int, LayoutGuard]]:
     leaf, name, shape, stride = p._cuvil_argument  # type: ignore[attr-defined]
     # the dim order, outermost first (a contiguous example: the identity, whatever the
     # strides of its size-1 dims)
@@ -195,10 +188,10 @@ def _argument_fake(tracer: Tracer, p: TensorProxy) -> tuple[Any, dict[int, tuple
 
 def _replay(
     tracer: Tracer, func: Any, args: Any, kwargs: Any, index: int
-) -> tuple[Any, dict[int, tuple[int, tuple[int, ...], str]]]:
+) -> tuple[Any, dict[int, LayoutGuard]]:
     from torch._dispatch.python import enable_python_dispatcher
 
-    used: dict[int, tuple[int, tuple[int, ...], str]] = {}
+    used: dict[int, LayoutGuard] = {}
 
     def fake_of(x: Any) -> Any:
         if isinstance(x, TensorProxy):

@@ -109,6 +109,40 @@ class Lifted:
     place: tuple[Any, ...] | None = None
 
 
+#: a layout guard (cuvil/frontend/layout.py): (argument leaf, dim order, argument name)
+LayoutGuard = tuple[int, tuple[int, ...], str]
+
+
+# [Note: tracer checkpoints]
+# A decomposition is recorded tentatively (cuvil/frontend/decompose.py, `attempt`) and
+# forgotten when it needs something undeclared. `Tracer.checkpoint` is the one place
+# that knows what forgetting means; `rollback` restores it in place. Left as they are,
+# on purpose: the value counter (names are never reused, so the names of later values,
+# and the goldens, do not depend on whether an attempt was kept), the region of each
+# value (a forgotten value is never looked up), tensors kept alive, reads (a guard too
+# many costs a recompile at most) and size assumptions, ours and torch's `ShapeEnv`'s
+# alike (they hold for the example sizes; a fact torch keeps and the graph forgot
+# would be an unchecked assumption). A checkpoint is rolled back in the block it was
+# taken in: an attempt opens and closes its regions inside itself.
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    """The recording state at :meth:`Tracer.checkpoint`: lengths of what only grows,
+    copies of what may change."""
+
+    nodes: int
+    inputs: int
+    lifted: int
+    consts: dict[tuple[type, Any], Value]
+    lifted_ids: dict[int, TensorProxy]
+    names: frozenset[str]
+    seen_data_sizes: frozenset[sympy.Symbol]
+    data_symbols: frozenset[sympy.Symbol]
+    hints: dict[sympy.Symbol, int] | None
+    layout_guards: dict[int, LayoutGuard]
+
+
 class _Mode(TorchFunctionMode):
     def __init__(self, tracer: Tracer) -> None:
         super().__init__()
@@ -152,6 +186,50 @@ class Tracer:
         self.seen_data_sizes: set[sympy.Symbol] = set()
         #: captured loops so far (each binds its own index symbol)
         self.loops = 0
+        #: the undeclared calls being decomposed on this tracer, innermost last
+        #: (cuvil/frontend/decompose.py); per compile, as two threads may trace at once
+        self.decomposing: list[Any] = []
+        #: the layout guards ``is_contiguous()`` answers needed, by argument leaf
+        #: (cuvil/frontend/layout.py)
+        self.layout_guards: dict[int, LayoutGuard] = {}
+
+    # -- tentative recording ---------------------------------------------------
+    def checkpoint(self) -> Checkpoint:
+        """What :meth:`rollback` needs to forget everything recorded after this call."""
+        hints = self.ctx.hints
+        return Checkpoint(
+            len(self.nodes),
+            len(self.inputs),
+            len(self.lifted),
+            dict(self._consts),
+            dict(self._lifted_ids),
+            frozenset(self._names),
+            frozenset(self.seen_data_sizes),
+            frozenset(self.ctx.data_symbols),
+            dict(hints) if hints is not None else None,
+            dict(self.layout_guards),
+        )
+
+    def recorded_since(self, cp: Checkpoint) -> Sequence[Node]:
+        """The nodes recorded (in the current block) since checkpoint ``cp``."""
+        return self.nodes[cp.nodes :]
+
+    def rollback(self, cp: Checkpoint) -> None:
+        """Forget what was recorded since ``cp`` (taken in the same block): nodes, inputs
+        and lifted tensors, constants, input names, data-dependent size symbols, size
+        hints and layout guards are as they were. See [Note: tracer checkpoints]."""
+        # in place: a region being recorded holds these very objects (Tracer.region)
+        del self.nodes[cp.nodes :]
+        del self.inputs[cp.inputs :]
+        del self.lifted[cp.lifted :]
+        _restore(self._consts, cp.consts)
+        _restore(self._lifted_ids, cp.lifted_ids)
+        _restore(self._names, cp.names)
+        _restore(self.seen_data_sizes, cp.seen_data_sizes)
+        _restore(self.ctx.data_symbols, cp.data_symbols)
+        if self.ctx.hints is not None and cp.hints is not None:
+            _restore(self.ctx.hints, cp.hints)
+        _restore(self.layout_guards, cp.layout_guards)
 
     # -- values --------------------------------------------------------------
     def _fresh(self, t: Type) -> Value:
@@ -670,6 +748,11 @@ def _block_uses(block: Block, live: set[Value]) -> None:
             _block_uses(r, live)
 
 
+def _restore(now: Any, before: Any) -> None:
+    now.clear()
+    now.update(before)
+
+
 def _identity(x: Any) -> Any:
     return x
 
@@ -776,4 +859,4 @@ def _refs(tree: Any, inputs: list[Value], tracer: Tracer, *, keep_lists: bool = 
         ) from None
 
 
-__all__ = ["Lifted", "Tracer"]
+__all__ = ["Checkpoint", "LayoutGuard", "Lifted", "Tracer"]
