@@ -4,8 +4,8 @@ The MLIR Python bindings are optional (``pip install 'cuvil-ir[mlir]'``) and imp
 only by :mod:`cuvil_ir.mlir.bindings`. See ``docs/cuvil-ir-and-mlir.md``.
 """
 
-from cuvil_ir.mlir.base import MlirError
 from cuvil_ir.mlir.emit import MlirResult, to_mlir, to_mlir_text
+from cuvil_ir.mlir.module import MlirError
 from cuvil_ir.mlir.run import run_mlir
 
 __all__ = ["MlirError", "MlirResult", "run_mlir", "to_mlir", "to_mlir_text"]

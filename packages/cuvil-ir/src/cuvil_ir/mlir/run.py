@@ -17,9 +17,9 @@ import torch
 
 from cuvil_ir.graph_ir.nodes import Graph
 from cuvil_ir.graph_ir.types import SCALAR_DTYPES, DType, ScalarKind, ScalarType, TensorType, Type
-from cuvil_ir.mlir.base import MlirError
 from cuvil_ir.mlir.bindings import load
 from cuvil_ir.mlir.emit import to_mlir
+from cuvil_ir.mlir.module import MlirError
 
 #: Software bf16 (see [Note: bf16 in the oracle]): arithmetic on bf16 becomes f32 arithmetic between
 #: ``extf``/``truncf``, then those conversions become integer ops (round to nearest even, NaN kept).
