@@ -15,7 +15,7 @@ ort = pytest.importorskip("onnxruntime")
 
 import cuvil as cu  # noqa: E402
 from cuvil.onnx import compile_onnx, export_onnx  # noqa: E402
-from cuvil.onnx.load import OnnxImportError  # noqa: E402
+from cuvil.onnx.import_ import OnnxImportError  # noqa: E402
 from cuvil.testing import get_program, instantiate  # noqa: E402
 
 ort.set_default_logger_severity(3)

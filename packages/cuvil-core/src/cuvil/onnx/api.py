@@ -67,6 +67,6 @@ def compile_onnx(
     the inputs live on; ``target=None`` picks the best available target for it.
     """
     _require_onnx()
-    from cuvil.onnx.load import OnnxFunction
+    from cuvil.onnx.import_ import OnnxFunction
 
     return OnnxFunction(model_or_path, target=target, device=device, **compile_kwargs)

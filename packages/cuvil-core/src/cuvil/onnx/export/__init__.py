@@ -18,7 +18,8 @@ walk and the op table), the op families :mod:`.elementwise`, :mod:`.reduction`,
 (the model around the graph).
 """
 
-from cuvil.onnx.export import attention, control_flow, elementwise, nn, reduction, shape  # noqa: F401  (fill OPS)
+# the op-family modules fill OPS when imported
+from cuvil.onnx.export import attention, control_flow, elementwise, nn, reduction, shape  # noqa: F401
 from cuvil.onnx.export.builder import OPSET, ExportError, onnx_dtype
 from cuvil.onnx.export.exporter import OPS, Exporter
 from cuvil.onnx.export.model import export_graph

@@ -87,7 +87,8 @@ def _gelu(ex: Exporter, n: Node) -> Any:
 
 @register("leaky_relu")
 def _leaky(ex: Exporter, n: Node) -> Any:
-    return ex.op("LeakyRelu", [ex.val(n.inputs[0], out_type(n).dtype)], alpha=float(attr(n, "negative_slope")))
+    x = ex.val(n.inputs[0], out_type(n).dtype)
+    return ex.op("LeakyRelu", [x], alpha=float(attr(n, "negative_slope")))
 
 
 @register("elu")
@@ -124,7 +125,9 @@ _BITWISE = {
 }
 
 
-@register(*_ARITH, *_CMP, "ne", *_LOGICAL, *_BITWISE, "floor_divide", "remainder", "fmod", "atan2")
+@register(
+    *_ARITH, *_CMP, "ne", *_LOGICAL, *_BITWISE, "floor_divide", "remainder", "fmod", "atan2"
+)
 def _binary(ex: Exporter, n: Node) -> Any:
     a, b = n.inputs
     out = out_type(n).dtype
