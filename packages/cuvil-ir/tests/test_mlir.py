@@ -262,3 +262,22 @@ def test_bf16_rounding_matches_torch() -> None:
     _same_bf16_values(product, xb * d.to(torch.bfloat16))
     assert amax.isnan()  # NaN propagates through max, as in torch
     _same_bf16_values(via_f16, x.to(torch.float16).to(torch.bfloat16))
+
+
+def test_elementwise_rules_are_the_registry_primitives(monkeypatch: pytest.MonkeyPatch) -> None:
+    """[Note: MLIR elementwise rules]: a scalar rule for exactly the registry's elementwise ops
+    without a decomposition, all of them emitted natively; an op that gains a decomposition
+    leaves its rule unused, one that loses it has none, and both are reported."""
+    from cuvil_ir import REGISTRY
+    from cuvil_ir.mlir.elementwise import ARITH, TYPED, elementwise_primitives
+    from cuvil_ir.mlir.emit import _ELEMENTWISE
+
+    def mismatch() -> tuple[list[str], list[str]]:
+        rules, prims = set(ARITH) | set(TYPED), elementwise_primitives()
+        return sorted(prims - rules), sorted(rules - prims)
+
+    assert mismatch() == ([], [])
+    assert _ELEMENTWISE == elementwise_primitives()
+    monkeypatch.setattr(REGISTRY.get("gelu"), "decompose", None)
+    monkeypatch.setattr(REGISTRY.get("sigmoid"), "decompose", lambda b, x: 1 / (1 + (-x).exp()))
+    assert mismatch() == (["gelu"], ["sigmoid"])

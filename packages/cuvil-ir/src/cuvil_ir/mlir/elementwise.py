@@ -10,6 +10,7 @@ from typing import Any
 import sympy
 
 from cuvil_ir.graph_ir.nodes import Node
+from cuvil_ir.graph_ir.registry import REGISTRY, registrar
 from cuvil_ir.graph_ir.types import SCALAR_DTYPES, DType, ScalarKind, ScalarType, TensorType, promote_types
 from cuvil_ir.mlir.module import BITS, H, dtype_of, elem
 from cuvil_ir.mlir.tensors import TensorBuilder
@@ -108,132 +109,33 @@ class ElementwiseEmitter(TensorBuilder):
         return self.op2("arith.divf" if d.is_floating else "arith.divsi", a, b, d)
 
     def sigmoid(self, x: str, d: DType) -> str:
+        # a primitive (no decomposition) with no upstream ``math`` op: 1 / (1 + exp(-x))
         one = self.const(1.0, d)
         e = self.op1("math.exp", self.op1("arith.negf", x, d), d)
         return self.op2("arith.divf", one, self.op2("arith.addf", one, e, d), d)
 
     def scalar(self, op: str, args: list[tuple[str, DType]], out: DType, attrs: dict[str, Any]) -> str:
-        """One element of an elementwise op (the body of a generic, or a scalar op)."""
-        comparisons = {"eq", "ne", "lt", "le", "gt", "ge"}
-        if op == "cast":
-            return self.cvt(args[0][0], args[0][1], out)
-        if op in comparisons:
-            cd = promote_types(*(TensorType(d, ()) for _, d in args))
-            a, b = (self.cvt(v, s, cd) for v, s in args)
-            return self.cmp(op, a, b, cd)
-        if op.startswith("logical_"):
-            vs = [self.cvt(v, s, DType.bool) for v, s in args]
-            t = self.const(True, DType.bool)
-            if op == "logical_not":
-                r = self.op2("arith.xori", vs[0], t, DType.bool)
-            else:
-                r = self.op2(
-                    {"logical_and": "arith.andi", "logical_or": "arith.ori"}.get(op, "arith.xori"),
-                    vs[0],
-                    vs[1],
-                    DType.bool,
-                )
-            return self.cvt(r, DType.bool, out)
-        if op == "where":
-            c = self.cvt(args[0][0], args[0][1], DType.bool)
-            a, b = (self.cvt(v, s, out) for v, s in args[1:])
-            return self.select(c, a, b, out)
-        # arithmetic: compute in the output dtype (f32 for half types)
+        """One element of an elementwise op (the body of a generic, or a scalar op): its
+        rule in :data:`TYPED` or :data:`ARITH`."""
+        typed = TYPED.get(op)
+        if typed is not None:
+            return typed(self, op, args, out, attrs)
+        rule = ARITH.get(op)
+        if rule is None:
+            raise self.error(f"elementwise op {op} is not emitted")
+        # arithmetic: compute in the output dtype (f32 for half types; true division of
+        # integers in f32)
         cd = DType.f32 if out in (DType.f16, DType.bf16) else out
         if op == "div" and not cd.is_floating:
             cd = DType.f32
         xs = [self.cvt(v, s, cd) for v, s in args]
-        r = self._arith(op, xs, cd, attrs)
+        if op in FLOAT_ONLY and not cd.is_floating:
+            if op not in INTEGER_IDENTITY:
+                raise self.error(f"{op} on {cd.value} is not emitted")
+            r = xs[0]  # floor, ceil, trunc and round of an integer
+        else:
+            r = rule(self, op, xs, cd, attrs)
         return self.cvt(r, cd, out)
-
-    def _arith(self, op: str, xs: list[str], d: DType, attrs: dict[str, Any]) -> str:
-        f = d.is_floating
-        x = xs[0]
-        if op in ("add", "sub", "mul", "div"):
-            return {"add": self.add, "sub": self.sub, "mul": self.mul, "div": self.div}[op](xs[0], xs[1], d)
-        if op in ("maximum", "minimum"):
-            name = (
-                ("arith.maximumf" if f else "arith.maxsi")
-                if op == "maximum"
-                else ("arith.minimumf" if f else "arith.minsi")
-            )
-            return self.op2(name, xs[0], xs[1], d)
-        if op in ("bitwise_and", "bitwise_or", "bitwise_xor"):
-            return self.op2(
-                {"bitwise_and": "arith.andi", "bitwise_or": "arith.ori"}.get(op, "arith.xori"),
-                xs[0],
-                xs[1],
-                d,
-            )
-        if op == "bitwise_not":
-            return self.op2("arith.xori", x, self.const(True if d == DType.bool else -1, d), d)
-        if op == "neg":
-            return self.op1("arith.negf", x, d) if f else self.sub(self.const(0, d), x, d)
-        if op == "abs":
-            return self.op1("math.absf" if f else "math.absi", x, d)
-        if op == "relu":
-            return self.op2("arith.maximumf" if f else "arith.maxsi", x, self.const(0, d), d)
-        if op == "square":
-            return self.mul(x, x, d)
-        if op == "pow":
-            if f:
-                return self.op2("math.powf", xs[0], xs[1], d)
-            return self.op2("math.ipowi", xs[0], xs[1], d)
-        if op == "floor_divide":
-            if f:
-                return self.op1("math.floor", self.div(xs[0], xs[1], d), d)
-            return self.op2("arith.floordivsi", xs[0], xs[1], d)
-        if op == "fmod":
-            return self.op2("arith.remf" if f else "arith.remsi", xs[0], xs[1], d)
-        if op == "remainder":
-            a, b = xs
-            if f:
-                q = self.op1("math.floor", self.div(a, b, d), d)
-                return self.sub(a, self.mul(q, b, d), d)
-            r = self.op2("arith.remsi", a, b, d)
-            zero = self.const(0, d)
-            nz = self.cmp("ne", r, zero, d)
-            diff = self.cmp("lt", self.op2("arith.xori", r, b, d), zero, d)
-            fix = self.op2("arith.andi", nz, diff, DType.bool)
-            return self.select(fix, self.add(r, b, d), r, d)
-        if op == "clamp":
-            lo, hi = attrs.get("min"), attrs.get("max")
-            if lo is not None:
-                x = self.op2("arith.maximumf" if f else "arith.maxsi", x, self.const(lo, d), d)
-            if hi is not None:
-                x = self.op2("arith.minimumf" if f else "arith.minsi", x, self.const(hi, d), d)
-            return x
-        if op == "sign":
-            zero, one = self.const(0, d), self.const(1, d)
-            pos = self.cmp("gt", x, zero, d)
-            neg = self.cmp("lt", x, zero, d)
-            m1 = self.const(-1, d)
-            return self.select(pos, one, self.select(neg, m1, zero, d), d)
-        if not f:
-            if op in ("floor", "ceil", "trunc", "round"):
-                return x
-            raise self.error(f"{op} on {d.value} is not emitted")
-        unary = {
-            "exp": "math.exp", "log": "math.log", "tanh": "math.tanh", "sqrt": "math.sqrt",
-            "rsqrt": "math.rsqrt", "sin": "math.sin", "cos": "math.cos", "tan": "math.tan",
-            "atan": "math.atan", "erf": "math.erf", "log1p": "math.log1p", "log2": "math.log2",
-            "expm1": "math.expm1", "floor": "math.floor", "ceil": "math.ceil", "trunc": "math.trunc",
-        }  # fmt: skip
-        if op in unary:
-            return self.op1(unary[op], x, d)
-        if op == "atan2":
-            return self.op2("math.atan2", xs[0], xs[1], d)
-        if op == "round":
-            dec = attrs.get("decimals") or 0
-            if dec:
-                s = self.const(10.0**dec, d)
-                return self.div(self.op1("math.roundeven", self.mul(x, s, d), d), s, d)
-            return self.op1("math.roundeven", x, d)
-        if op == "reciprocal":
-            return self.div(self.const(1.0, d), x, d)
-        if op == "sigmoid":
-            return self.sigmoid(x, d)
-        raise self.error(f"elementwise op {op} is not emitted")
 
     def elementwise(
         self, out: TensorType, operands: Sequence[H], fn: Callable[[list[tuple[str, DType]]], str]
@@ -270,4 +172,220 @@ class ElementwiseEmitter(TensorBuilder):
         return self.ew(out, operands, node.op, **attrs)
 
 
-__all__ = ["ElementwiseEmitter"]
+# -- the scalar rules: one entry per primitive elementwise op --------------------------------------
+# [Note: MLIR elementwise rules] The ops MLIR emits through :meth:`ElementwiseEmitter.scalar`
+# are the registry's elementwise primitives (the ``elementwise`` trait, no decomposition);
+# an op with a decomposition is emitted from it (``op_decomposed``), so no rule here
+# repeats a decomposition's math. ``test_mlir.py`` checks both directions.
+
+#: ``rule(emitter, op, args, out, attrs)``: an op whose operands keep their own dtypes
+#: (``args`` are (SSA value, dtype) pairs; the result is of dtype ``out``)
+TypedRule = Callable[[ElementwiseEmitter, str, list[tuple[str, DType]], DType, dict[str, Any]], str]
+#: ``rule(emitter, op, xs, d, attrs)``: an arithmetic op, its operands ``xs`` converted to
+#: the compute dtype ``d`` (the result's, f32 for half types)
+ArithRule = Callable[[ElementwiseEmitter, str, list[str], DType, dict[str, Any]], str]
+
+TYPED: dict[str, TypedRule] = {}
+ARITH: dict[str, ArithRule] = {}
+#: of the float-only ops (:data:`FLOAT_ONLY`), those that are the identity on integers
+INTEGER_IDENTITY = frozenset({"floor", "ceil", "trunc", "round"})
+
+typed = registrar(TYPED)
+arith = registrar(ARITH)
+
+
+@typed("cast")
+def _cast(
+    em: ElementwiseEmitter, op: str, args: list[tuple[str, DType]], out: DType, attrs: dict[str, Any]
+) -> str:
+    return em.cvt(args[0][0], args[0][1], out)
+
+
+@typed("eq", "ne", "lt", "le", "gt", "ge")
+def _compare(
+    em: ElementwiseEmitter, op: str, args: list[tuple[str, DType]], out: DType, attrs: dict[str, Any]
+) -> str:
+    cd = promote_types(*(TensorType(d, ()) for _, d in args))
+    a, b = (em.cvt(v, s, cd) for v, s in args)
+    return em.cmp(op, a, b, cd)
+
+
+_LOGICAL = {"logical_and": "arith.andi", "logical_or": "arith.ori", "logical_xor": "arith.xori"}
+
+
+@typed("logical_and", "logical_or", "logical_xor", "logical_not")
+def _logical(
+    em: ElementwiseEmitter, op: str, args: list[tuple[str, DType]], out: DType, attrs: dict[str, Any]
+) -> str:
+    vs = [em.cvt(v, s, DType.bool) for v, s in args]
+    t = em.const(True, DType.bool)
+    if op == "logical_not":
+        r = em.op2("arith.xori", vs[0], t, DType.bool)
+    else:
+        r = em.op2(_LOGICAL[op], vs[0], vs[1], DType.bool)
+    return em.cvt(r, DType.bool, out)
+
+
+@typed("where")
+def _where(
+    em: ElementwiseEmitter, op: str, args: list[tuple[str, DType]], out: DType, attrs: dict[str, Any]
+) -> str:
+    c = em.cvt(args[0][0], args[0][1], DType.bool)
+    a, b = (em.cvt(v, s, out) for v, s in args[1:])
+    return em.select(c, a, b, out)
+
+
+@arith("add", "sub", "mul", "div")
+def _basic(em: ElementwiseEmitter, op: str, xs: list[str], d: DType, attrs: dict[str, Any]) -> str:
+    return {"add": em.add, "sub": em.sub, "mul": em.mul, "div": em.div}[op](xs[0], xs[1], d)
+
+
+#: op -> (float op, integer op)
+_BINARY = {
+    "maximum": ("arith.maximumf", "arith.maxsi"),
+    "minimum": ("arith.minimumf", "arith.minsi"),
+    "bitwise_and": ("arith.andi", "arith.andi"),
+    "bitwise_or": ("arith.ori", "arith.ori"),
+    "bitwise_xor": ("arith.xori", "arith.xori"),
+    "pow": ("math.powf", "math.ipowi"),
+    "fmod": ("arith.remf", "arith.remsi"),
+}
+
+
+@arith(*_BINARY)
+def _binary(em: ElementwiseEmitter, op: str, xs: list[str], d: DType, attrs: dict[str, Any]) -> str:
+    f, i = _BINARY[op]
+    return em.op2(f if d.is_floating else i, xs[0], xs[1], d)
+
+
+@arith("bitwise_not")
+def _bitwise_not(em: ElementwiseEmitter, op: str, xs: list[str], d: DType, attrs: dict[str, Any]) -> str:
+    return em.op2("arith.xori", xs[0], em.const(True if d == DType.bool else -1, d), d)
+
+
+@arith("neg")
+def _neg(em: ElementwiseEmitter, op: str, xs: list[str], d: DType, attrs: dict[str, Any]) -> str:
+    return em.op1("arith.negf", xs[0], d) if d.is_floating else em.sub(em.const(0, d), xs[0], d)
+
+
+@arith("abs")
+def _abs(em: ElementwiseEmitter, op: str, xs: list[str], d: DType, attrs: dict[str, Any]) -> str:
+    return em.op1("math.absf" if d.is_floating else "math.absi", xs[0], d)
+
+
+@arith("relu")
+def _relu(em: ElementwiseEmitter, op: str, xs: list[str], d: DType, attrs: dict[str, Any]) -> str:
+    return em.op2("arith.maximumf" if d.is_floating else "arith.maxsi", xs[0], em.const(0, d), d)
+
+
+@arith("square")
+def _square(em: ElementwiseEmitter, op: str, xs: list[str], d: DType, attrs: dict[str, Any]) -> str:
+    return em.mul(xs[0], xs[0], d)
+
+
+@arith("floor_divide")
+def _floor_divide(em: ElementwiseEmitter, op: str, xs: list[str], d: DType, attrs: dict[str, Any]) -> str:
+    if d.is_floating:
+        return em.op1("math.floor", em.div(xs[0], xs[1], d), d)
+    return em.op2("arith.floordivsi", xs[0], xs[1], d)
+
+
+@arith("remainder")
+def _remainder(em: ElementwiseEmitter, op: str, xs: list[str], d: DType, attrs: dict[str, Any]) -> str:
+    """Python's ``%``: the sign of the divisor."""
+    a, b = xs
+    if d.is_floating:
+        q = em.op1("math.floor", em.div(a, b, d), d)
+        return em.sub(a, em.mul(q, b, d), d)
+    r = em.op2("arith.remsi", a, b, d)
+    zero = em.const(0, d)
+    nz = em.cmp("ne", r, zero, d)
+    diff = em.cmp("lt", em.op2("arith.xori", r, b, d), zero, d)
+    fix = em.op2("arith.andi", nz, diff, DType.bool)
+    return em.select(fix, em.add(r, b, d), r, d)
+
+
+@arith("clamp")
+def _clamp(em: ElementwiseEmitter, op: str, xs: list[str], d: DType, attrs: dict[str, Any]) -> str:
+    x, f = xs[0], d.is_floating
+    lo, hi = attrs.get("min"), attrs.get("max")
+    if lo is not None:
+        x = em.op2("arith.maximumf" if f else "arith.maxsi", x, em.const(lo, d), d)
+    if hi is not None:
+        x = em.op2("arith.minimumf" if f else "arith.minsi", x, em.const(hi, d), d)
+    return x
+
+
+@arith("sign")
+def _sign(em: ElementwiseEmitter, op: str, xs: list[str], d: DType, attrs: dict[str, Any]) -> str:
+    x = xs[0]
+    zero, one = em.const(0, d), em.const(1, d)
+    pos = em.cmp("gt", x, zero, d)
+    neg = em.cmp("lt", x, zero, d)
+    m1 = em.const(-1, d)
+    return em.select(pos, one, em.select(neg, m1, zero, d), d)
+
+
+#: float-only ops that are one upstream ``math`` op
+_MATH = {
+    "exp": "math.exp", "log": "math.log", "tanh": "math.tanh", "sqrt": "math.sqrt",
+    "rsqrt": "math.rsqrt", "sin": "math.sin", "cos": "math.cos", "tan": "math.tan",
+    "atan": "math.atan", "erf": "math.erf", "log1p": "math.log1p", "log2": "math.log2",
+    "expm1": "math.expm1", "floor": "math.floor", "ceil": "math.ceil", "trunc": "math.trunc",
+}  # fmt: skip
+
+
+@arith(*_MATH)
+def _math(em: ElementwiseEmitter, op: str, xs: list[str], d: DType, attrs: dict[str, Any]) -> str:
+    return em.op1(_MATH[op], xs[0], d)
+
+
+@arith("atan2")
+def _atan2(em: ElementwiseEmitter, op: str, xs: list[str], d: DType, attrs: dict[str, Any]) -> str:
+    return em.op2("math.atan2", xs[0], xs[1], d)
+
+
+@arith("round")
+def _round(em: ElementwiseEmitter, op: str, xs: list[str], d: DType, attrs: dict[str, Any]) -> str:
+    x = xs[0]
+    dec = attrs.get("decimals") or 0
+    if dec:
+        s = em.const(10.0**dec, d)
+        return em.div(em.op1("math.roundeven", em.mul(x, s, d), d), s, d)
+    return em.op1("math.roundeven", x, d)
+
+
+@arith("reciprocal")
+def _reciprocal(em: ElementwiseEmitter, op: str, xs: list[str], d: DType, attrs: dict[str, Any]) -> str:
+    return em.div(em.const(1.0, d), xs[0], d)
+
+
+@arith("sigmoid")
+def _sigmoid(em: ElementwiseEmitter, op: str, xs: list[str], d: DType, attrs: dict[str, Any]) -> str:
+    return em.sigmoid(xs[0], d)
+
+
+#: ops with no integer form (of an integer, an error unless in :data:`INTEGER_IDENTITY`)
+FLOAT_ONLY = frozenset({*_MATH, "atan2", "round", "reciprocal", "sigmoid"})
+
+
+def elementwise_primitives() -> frozenset[str]:
+    """The registry's elementwise ops without a decomposition: those MLIR emits natively,
+    each by its rule in :data:`TYPED` or :data:`ARITH`."""
+    return frozenset(
+        n
+        for n in REGISTRY.names()
+        if "elementwise" in REGISTRY.get(n).traits and REGISTRY.get(n).decompose is None
+    )
+
+
+__all__ = [
+    "ARITH",
+    "FLOAT_ONLY",
+    "INTEGER_IDENTITY",
+    "TYPED",
+    "ArithRule",
+    "ElementwiseEmitter",
+    "TypedRule",
+    "elementwise_primitives",
+]

@@ -21,6 +21,7 @@ from cuvil_ir.graph_ir.nodes import Block, Graph, Node, Value
 from cuvil_ir.graph_ir.registry import REGISTRY
 from cuvil_ir.graph_ir.types import SCALAR_DTYPES, DType, ScalarKind, ScalarType, TensorType, Type
 from cuvil_ir.mlir.attention import AttentionEmitter
+from cuvil_ir.mlir.elementwise import ARITH, TYPED, elementwise_primitives
 from cuvil_ir.mlir.module import H, MlirError, Unsupported, attr_text, dtype_of, mlir_type, node_attr, quote
 from cuvil_ir.mlir.reductions import _REDUCTIONS
 from cuvil_ir.symbolic import symbol
@@ -295,15 +296,10 @@ class _Emitter(AttentionEmitter):
         return "\n".join(["module {", *decls, head, *self.lines, "  }", "}", ""])
 
 
-#: the primitive elementwise ops :meth:`EmitterBase.scalar` implements (composite ones such as
-#: gelu or silu are emitted from their decompositions)
-_ELEMENTWISE = {
-    "abs", "add", "atan", "atan2", "bitwise_and", "bitwise_not", "bitwise_or", "bitwise_xor", "cast",
-    "ceil", "clamp", "cos", "div", "eq", "erf", "exp", "expm1", "floor", "floor_divide", "fmod",
-    "ge", "gt", "le", "log", "log1p", "log2", "logical_and", "logical_not", "logical_or", "logical_xor",
-    "lt", "maximum", "minimum", "mul", "ne", "neg", "pow", "reciprocal", "relu", "remainder", "round",
-    "rsqrt", "sigmoid", "sign", "sin", "sqrt", "square", "sub", "tan", "tanh", "trunc", "where",
-}  # fmt: skip
+#: the elementwise ops emitted by their scalar rule (:meth:`ElementwiseEmitter.scalar`): the
+#: registry's elementwise primitives that have one (see [Note: MLIR elementwise rules]); an
+#: elementwise op with a decomposition (gelu, silu ...) is emitted from it
+_ELEMENTWISE = frozenset(op for op in elementwise_primitives() if op in TYPED or op in ARITH)
 
 
 def to_mlir_text(graph: Graph) -> tuple[str, dict[str, str]]:
