@@ -10,14 +10,14 @@ use (:meth:`Exporter.val`), as torch's weak-scalar promotion does.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import sympy
 
 from cuvil.onnx.export.builder import OPSET, ExportError, Scope, dtype_of, onnx_dtype
 from cuvil.onnx.export.sizes import SizeExprs
-from cuvil.onnx.functions import custom_domain_node
 from cuvil_ir.graph_ir.decompose import NotDecomposed, expand, uses_decomposition
 from cuvil_ir.graph_ir.nodes import Node, Value
 from cuvil_ir.graph_ir.registry import REGISTRY, registrar
@@ -25,11 +25,22 @@ from cuvil_ir.graph_ir.types import DType, ScalarType, TensorType, Type
 from cuvil_ir.symbolic import expr_str
 
 
-class Exporter(SizeExprs):
-    """Graph IR nodes written as ONNX nodes; ``env`` maps each Graph IR value to its ONNX name."""
+#: writes a composite op's node itself (``(exporter, node) -> output names``), or returns
+#: ``None`` to have it written as its decomposition
+CustomOpWriter = Callable[["Exporter", Node], "list[str] | None"]
 
-    def __init__(self, opset: int = OPSET) -> None:
+
+class Exporter(SizeExprs):
+    """Graph IR nodes written as ONNX nodes; ``env`` maps each Graph IR value to its ONNX name.
+
+    ``custom_ops`` (:class:`~cuvil.onnx.export.functions.DomainFunctions`) writes composite
+    ops instead of the op table; what a writer may use of the exporter is its declared
+    contract: :meth:`separate_graph`, ``env``, :meth:`block`, :meth:`op`, :meth:`val`.
+    """
+
+    def __init__(self, opset: int = OPSET, custom_ops: CustomOpWriter | None = None) -> None:
         super().__init__(opset)
+        self.custom_ops = custom_ops
         self.env: dict[Value, str] = {}
         #: symbols the graph's assumptions pin to a value
         self.known: dict[sympy.Symbol, int] = {}
@@ -38,10 +49,6 @@ class Exporter(SizeExprs):
         #: ONNX value -> the Python number of a ``const`` node it holds, so that a use in
         #: float arithmetic gets a constant of its dtype rather than a ``Cast``
         self.numbers: dict[str, float] = {}
-        #: custom ops as custom-domain nodes and functions (:mod:`cuvil.onnx.functions`)
-        self.custom_domain = False
-        #: (domain, name, overload) -> FunctionProto
-        self.functions: dict[tuple[str, str, str], Any] = {}
 
     # -- values -----------------------------------------------------------------------
     def val(self, v: Value, dst: DType | None = None) -> str:
@@ -76,8 +83,8 @@ class Exporter(SizeExprs):
         for n in nodes:
             fn = OPS.get(n.op)
             outs = None
-            if self.custom_domain and n.op in REGISTRY and "composite" in REGISTRY.get(n.op).traits:
-                outs = custom_domain_node(self, n)  # None: its body is not closed, inline it
+            if self.custom_ops is not None and n.op in REGISTRY and "composite" in REGISTRY.get(n.op).traits:
+                outs = self.custom_ops(self, n)  # None: its body is not closed, inline it
             elif fn is not None:
                 try:
                     outs = fn(self, n)  # None: no native form here, use the decomposition
@@ -125,6 +132,19 @@ class Exporter(SizeExprs):
         finally:
             self.scope = parent
 
+    @contextmanager
+    def separate_graph(self) -> Iterator[list[Any]]:
+        """Nodes written inside go to a graph of their own (a function body): a scope with
+        no parent, so no constant or size is shared with the graph around it, over a copy
+        of ``env``; both are restored on exit. Yields the list the nodes are appended to."""
+        outer, saved_env = self.scope, self.env
+        self.scope = Scope(None)
+        self.env = dict(saved_env)
+        try:
+            yield self.scope.nodes
+        finally:
+            self.scope, self.env = outer, saved_env
+
 
 # -- the op table ------------------------------------------------------------------------
 OpFn = Callable[[Exporter, Node], Any]
@@ -160,4 +180,14 @@ def python_value(value: Any, dt: DType) -> Any:
     return float(value)
 
 
-__all__ = ["OPS", "Exporter", "OpFn", "attr", "out_type", "python_value", "register", "tensor_of"]
+__all__ = [
+    "OPS",
+    "CustomOpWriter",
+    "Exporter",
+    "OpFn",
+    "attr",
+    "out_type",
+    "python_value",
+    "register",
+    "tensor_of",
+]

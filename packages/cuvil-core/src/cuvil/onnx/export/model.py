@@ -10,6 +10,7 @@ import sympy
 
 from cuvil.onnx.export.builder import OPSET
 from cuvil.onnx.export.exporter import Exporter
+from cuvil.onnx.export.functions import DomainFunctions
 from cuvil_ir.graph_ir.nodes import Graph
 from cuvil_ir.graph_ir.types import TensorType
 from cuvil_ir.symbolic import expr_str
@@ -28,14 +29,14 @@ def export_graph(
     in the model (module weights) instead of being model inputs; ``outputs`` picks and
     orders the graph outputs (default: all, in order). ``custom_ops="domain"`` writes
     each custom op as a node of its namespace's domain with its decomposition as a
-    model-local function (:mod:`cuvil.onnx.functions`); ``"inline"`` writes the
+    model-local function (:mod:`cuvil.onnx.export.functions`); ``"inline"`` writes the
     decomposition in its place."""
     import numpy as np
 
     if custom_ops not in ("inline", "domain"):
         raise ValueError(f"custom_ops is 'inline' or 'domain', got {custom_ops!r}")
-    ex = Exporter(opset)
-    ex.custom_domain = custom_ops == "domain"
+    writer = DomainFunctions() if custom_ops == "domain" else None
+    ex = Exporter(opset, custom_ops=writer)
     onnx = ex.onnx
     initializers = initializers or {}
     inputs = []
@@ -79,7 +80,8 @@ def export_graph(
     g = onnx.helper.make_graph(nodes, _ident(graph.name) or "main", inputs, out_infos, initializer=inits)
     if graph.assumptions:
         g.doc_string = "valid when: " + "; ".join(expr_str(a) for a in graph.assumptions)
-    domains = sorted({d for d, _, _ in ex.functions})
+    functions = writer.functions if writer is not None else {}
+    domains = sorted({d for d, _, _ in functions})
     model = onnx.helper.make_model(
         g,
         opset_imports=[
@@ -87,8 +89,8 @@ def export_graph(
             *(onnx.helper.make_opsetid(d, 1) for d in domains),
         ],
         producer_name=producer,
-        ir_version=10 if ex.functions else 9,  # function overloads need IR 10
-        functions=[ex.functions[k] for k in sorted(ex.functions)],
+        ir_version=10 if functions else 9,  # function overloads need IR 10
+        functions=[functions[k] for k in sorted(functions)],
     )
     if graph.assumptions:
         onnx.helper.set_model_props(
