@@ -25,11 +25,12 @@ from cuvil.errors import CompileError
 from cuvil.frontend import aliasing, arg_objects, hooks, impure, layout
 from cuvil.frontend.arg_objects import WriteBack
 from cuvil.frontend.convert import ConversionError, convert, is_user_function
+from cuvil.frontend.locations import trace_entry
 from cuvil.frontend.numbers import NumberProxy
 from cuvil.frontend.proxy import TensorProxy
 from cuvil.frontend.reads import LiftSource
 from cuvil.frontend.regions import Undefined
-from cuvil.frontend.tracer import Lifted, Tracer, trace_entry
+from cuvil.frontend.tracer import Lifted, Tracer
 from cuvil.guards import _SCALARS, AssumptionCheck, ReadGuards, SymbolSlot
 from cuvil_ir.graph_ir.nodes import Graph, Value
 from cuvil_ir.graph_ir.verifier import verify

@@ -12,7 +12,7 @@ instead of updating in place) and that the compiled function returns as a Python
 number (``.item()`` of the graph output), as eager returns it. Combined with a
 tensor (``x * i``) it is a 0-d tensor, which torch's type promotion treats like
 the number it stands for (a float meeting only integer tensors is first cast to the
-default dtype: ``tracer.weak_numbers``).
+default dtype: ``torch_calls.weak_numbers``).
 """
 
 from __future__ import annotations
@@ -138,7 +138,7 @@ class NumberProxy(TensorProxy):
     tensor proxy with Python's arithmetic; returned from the compiled function as a number."""
 
     __hash__ = TensorProxy.__hash__  # defining __eq__ below would drop it
-    _cuvil_weak = True  # see tracer.weak_numbers
+    _cuvil_weak = True  # see torch_calls.weak_numbers
 
 
 _ARITH = ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow")

@@ -6,6 +6,10 @@ are decomposed, which are the ops worth fusing; it needs no bytecode and no
 ``torch._dynamo``; and ``TorchFunctionMode`` also sees factory calls without
 tensor arguments. Shapes are ours (sympy, via each op's rule); only calls
 without a declaration use torch's fake kernels (extern nodes).
+
+The tracer holds all of a capture's recording state ([Note: tracer checkpoints]);
+its helpers hold none: what a call is (``torch_calls``), attribute encoding
+(``attributes``), source locations (``locations``), dead code (``dead_code``).
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import sys
 import types
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import sympy
 import torch
@@ -25,76 +29,20 @@ from torch.utils import _pytree as pytree
 
 from cuvil import autocast
 from cuvil.errors import CompileError, SourceLoc
-from cuvil.frontend import data_sizes, decompose
+from cuvil.frontend import data_sizes, decompose, locations, torch_calls
+from cuvil.frontend.attributes import INDEXING, UnrecordableArgument, argument_tree, attribute, mask_lists
 from cuvil.frontend.convert import is_user_frame
+from cuvil.frontend.dead_code import eliminate_dead_code
 from cuvil.frontend.proxy import TensorProxy
 from cuvil.frontend.reads import LiftSource, Reads, global_place
+from cuvil.frontend.torch_calls import SYM
 from cuvil_ir.graph_ir.fake import FakeInferenceError, SymMirror, fake_call
-from cuvil_ir.graph_ir.nodes import KV, AttrValue, Block, Graph, Loc, Node, Ref, Value
+from cuvil_ir.graph_ir.nodes import AttrValue, Block, Graph, Loc, Node, Value
 from cuvil_ir.graph_ir.ops import ShapeError
 from cuvil_ir.graph_ir.registry import REGISTRY, NotCaptured, infer_types
 from cuvil_ir.graph_ir.torch_names import qualname
 from cuvil_ir.graph_ir.types import DType, ScalarKind, ScalarType, TensorType, Type
 from cuvil_ir.symbolic import DataSizeError, ShapeContext, UndecidableError, symbol
-
-#: The code of the trace entry points (:func:`cuvil.frontend.capture.capture`): the frames
-#: above one are not part of the program. Registered by :func:`trace_entry`, not imported:
-#: capture imports this module.
-_ENTRY_CODES: set[types.CodeType] = set()
-_F = TypeVar("_F", bound=Callable[..., Any])
-
-
-def trace_entry(fn: _F) -> _F:
-    """Decorator: ``fn`` starts a trace, so :meth:`Tracer.source_loc` stops at its frame."""
-    _ENTRY_CODES.add(fn.__code__)
-    return fn
-
-
-# Calls without tensor arguments that must run on every call, not once at trace time.
-_SYM = (torch.SymInt, torch.SymBool, torch.SymFloat)
-_NONDETERMINISTIC = frozenset(
-    {
-        "rand",
-        "randn",
-        "randint",
-        "randperm",
-        "rand_like",
-        "randn_like",
-        "randint_like",
-        "normal",
-        "bernoulli",
-        "multinomial",
-        "poisson",
-        "empty",
-        "empty_like",
-        "empty_strided",
-    }
-)
-_DATA_DEPENDENT = frozenset(
-    {
-        "__bool__",
-        "__int__",
-        "__float__",
-        "__index__",
-        "__complex__",
-        "item",
-        "tolist",
-        "numpy",
-        "__array__",
-        "__iter__",
-        "__reversed__",
-        "__format__",
-        "__str__",
-        "__contains__",
-        "data_ptr",
-        "storage",
-    }
-)
-
-
-#: the value reads (of _DATA_DEPENDENT) that a tensor read from outside the call answers
-#: on every call, as an argument does: lifted first, never the value at capture
-_VALUE_READS = _DATA_DEPENDENT - {"__format__", "__str__", "data_ptr", "storage"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -279,7 +227,7 @@ class Tracer:
                 shape.append(s)
             else:
                 shape.append(int(size))
-        t = TensorType(DType.from_torch(example.dtype), tuple(shape), _device_str(example.device))
+        t = TensorType(DType.from_torch(example.dtype), tuple(shape), str(example.device))
         v = Value(name, t)
         self.inputs.append(v)
         p = TensorProxy(self, v)
@@ -353,7 +301,7 @@ class Tracer:
             return h._cuvil_value
         if isinstance(h, torch.Tensor):
             return self.lift(h)._cuvil_value
-        if isinstance(h, _SYM):
+        if isinstance(h, SYM):
             return self.const(self.sym(h))
         if isinstance(h, (bool, int, float)) or isinstance(h, sympy.Basic):
             return self.const(h)
@@ -368,7 +316,7 @@ class Tracer:
     def emit(self, op: str, inputs: Sequence[Any], **attrs: Any) -> Any:
         opdef = REGISTRY.get(op)
         vals = tuple(self.value_of(h) for h in inputs)
-        norm = {k: _attr(v) for k, v in attrs.items()}
+        norm = {k: attribute(v) for k, v in attrs.items()}
         known = len(self.ctx.assumptions)
         try:
             out_types = infer_types(opdef, self.ctx, [v.type for v in vals], norm)
@@ -468,20 +416,8 @@ class Tracer:
 
     # -- locations ------------------------------------------------------------
     def source_loc(self) -> SourceLoc | None:
-        f = sys._getframe(1)
-        while f is not None:
-            code = f.f_code
-            if code in _ENTRY_CODES:
-                return None  # frames above the trace entry are not part of the program
-            if is_user_frame(f):
-                pos = self._positions.get(code)
-                if pos is None:
-                    pos = self._positions[code] = list(code.co_positions())
-                i = f.f_lasti // 2
-                line, _, col, end_col = pos[i] if i < len(pos) else (f.f_lineno, None, 0, None)
-                return SourceLoc(code.co_filename, line or f.f_lineno, col or 0, end_col)
-            f = f.f_back  # type: ignore[assignment]
-        return None
+        """Where in user code the call being traced is (cuvil/frontend/locations.py)."""
+        return locations.source_loc(self._positions)
 
     def loc(self) -> Loc | None:
         s = self.source_loc()
@@ -496,7 +432,7 @@ class Tracer:
 
         self.sync()
         autocast.check_in_trace(self)  # eager would cast; the graph would not
-        args, kwargs = weak_numbers(args, kwargs)
+        args, kwargs = torch_calls.weak_numbers(args, kwargs)
         answered = decompose.layout(self, func, args, kwargs)
         if answered is not NotImplemented:
             return answered
@@ -504,13 +440,13 @@ class Tracer:
         if answered is not metadata.UNHANDLED:
             return answered
         name = getattr(func, "__name__", "")
-        if name in _VALUE_READS and args:
+        if name in torch_calls.VALUE_READS and args:
             args = (self.outer(args[0]), *args[1:])
-        has_proxy = _any_leaf(args, kwargs, lambda x: isinstance(x, TensorProxy))
-        has_sym = _any_leaf(args, kwargs, lambda x: isinstance(x, _SYM))
+        has_proxy = torch_calls.any_leaf(args, kwargs, lambda x: isinstance(x, TensorProxy))
+        has_sym = torch_calls.any_leaf(args, kwargs, lambda x: isinstance(x, SYM))
         if name == "item" and has_proxy and len(args) == 1:
             return data_sizes.data_size(self, args[0], "item")
-        if name in _DATA_DEPENDENT and has_proxy:
+        if name in torch_calls.DATA_DEPENDENT and has_proxy:
             raise CompileError(
                 f"`{name}` needs the value of a tensor, which is only known when the compiled code runs",
                 self.source_loc(),
@@ -519,7 +455,7 @@ class Tracer:
         inplace = False
         entry = REGISTRY.for_torch(func)
         if entry is None:
-            entry = self._inplace_twin(func)
+            entry = torch_calls.inplace_twin(func)
             inplace = entry is not None
             if inplace and not has_proxy:
                 raise CompileError(
@@ -527,12 +463,13 @@ class Tracer:
                     self.source_loc(),
                     "pass the tensor as an argument, or return the new value instead of mutating",
                 )
-        nargs, nkwargs = _normalize((args, kwargs), self)
+        nargs, nkwargs = torch_calls.normalize((args, kwargs), self.sym, self.lift)
         if entry is not None:
             result = self._apply(entry[1], nargs, nkwargs)
             if result is not NotImplemented:
                 return self.rebind(nargs[0], result) if inplace else result
-        if not has_proxy and (name.startswith("sym_") or (not has_sym and name not in _NONDETERMINISTIC)):
+        runs_now = name.startswith("sym_") or (not has_sym and name not in torch_calls.NONDETERMINISTIC)
+        if not has_proxy and runs_now:
             # size arithmetic (torch.sym_float ...) runs on the SymInts themselves; other
             # calls without traced values are constants, evaluated once and lifted if used
             return func(*args, **kwargs)
@@ -541,16 +478,6 @@ class Tracer:
             if result is not NotImplemented:
                 return result
         return self.extern(func, nargs, nkwargs)
-
-    def _inplace_twin(self, func: Any) -> Any:
-        name = getattr(func, "__name__", "")
-        if name.startswith("__i") and name.endswith("__"):
-            twin = getattr(torch.Tensor, "__" + name[3:], None)
-        elif name.endswith("_") and not name.startswith("_") and getattr(torch.Tensor, name, None) is func:
-            twin = getattr(torch.Tensor, name[:-1], None)
-        else:
-            return None
-        return REGISTRY.for_torch(twin) if twin is not None else None
 
     def _apply(self, rule: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         try:
@@ -594,18 +521,24 @@ class Tracer:
             else None
         )
         inputs: list[Value] = []
-        if name in _INDEXING and len(args) >= 2:
-            args = (args[0], self._mask_lists(args[0], args[1]), *args[2:])
-            # the index key keeps lists as lists: `x[[1, 2]]` is advanced indexing
-            # (a LongTensor index), `x[(1, 2)]` is `x[1, 2]`; see [Note: list indices]
-            args_attr: AttrValue = (
-                _refs(args[0], inputs, self),
-                _refs(args[1], inputs, self, keep_lists=True),
-                *_refs(args[2:], inputs, self),  # type: ignore[misc]
-            )
-        else:
-            args_attr = _refs(args, inputs, self)
-        kwargs_attr = _refs(kwargs, inputs, self)
+        value_of = self.value_of
+        try:
+            if name in INDEXING and len(args) >= 2:
+                args = (args[0], mask_lists(args[0], args[1], self.ctx, self.source_loc), *args[2:])
+                # the index key keeps lists as lists: `x[[1, 2]]` is advanced indexing
+                # (a LongTensor index), `x[(1, 2)]` is `x[1, 2]`; see [Note: list indices]
+                args_attr: AttrValue = (
+                    argument_tree(args[0], inputs, value_of),
+                    argument_tree(args[1], inputs, value_of, keep_lists=True),
+                    *argument_tree(args[2:], inputs, value_of),  # type: ignore[misc]
+                )
+            else:
+                args_attr = argument_tree(args, inputs, value_of)
+            kwargs_attr = argument_tree(kwargs, inputs, value_of)
+        except UnrecordableArgument as e:
+            raise CompileError(
+                f"cannot record an argument of an extern torch call: {e}", self.source_loc()
+            ) from None
         in_types = [v.type for v in inputs]
         try:
             out_types, out_spec = fake_call(
@@ -623,58 +556,11 @@ class Tracer:
             return self.rebind(args[0], handles[0])
         return pytree.tree_unflatten(handles, out_spec)
 
-    def _mask_lists(self, x: Any, key: Any) -> Any:
-        """A list of Python bools in an index key is a mask of constant values: the
-        list of its true positions, once its length is checked against the dim it
-        indexes (torch's fake kernels would see a data-dependent mask instead)."""
-        items = key if isinstance(key, tuple) else (key,)
-
-        def is_mask(it: Any) -> bool:
-            return isinstance(it, list) and bool(it) and all(isinstance(b, bool) for b in it)
-
-        if not isinstance(x, TensorProxy) or not any(is_mask(it) for it in items):
-            return key
-        simple = (int, slice, list, sympy.Basic, *_SYM)
-        if not all(
-            it is None or it is Ellipsis or (isinstance(it, simple) and not isinstance(it, bool))
-            for it in items
-        ):
-            return key  # tensor or bool indices: torch's rules decide the dims
-        if isinstance(key, list) and any(isinstance(b, (list, slice)) or b is None for b in key):
-            return key  # a list holding sequences is a tuple to torch
-        shape = x.ir_type.shape
-        consuming = sum(1 for it in items if it is not None and it is not Ellipsis)
-        out: list[Any] = []
-        d = 0
-        for it in items:
-            if it is Ellipsis:
-                d += max(len(shape) - consuming, 0)
-            elif it is not None:
-                if is_mask(it) and d < len(shape):
-                    size = shape[d]
-                    same = (
-                        size == len(it)
-                        if isinstance(size, int)
-                        else self.ctx.decide(
-                            sympy.Eq(size, len(it)), f"{self.source_loc()}: boolean index list length"
-                        )
-                    )
-                    if not same:
-                        raise CompileError(
-                            f"a boolean index list of length {len(it)} indexes a dim of size {size}",
-                            self.source_loc(),
-                            "a list of bools is a mask: it needs one entry per element of the dim",
-                        )
-                    it = [i for i, b in enumerate(it) if b]
-                d += 1
-            out.append(it)
-        return tuple(out) if isinstance(key, tuple) else out[0]
-
     # -- result ---------------------------------------------------------------
     def graph(self, outputs: Sequence[Value]) -> Graph:
         self.sync()
         binds = data_sizes.binding_nodes(self.nodes, self.inputs)
-        nodes = _dead_code_elimination(tuple(self.nodes), set(outputs), binds)
+        nodes = eliminate_dead_code(tuple(self.nodes), set(outputs), binds)
         return Graph(self.name, tuple(self.inputs), nodes, tuple(outputs), tuple(self.ctx.assumptions))
 
 
@@ -697,57 +583,6 @@ class Region:
         return Block(self.arg_values, self.nodes, self.results)
 
 
-def weak_numbers(args: Any, kwargs: Any) -> tuple[Any, Any]:
-    """A carried Python float (a float64 :class:`NumberProxy`) combined with tensors none
-    of which is floating is cast to the default dtype first: eager promotes the number it
-    stands for with them to the default dtype (``int_tensor * 0.5`` is float32), while a
-    float64 0-d tensor would make the result float64. With a floating tensor the 0-d
-    float64 already loses to it, as the number would."""
-    leaves = pytree.tree_leaves((args, kwargs))
-    if not any(isinstance(x, TensorProxy) and x._cuvil_weak and x.ir_type.dtype == DType.f64 for x in leaves):
-        return args, kwargs
-    others = [x for x in leaves if isinstance(x, torch.Tensor) and not getattr(x, "_cuvil_weak", False)]
-    dtypes = [x.ir_type.dtype.torch if isinstance(x, TensorProxy) else x.dtype for x in others]
-    if not others or any(d.is_floating_point or d.is_complex for d in dtypes):
-        return args, kwargs
-    default = torch.get_default_dtype()
-
-    def cast(x: Any) -> Any:
-        weak = isinstance(x, TensorProxy) and x._cuvil_weak and x.ir_type.dtype == DType.f64
-        return torch.Tensor.to(x, default) if weak else x
-
-    return pytree.tree_map(cast, (args, kwargs))  # type: ignore[no-any-return]
-
-
-def _dead_code_elimination(nodes: tuple[Node, ...], live: set[Value], binds: set[int]) -> tuple[Node, ...]:
-    """Drop pure nodes whose results nobody uses (a loop condition first evaluated in
-    Python to see whether it is a tensor ...); in-place externs, control flow and nodes
-    that bind a size later nodes may use (``binds``) stay."""
-    kept: list[Node] = []
-    for k in range(len(nodes) - 1, -1, -1):
-        node = nodes[k]
-        op = REGISTRY.get(node.op)
-        # an extern call that updates nothing in place is a function of its inputs too
-        pure = k not in binds and (
-            "pure" in op.traits or (node.op == "extern" and node.attr("mutates") is None)
-        )
-        if pure and not node.regions and not any(v in live for v in node.outputs):
-            continue
-        live.update(node.inputs)
-        for r in node.regions:
-            _block_uses(r, live)
-        kept.append(node)
-    return tuple(reversed(kept))
-
-
-def _block_uses(block: Block, live: set[Value]) -> None:
-    live.update(block.results)
-    for node in block.nodes:
-        live.update(node.inputs)
-        for r in node.regions:
-            _block_uses(r, live)
-
-
 def _restore(now: Any, before: Any) -> None:
     now.clear()
     now.update(before)
@@ -760,103 +595,6 @@ def _identity(x: Any) -> Any:
 def _sanitize(name: str) -> str:
     out = "".join(c if c.isalnum() or c == "_" else "_" for c in name)
     return out if out and not out[0].isdigit() else "s" + out
-
-
-def _device_str(d: torch.device) -> str:
-    return str(d)
-
-
-def _leaves(tree: Any) -> Any:
-    if isinstance(tree, (list, tuple)):
-        for x in tree:
-            yield from _leaves(x)
-    elif isinstance(tree, dict):
-        for x in tree.values():
-            yield from _leaves(x)
-    elif isinstance(tree, slice):
-        yield from _leaves((tree.start, tree.stop, tree.step))
-    else:
-        yield tree
-
-
-def _any_leaf(args: Any, kwargs: Any, pred: Callable[[Any], bool]) -> bool:
-    return any(pred(x) for x in _leaves((args, kwargs)))
-
-
-def _normalize(tree: Any, tracer: Tracer) -> Any:
-    """Sizes become sympy expressions and real tensors become lifted proxies."""
-    if isinstance(tree, tuple):
-        return tuple(_normalize(x, tracer) for x in tree)
-    if isinstance(tree, list):
-        return [_normalize(x, tracer) for x in tree]
-    if isinstance(tree, dict):
-        return {k: _normalize(v, tracer) for k, v in tree.items()}
-    if isinstance(tree, slice):
-        return slice(
-            _normalize(tree.start, tracer), _normalize(tree.stop, tracer), _normalize(tree.step, tracer)
-        )
-    if isinstance(tree, _SYM):
-        return tracer.sym(tree)
-    if isinstance(tree, TensorProxy):
-        return tree
-    if isinstance(tree, torch.Tensor):
-        return tracer.lift(tree)
-    return tree
-
-
-def _attr(v: Any) -> AttrValue:
-    if isinstance(v, (list, tuple, torch.Size)):
-        return tuple(_attr(x) for x in v)
-    if isinstance(v, torch.dtype):
-        return DType.from_torch(v)
-    if isinstance(v, torch.device):
-        return str(v)
-    if isinstance(v, torch.memory_format):  # read back by `materialize`
-        return KV((("__memory_format__", str(v).removeprefix("torch.")),))
-    if isinstance(v, sympy.Basic):
-        e = sympy.sympify(v)
-        return int(e) if e.is_Integer else e
-    if v is None or isinstance(v, (bool, int, float, str, DType, KV, Ref)):
-        return v
-    raise TypeError(f"attribute value of type {type(v).__name__} is not supported: {v!r}")
-
-
-#: extern calls whose second argument is an index key
-_INDEXING = frozenset({"__getitem__", "__setitem__"})
-
-# [Note: list indices]
-# Attributes have no list type: argument lists of extern calls are recorded as tuples,
-# which every torch function accepts alike, except an index key: there a list is
-# advanced indexing (`x[[1, 2]]` is `x[torch.tensor([1, 2])]`, shape (2, ...)) while a
-# tuple is one index per dim (`x[1, 2]`). So the lists of an index key are recorded as
-# `{__list__ = [...]}` and `materialize` turns them back into lists.
-
-
-def _refs(tree: Any, inputs: list[Value], tracer: Tracer, *, keep_lists: bool = False) -> AttrValue:
-    """An extern call's argument tree as an attribute, with ``$i`` for traced values
-    (``keep_lists``: lists are marked as such; see [Note: list indices])."""
-    if isinstance(tree, TensorProxy):
-        v = tracer.value_of(tree)
-        if v in inputs:
-            return Ref(inputs.index(v))
-        inputs.append(v)
-        return Ref(len(inputs) - 1)
-    if keep_lists and isinstance(tree, list):
-        return KV((("__list__", tuple(_refs(x, inputs, tracer, keep_lists=True) for x in tree)),))
-    if isinstance(tree, (list, tuple, torch.Size)):
-        return tuple(_refs(x, inputs, tracer, keep_lists=keep_lists) for x in tree)
-    if isinstance(tree, dict):
-        return KV.of({str(k): _refs(v, inputs, tracer, keep_lists=keep_lists) for k, v in tree.items()})
-    if isinstance(tree, slice):
-        return KV((("__slice__", _refs((tree.start, tree.stop, tree.step), inputs, tracer)),))
-    if tree is Ellipsis:
-        return KV((("__ellipsis__", None),))
-    try:
-        return _attr(tree)
-    except TypeError as e:
-        raise CompileError(
-            f"cannot record an argument of an extern torch call: {e}", tracer.source_loc()
-        ) from None
 
 
 __all__ = ["Checkpoint", "LayoutGuard", "Lifted", "Tracer"]
