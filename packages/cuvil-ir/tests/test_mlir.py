@@ -281,3 +281,38 @@ def test_elementwise_rules_are_the_registry_primitives(monkeypatch: pytest.Monke
     monkeypatch.setattr(REGISTRY.get("gelu"), "decompose", None)
     monkeypatch.setattr(REGISTRY.get("sigmoid"), "decompose", lambda b, x: 1 / (1 + (-x).exp()))
     assert mismatch() == (["gelu"], ["sigmoid"])
+
+
+def test_size_division_has_python_semantics_on_negative_operands() -> None:
+    """[Note: size division semantics]: a size expression can be negative (``x_0 - 7`` at a
+    small size, a loop index over a negative range); floor, ceiling and Mod give Python's
+    ``//``, ``-(-a // b)`` and ``%`` (remsi alone gave -2 for ``-5 % 3``)."""
+    g = parse_graph(
+        "graph @neg(%x: Tensor[f32, (x_0,), cpu], %y: Tensor[f32, (x_1,), cpu]) {\n"
+        "  %0 = const() {value = <floor((x_0 - 7)/x_1)>} : Scalar[int]\n"
+        "  %1 = const() {value = <ceiling((x_0 - 7)/x_1)>} : Scalar[int]\n"
+        "  %2 = const() {value = <Mod(x_0 - 7, x_1)>} : Scalar[int]\n"
+        "  %3 = const() {value = <floor((x_0 - 7)/3)>} : Scalar[int]\n"
+        "  return %0, %1, %2, %3\n}"
+    )
+    for n in range(10):
+        for m in (2, 3, 5):
+            got = tuple(int(v) for v in run_mlir(g, torch.randn(n), torch.randn(m)))
+            assert got == ((n - 7) // m, -((7 - n) // m), (n - 7) % m, (n - 7) // 3), (n, m)
+
+
+def test_sdpa_softmax_is_the_registry_decomposition(monkeypatch: pytest.MonkeyPatch) -> None:
+    """sdpa's softmax is emitted from the softmax op's decomposition, not from math of
+    MLIR's own: without that decomposition sdpa becomes an external call."""
+    from cuvil_ir import REGISTRY
+    from cuvil_ir.graph_ir.decompose import NotDecomposed
+
+    g = parse_graph((GOLDEN / "sdpa_causal.txt").read_text())
+    assert to_mlir(g).lowerable
+
+    def declined(*args: object, **kwargs: object) -> None:
+        raise NotDecomposed("softmax declined")
+
+    monkeypatch.setattr(REGISTRY.get("softmax"), "decompose", declined)
+    r = to_mlir(g)
+    assert r.externs == ["sdpa"] and "softmax declined" in r.reasons["sdpa"]

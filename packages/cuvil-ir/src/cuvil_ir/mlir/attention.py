@@ -1,5 +1,11 @@
 """Scaled-dot-product attention: ``q k^T * scale`` (+ a mask or the causal triangle as
-``-inf``), a softmax over the last dim, ``@ v``."""
+``-inf``), a softmax over the last dim, ``@ v``.
+
+The softmax is the registry's ``softmax`` op, emitted from its decomposition. sdpa itself
+has no decomposition yet (its shape rule does not relate the batch dims of q, k and v:
+see ``ScaledDotProductAttention`` in :mod:`cuvil_ir.graph_ir.ops.nn`), so the contractions
+around the softmax are written here; once it has one, this module goes and sdpa is
+emitted from it like any composite op."""
 
 from __future__ import annotations
 
@@ -15,22 +21,6 @@ from cuvil_ir.mlir.module import H, Unsupported, node_attr
 
 class AttentionEmitter(LinalgEmitter):
     """sdpa."""
-
-    def softmax(self, x: H, dim: int, log: bool, od: DType) -> H:
-        t = x[1]
-        assert isinstance(t, TensorType)
-        cd = DType.f32 if od in (DType.f16, DType.bf16) else od
-        ct = t.replace(dtype=cd)
-        if t.dtype != cd:
-            x = self.ew(ct, [x], "cast")
-        m = self.reduce(x, [dim], True, "max")
-        sh = self.ew(ct, [x, m], "sub")
-        e = self.ew(ct, [sh], "exp")
-        s = self.reduce(e, [dim], True, "sum")
-        if log:
-            ls = self.ew(s[1], [s], "log")  # type: ignore[arg-type]
-            return self.ew(ct.replace(dtype=od), [sh, ls], "sub")
-        return self.ew(ct.replace(dtype=od), [e, s], "div")
 
     def op_sdpa(self, node: Node) -> H:
         if node_attr(node, "enable_gqa"):
@@ -57,7 +47,7 @@ class AttentionEmitter(LinalgEmitter):
                 s = self.ew(st, [s, mask[0]], "add")
         if node_attr(node, "is_causal"):
             s = self.tri(s, 0, lower=True, fill=-math.inf)
-        p = self.softmax(s, st.rank - 1, False, st.dtype)
+        p = self.emit_op("softmax", [s], st, dim=st.rank - 1, dtype=None)  # from its decomposition
         return self.named_matmul(p, v, out) or self.contract(p, v, out)
 
 

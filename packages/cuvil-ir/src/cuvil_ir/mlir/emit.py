@@ -9,6 +9,7 @@ See ``docs/cuvil-ir-and-mlir.md``.
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -17,7 +18,7 @@ from typing import Any
 import sympy
 
 from cuvil_ir.graph_ir.decompose import NotDecomposed, expand, uses_decomposition
-from cuvil_ir.graph_ir.nodes import Block, Graph, Node, Value
+from cuvil_ir.graph_ir.nodes import AttrValue, Block, Graph, Node, Value
 from cuvil_ir.graph_ir.registry import REGISTRY
 from cuvil_ir.graph_ir.types import SCALAR_DTYPES, DType, ScalarKind, ScalarType, TensorType, Type
 from cuvil_ir.mlir.attention import AttentionEmitter
@@ -40,6 +41,11 @@ class MlirResult:
 
 class _Emitter(AttentionEmitter):
     """Emits nodes (one ``op_<name>`` method per op family), regions and the function."""
+
+    def __init__(self, graph: Graph) -> None:
+        super().__init__(graph)
+        #: names of the values :meth:`emit_op` makes (never a graph value's: those have no ':')
+        self.made = (f"mlir:{i}" for i in itertools.count())
 
     # -- nodes ----------------------------------------------------------------------------
     def extern(self, node: Node, reason: str) -> None:
@@ -120,6 +126,23 @@ class _Emitter(AttentionEmitter):
             self.bind(m, fn(m))
         self.node = node
         return [self.values[v.name] for v in ex.outputs]
+
+    def emit_op(self, op: str, operands: Sequence[H], out: Type, **attrs: AttrValue) -> H:
+        inputs = []
+        for v, ty in operands:
+            value = Value(next(self.made), ty)
+            self.values[value.name] = (v, ty)
+            inputs.append(value)
+        outer = self.node
+        loc = outer.loc if outer is not None else None
+        node = Node(op, tuple(inputs), (Value(next(self.made), out),), tuple(sorted(attrs.items())), loc=loc)
+        fn = self.emitter_for(op)
+        if fn is None:
+            raise Unsupported(f"{op} is not emitted")
+        self.node = node
+        self.bind(node, fn(node))
+        self.node = outer
+        return self.values[node.output.name]
 
     def op_const(self, node: Node) -> H:
         out = node.output.type

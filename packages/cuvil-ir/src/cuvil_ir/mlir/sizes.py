@@ -50,6 +50,12 @@ class SizeEmitter(ModuleBuilder):
                 self.emit(f"{r} = arith.select {c}, {self.idx(val)}, {acc} : index")
                 acc = r
             return acc
+        # [Note: size division semantics] sympy's floor, ceiling and Mod are Python's (Mod
+        # takes the divisor's sign), and a size expression can be negative -- a loop index
+        # (``range(-4, n)``), or ``x_0 - 7`` at a small size -- so floor and ceiling are
+        # floordivsi/ceildivsi (rounding toward -inf/+inf, not toward zero as divsi does),
+        # and Mod is ``a - floordiv(a, b) * b``: remsi alone takes the dividend's sign.
+        # test_mlir checks both against Python on negative operands.
         if isinstance(e, sympy.floor) or isinstance(e, sympy.ceiling):
             num, den = sympy.fraction(sympy.together(e.args[0]))
             if den == 1:
@@ -57,7 +63,8 @@ class SizeEmitter(ModuleBuilder):
             op = "floordivsi" if isinstance(e, sympy.floor) else "ceildivsi"
             return self._bin(op, self.idx(num), self.idx(den))
         if isinstance(e, sympy.Mod):
-            return self._bin("remsi", self.idx(e.args[0]), self.idx(e.args[1]))
+            a, b = self.idx(e.args[0]), self.idx(e.args[1])
+            return self._bin("subi", a, self._bin("muli", self._bin("floordivsi", a, b), b))
         if isinstance(e, (sympy.Max, sympy.Min)):
             op = "maxsi" if isinstance(e, sympy.Max) else "minsi"
             acc = self.idx(e.args[0])
@@ -65,7 +72,7 @@ class SizeEmitter(ModuleBuilder):
                 acc = self._bin(op, acc, self.idx(a))
             return acc
         num, den = sympy.fraction(sympy.together(e))
-        if den != 1:
+        if den != 1:  # an integer size: the division is exact, so truncating is flooring
             return self._bin("divsi", self.idx(num), self.idx(den))
         if isinstance(e, sympy.Add):
             terms = sorted(e.args, key=sympy.default_sort_key)
