@@ -91,12 +91,9 @@ class SizeExprs(GraphBuilder):
             for _ in range(int(e.exp) - 1):
                 out = self.op("Mul", [out, base])
             return out
-        if isinstance(e, sympy.floor):
+        if isinstance(e, (sympy.floor, sympy.ceiling)):
             num, den = e.args[0].as_numer_denom()
-            return self.op("Div", [self.expr(num), self.expr(den)])
-        if isinstance(e, sympy.ceiling):
-            num, den = e.args[0].as_numer_denom()
-            return self.op("Div", [self.op("Add", [self.expr(num), self.expr(den - 1)]), self.expr(den)])
+            return self._rounded_div(num, den, up=isinstance(e, sympy.ceiling))
         if isinstance(e, sympy.Mod):
             return self.op("Mod", [self.expr(e.args[0]), self.expr(e.args[1])])
         if isinstance(e, (sympy.Max, sympy.Min)):
@@ -131,6 +128,26 @@ class SizeExprs(GraphBuilder):
                 out = self.op("Where", [self.expr(cond), self.expr(value), out])
             return out
         raise ExportError(f"size expression {expr_str(e)} has no ONNX translation")
+
+    def _rounded_div(self, num: Any, den: Any, *, up: bool) -> str:
+        """``floor(num / den)`` (``ceiling`` when ``up``), as Python's ``//`` means it.
+
+        [Note: floor division in ONNX] ONNX's integer ``Div`` truncates toward zero, which
+        is the floor only when the quotient cannot be negative: ``Div`` is used when sympy
+        knows both operands are >= 0; otherwise the quotient is computed in double
+        precision and rounded (``Floor``/``Ceil``), exact while ``|num| < 2**53`` (sizes).
+        ``Mod`` needs nothing: ONNX's integer ``Mod`` takes the divisor's sign, as ``%``.
+        The importer folds both forms back into the same ``floor``/``ceiling``.
+        """
+        if _nonnegative(num) and _nonnegative(den):
+            n = self.expr(num) if not up else self.op("Add", [self.expr(num), self.expr(den - 1)])
+            return self.op("Div", [n, self.expr(den)])
+        f64 = DType.f64
+        q = self.op("Div", [self._as_f64(self.expr(num)), self._as_f64(self.expr(den))])
+        return self.cast(self.op("Ceil" if up else "Floor", [q]), f64, DType.i64)
+
+    def _as_f64(self, name: str) -> str:
+        return name if name in self.floats else self.cast(name, DType.i64, DType.f64)
 
     def _float_expr(self, e: Any) -> str:
         """A non-integer size expression (``x_2**(-0.5)``), in double precision."""
@@ -170,6 +187,10 @@ class SizeExprs(GraphBuilder):
         if all(isinstance(d, int) for d in shape):
             return self.ints(shape)
         return self.op("Concat", [self.expr(d) for d in shape], axis=0)
+
+
+def _nonnegative(e: Any) -> bool:
+    return sympy.sympify(e).is_nonnegative is True
 
 
 def _is_bool(e: Any) -> bool:

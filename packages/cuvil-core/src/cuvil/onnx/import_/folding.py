@@ -137,7 +137,9 @@ def fold_unary(op_type: str, k: Known) -> Known | None:
             )
     if op_type in ("Ceil", "Floor") and k.array.size == 1:
         fn = sympy.ceiling if op_type == "Ceil" else sympy.floor
-        return Known(np.array(to_dim(fn(to_dim(k.array.reshape(-1)[0]))), dtype=object), k.dtype)
+        # elementwise: the shape stays (a size expression is a [1] value)
+        value = to_dim(fn(to_dim(k.array.reshape(-1)[0])))
+        return Known(np.full(k.array.shape, value, dtype=object), k.dtype)
     return None
 
 
