@@ -76,6 +76,8 @@ class ReductionEmitter(ElementwiseEmitter):
         return sympy.sympify(n)
 
     def mean(self, x: H, dims: Sequence[int], keepdim: bool, od: DType) -> H:
+        """``mean``, a primitive (the registry declares no decomposition for it): the sum,
+        accumulated in f32 for half types, over the element count from the sizes."""
         t = x[1]
         assert isinstance(t, TensorType)
         cd = DType.f32 if od in (DType.f16, DType.bf16) else od
