@@ -1,8 +1,11 @@
 """Elementwise ops: unary math and activations, binary arithmetic, comparisons, logical
 and bitwise ops, ``where``, ``clamp``, ``cast`` and ``const``.
 
-:data:`UNARY` maps a Cuvil op to the ONNX op that computes it from one input of the
-output dtype; the binary tables likewise for two inputs.
+[Note: one-to-one ONNX tables] :data:`UNARY` and :data:`BINARY` (and ``REDUCE`` in
+:mod:`.reduction`) map a Cuvil op to the one ONNX op computing it. They are the only
+statement of those pairs: the importer reads them backwards
+(:mod:`cuvil.onnx.import_.ops_elementwise`), so an op added here is imported too, and
+``test_onnx_tables.py`` round-trips every entry against eager PyTorch.
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ from cuvil.onnx.export.exporter import OPS, Exporter, OpFn, attr, out_type, regi
 from cuvil_ir.graph_ir.nodes import Node
 from cuvil_ir.graph_ir.types import DType, ScalarType, promote_types
 
-_UNARY = {
+#: Cuvil op -> the ONNX op computing it from its input cast to the output dtype
+UNARY = {
     "abs": "Abs",
     "neg": "Neg",
     "exp": "Exp",
@@ -37,6 +41,7 @@ _UNARY = {
     "atan": "Atan",
     "hardswish": "HardSwish",
     "mish": "Mish",
+    "logical_not": "Not",
 }
 
 
@@ -47,7 +52,7 @@ def _unary(onnx_op: str) -> OpFn:
     return fn
 
 
-for _k, _v in _UNARY.items():
+for _k, _v in UNARY.items():
     OPS[_k] = _unary(_v)
 
 
@@ -123,6 +128,9 @@ _BITWISE = {
     "bitwise_or": ("BitwiseOr", "Or"),
     "bitwise_xor": ("BitwiseXor", "Xor"),
 }
+#: Cuvil op -> the ONNX op computing it from its two inputs (cast as ``_binary`` says;
+#: a bitwise op of bools is the logical op)
+BINARY = {**_ARITH, **_CMP, **_LOGICAL, **{k: bit for k, (bit, _) in _BITWISE.items()}}
 
 
 @register(
@@ -159,11 +167,6 @@ def _binary(ex: Exporter, n: Node) -> Any:
         return ex.op("Mod", [x, y], fmod=0)
     # integer floor division: (x - mod(x, y)) / y is exact
     return ex.op("Div", [ex.op("Sub", [x, ex.op("Mod", [x, y], fmod=0)]), y])
-
-
-@register("logical_not")
-def _lnot(ex: Exporter, n: Node) -> Any:
-    return ex.op("Not", [ex.val(n.inputs[0], DType.bool)])
 
 
 @register("bitwise_not")
@@ -210,3 +213,5 @@ def _const(ex: Exporter, n: Node) -> Any:
         ex.numbers[name] = float(value)
     return name
 
+
+__all__ = ["BINARY", "UNARY"]

@@ -9,7 +9,9 @@ from cuvil_ir.graph_ir.types import DType
 from cuvil.onnx.export.exporter import Exporter, attr, out_type, register, tensor_of
 from cuvil_ir.graph_ir.nodes import Node
 
-_REDUCE = {
+#: Cuvil reduction -> the ONNX reduction (axes as an input, ``keepdims``); one to one
+#: (see [Note: one-to-one ONNX tables] in :mod:`.elementwise`)
+REDUCE = {
     "sum": "ReduceSum",
     "mean": "ReduceMean",
     "prod": "ReduceProd",
@@ -19,7 +21,7 @@ _REDUCE = {
 }
 
 
-@register(*_REDUCE, "all", "any")
+@register(*REDUCE, "all", "any")
 def _reduce(ex: Exporter, n: Node) -> Any:
     dims = tuple(attr(n, "dims") or ())
     keep = int(bool(attr(n, "keepdim")))
@@ -31,7 +33,7 @@ def _reduce(ex: Exporter, n: Node) -> Any:
         xi = ex.cast(ex.val(x, DType.bool), DType.bool, DType.i32)
         r = ex.op("ReduceMin" if n.op == "all" else "ReduceMax", [xi, ex.ints(dims)], keepdims=keep)
         return ex.cast(r, DType.i32, out)
-    return ex.op(_REDUCE[n.op], [ex.val(x, out), ex.ints(dims)], keepdims=keep)
+    return ex.op(REDUCE[n.op], [ex.val(x, out), ex.ints(dims)], keepdims=keep)
 
 
 @register("max", "min")
@@ -73,3 +75,4 @@ def _softmax(ex: Exporter, n: Node) -> Any:
     )
 
 
+__all__ = ["REDUCE"]

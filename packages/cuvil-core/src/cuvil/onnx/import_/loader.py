@@ -12,7 +12,7 @@ tensors become graph inputs that the callable passes on every call.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -240,6 +240,20 @@ OPS: dict[str, Handler] = {}
 register = registrar(OPS)
 
 
+def inverse(table: Mapping[str, str], *, unless: Collection[str] = ()) -> dict[str, str]:
+    """ONNX op -> Cuvil op: an export table (Cuvil op -> ONNX op) read backwards, less the
+    ONNX ops in ``unless`` (imported by a handler of their own). See [Note: one-to-one
+    ONNX tables] in :mod:`cuvil.onnx.export.elementwise`."""
+    out: dict[str, str] = {}
+    for op, onnx_op in table.items():
+        if onnx_op in unless:
+            continue
+        if onnx_op in out:
+            raise ValueError(f"ONNX {onnx_op} is written for both {out[onnx_op]} and {op}: not one to one")
+        out[onnx_op] = op
+    return out
+
+
 def rank(v: Value) -> int:
     t = v.type
     return t.rank if isinstance(t, TensorType) else 0
@@ -263,6 +277,7 @@ __all__ = [
     "attribute_text",
     "dtype_of",
     "identifier",
+    "inverse",
     "norm_axis",
     "rank",
     "register",

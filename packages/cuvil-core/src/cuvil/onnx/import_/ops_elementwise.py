@@ -1,6 +1,7 @@
 """Elementwise ops: arithmetic, comparisons, logical and bitwise ops, unary math and
 activations, ``Where``, ``Clip``, casts, ``Identity``/``Dropout``. Known operands fold
-(:mod:`.folding`)."""
+(:mod:`.folding`). The one-to-one ops are the export tables read backwards
+(:func:`~cuvil.onnx.import_.loader.inverse`)."""
 
 from __future__ import annotations
 
@@ -8,35 +9,22 @@ from typing import Any
 
 import numpy as np
 
+from cuvil.onnx.export.elementwise import BINARY, UNARY
 from cuvil.onnx.import_.folding import Known, fold_binary, fold_unary, fold_variadic
 from cuvil.onnx.import_.loader import (
     Importer,
     OnnxImportError,
     attribute_text,
     dtype_of,
+    inverse,
     register,
     to_dtype,
 )
 
-_ELEMENTWISE = {
-    "Add": "add",
-    "Sub": "sub",
-    "Mul": "mul",
-    "Pow": "pow",
-    "Equal": "eq",
-    "Less": "lt",
-    "LessOrEqual": "le",
-    "Greater": "gt",
-    "GreaterOrEqual": "ge",
-    "And": "logical_and",
-    "Or": "logical_or",
-    "Xor": "logical_xor",
-    "BitwiseAnd": "bitwise_and",
-    "BitwiseOr": "bitwise_or",
-    "BitwiseXor": "bitwise_xor",
-}
-
-
+#: ONNX op -> Cuvil op: the export table read backwards, less ``Div`` (an integer ``Div``
+#: truncates: ``div`` then ``trunc``) and ``Max``/``Min`` (any number of inputs), which
+#: have handlers of their own below
+_ELEMENTWISE = inverse(BINARY, unless=("Div", "Max", "Min"))
 
 
 @register(*_ELEMENTWISE, "Div")
@@ -78,29 +66,8 @@ def _mod(im: Importer, node: Any, ins: list[str], attrs: dict[str, Any]) -> Any:
     return im.emit("fmod" if attrs.get("fmod", 0) else "remainder", [a, b])
 
 
-_UNARY = {
-    "Abs": "abs",
-    "Neg": "neg",
-    "Exp": "exp",
-    "Log": "log",
-    "Sqrt": "sqrt",
-    "Sin": "sin",
-    "Cos": "cos",
-    "Tan": "tan",
-    "Tanh": "tanh",
-    "Sigmoid": "sigmoid",
-    "Relu": "relu",
-    "Erf": "erf",
-    "Floor": "floor",
-    "Ceil": "ceil",
-    "Reciprocal": "reciprocal",
-    "Sign": "sign",
-    "Atan": "atan",
-    "Not": "logical_not",
-    "BitwiseNot": "bitwise_not",
-    "HardSwish": "hardswish",
-    "Mish": "mish",
-}
+#: the export table read backwards, and ``BitwiseNot`` (exported only for non-bool operands)
+_UNARY = {**inverse(UNARY), "BitwiseNot": "bitwise_not"}
 
 
 @register(*_UNARY)

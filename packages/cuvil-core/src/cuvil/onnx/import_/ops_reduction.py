@@ -4,19 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from cuvil.onnx.import_.loader import Importer, OnnxImportError, norm_axis, rank, register
+from cuvil.onnx.export.reduction import REDUCE
+from cuvil.onnx.import_.loader import Importer, OnnxImportError, inverse, norm_axis, rank, register
 
-
-_REDUCE = {
-    "ReduceSum": "sum",
-    "ReduceMean": "mean",
-    "ReduceMax": "amax",
-    "ReduceMin": "amin",
-    "ReduceProd": "prod",
-    "ReduceLogSumExp": "logsumexp",
-    "ReduceSumSquare": "sum",
-    "ReduceL2": "sum",
-}
+#: the export table read backwards, and two ONNX reductions written with ``mul``/``sqrt``
+_REDUCE = {**inverse(REDUCE), "ReduceSumSquare": "sum", "ReduceL2": "sum"}
 
 
 @register(*_REDUCE)
