@@ -88,3 +88,11 @@ def test_one_to_one_entry_round_trips(op: str, arity: int) -> None:
     f = compile_onnx(model, target="reference")
     torch.testing.assert_close(f(*xs), want, equal_nan=True)
     assert op in [n.op for n in f.graphs[0].nodes], f.graphs[0].text
+
+
+def test_a_table_that_is_not_one_to_one_is_refused() -> None:
+    from cuvil.onnx.import_.loader import inverse
+
+    assert inverse({"add": "Add", "div": "Div"}, unless=("Div",)) == {"Add": "add"}
+    with pytest.raises(ValueError, match="Xor is written for both logical_xor and bitwise_xor"):
+        inverse({"logical_xor": "Xor", "bitwise_xor": "Xor"})
