@@ -8,6 +8,12 @@ so pytest loads it for any test path under the repository.
 
 from __future__ import annotations
 
+import os
+
+# every pipeline verifies its IR after each pass in the test suites (cuvil_ir/passes.py):
+# a pass that breaks its level's invariants fails here, naming the pass
+os.environ.setdefault("CUVIL_VERIFY_PASSES", "1")
+
 
 def pytest_addoption(parser):
     parser.addoption(

@@ -179,7 +179,15 @@ def test_cuvil_dump_writes_every_stage(tmp_path, monkeypatch):
     ex = executable(cf)
     (folder,) = (tmp_path / "dump").iterdir()
     assert folder.name == cf.graphs[0].hash[:12] == ex.report.graph_hash[:12]
-    files = sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
+    files = sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file() and p.parent.name != "passes")
+    # the IR after every pass, numbered in the order they ran (lowering's only when the
+    # program cache did not already hold this graph's Tensor IR)
+    passes = sorted(p.name for p in (folder / "passes").iterdir())
+    ran = ["graph_ir-attention_pattern", "graph_ir-small_matmul", "graph_ir-epilogues"]
+    if not ex.report.program_cache_hit:
+        ran += ["graph_ir-specialize", "tensor_ir-lower", "tensor_ir-plan_memory"]
+        assert (folder / "passes" / passes[-1]).read_text() == ex.stages["tensor_ir"]
+    assert passes == [f"{k:02d}-{name}.txt" for k, name in enumerate(ran, 1)]
     kernels = sorted(f"kernels/{k}.c" for k in ex.report.kernel_hashes["c"])
     loops = sorted(f"kernels/{k}.txt" for k in ex.report.kernel_hashes["loop_ir"])
     assert len(kernels) == len(loops) == ex.report.kernels >= 2

@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 
 from cuvil_ir import REGISTRY
-from cuvil_ir.graph_ir.decompose import with_equalities
+from cuvil_ir.symbolic import with_equalities
 from cuvil_ir.graph_ir.nodes import Graph, Node, Value
 from cuvil_ir.graph_ir.ops._rules import LIBRARY_KERNEL
 from cuvil_ir.graph_ir.registry import Op

@@ -29,6 +29,8 @@ from cuvil_backend_cpu.loop_ir.schedule import schedule_kernel
 from cuvil_backend_cpu.policy import FUSION, schedule_policy
 from cuvil_backend_cpu.toolchain import export_cpu_flags, export_toolchain
 from cuvil_ir.graph_ir.nodes import Graph
+from cuvil_ir.graph_ir.verifier import verify as verify_graph
+from cuvil_ir.passes import Pass, Pipeline
 from cuvil_ir.tensor_ir.lower import FusionPolicy
 from cuvil_ir.tensor_ir.program import Kernel, TensorProgram
 from cuvil_runtime.pipeline import ProgramExecutable, compile_program, export_program, package_hash
@@ -139,14 +141,24 @@ class CpuTarget(CpuHooks):
         return [self.cache.verified_bytes(p) for p in paths], requires
 
 
+#: the target's Graph IR rewrites before lowering, at ``opt_level`` > 0 (docs/cpu-backend.md)
+GRAPH_PASSES: Pipeline[Graph] = Pipeline(
+    "graph_ir",
+    [
+        Pass("attention_pattern", attention_pattern.rewrite, "hand-written attention to the flash kernel"),
+        Pass("small_matmul", small_matmul.rewrite, "matrix products with a small inner size to multiply-adds"),
+        Pass("epilogues", epilogues.rewrite, "GEMM/convolution epilogues fused, BatchNorm folded"),
+    ],
+    verify_graph,
+)
+
+
 def rewrite(graph: Graph, options: CompileOptions) -> Graph:
-    """The target's Graph IR rewrites before lowering, at ``opt_level`` > 0: hand-written
-    attention to the flash kernel, matrix products with a small inner size to
-    multiply-adds, then fused GEMM/convolution epilogues with BatchNorm folded
-    (docs/cpu-backend.md). Compiled and exported programs alike."""
+    """:data:`GRAPH_PASSES` at ``opt_level`` > 0 (none at 0); compiled and exported
+    programs alike."""
     if options.opt_level == 0:
         return graph
-    return epilogues.rewrite(small_matmul.rewrite(attention_pattern.rewrite(graph)))
+    return GRAPH_PASSES(graph)
 
 
 @functools.cache
@@ -175,4 +187,4 @@ def launch(lib: ctypes.CDLL, ck: CKernel) -> Launch:
     )
 
 
-__all__ = ["CpuHooks", "CpuTarget", "launch", "rewrite"]
+__all__ = ["GRAPH_PASSES", "CpuHooks", "CpuTarget", "launch", "rewrite"]

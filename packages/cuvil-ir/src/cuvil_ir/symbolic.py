@@ -18,8 +18,9 @@ graph relies on is visible in its text.
 from __future__ import annotations
 
 import functools
+import itertools
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from fractions import Fraction
 from typing import Any, Union
 
@@ -308,6 +309,32 @@ def canonical(fact: sympy.Basic) -> sympy.Basic:
         lhs, rhs = sorted(fact.args, key=lambda a: (bool(a.is_Number), sympy.default_sort_key(a)))
         fact = type(fact)(lhs, rhs, evaluate=False)
     return fact
+
+
+def with_equalities(assumptions: Sequence[sympy.Basic]) -> tuple[sympy.Basic, ...]:
+    """The assumptions plus ``Eq(a, b)`` for every two size symbols they make equal
+    through others (``Eq(w_0, x_1)`` and ``Eq(b_0, x_1)`` give ``Eq(b_0, w_0)``), since
+    the shape rules look facts up one by one: a weight and a bias broadcast alike."""
+    parent: dict[sympy.Symbol, sympy.Symbol] = {}
+
+    def find(s: sympy.Symbol) -> sympy.Symbol:
+        while parent.get(s, s) != s:
+            s = parent[s]
+        return s
+
+    for a in assumptions:
+        if isinstance(a, sympy.Eq) and isinstance(a.lhs, sympy.Symbol) and isinstance(a.rhs, sympy.Symbol):
+            ra, rb = find(a.lhs), find(a.rhs)
+            if ra != rb:
+                parent[ra] = rb
+    classes: dict[sympy.Symbol, list[sympy.Symbol]] = {}
+    for s in parent:
+        classes.setdefault(find(s), []).append(s)
+    extra: list[sympy.Basic] = []
+    for root, members in classes.items():
+        group = sorted({root, *members}, key=lambda x: x.name)
+        extra += [canonical(sympy.Eq(x, y)) for x, y in itertools.combinations(group, 2)]
+    return (*assumptions, *(e for e in extra if e not in assumptions))
 
 
 class ShapeContext:

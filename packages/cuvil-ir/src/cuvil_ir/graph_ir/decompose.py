@@ -28,7 +28,7 @@ import sympy
 from cuvil_ir.graph_ir.nodes import AttrValue, Block, Loc, Node, Value
 from cuvil_ir.graph_ir.registry import REGISTRY, infer_types
 from cuvil_ir.graph_ir.types import DType, ScalarType, TensorType, Type
-from cuvil_ir.symbolic import Dim, ShapeContext, UndecidableError, canonical, prove
+from cuvil_ir.symbolic import Dim, ShapeContext, UndecidableError, canonical, prove, with_equalities
 
 #: ``decompose(b, *inputs, **attrs) -> Sym | tuple[Sym, ...]``
 Decomposition = Callable[..., Any]
@@ -354,32 +354,6 @@ class _Context(ShapeContext):
         return proved
 
 
-def with_equalities(assumptions: Sequence[sympy.Basic]) -> tuple[sympy.Basic, ...]:
-    """The assumptions plus ``Eq(a, b)`` for every two size symbols they make equal
-    through others (``Eq(w_0, x_1)`` and ``Eq(b_0, x_1)`` give ``Eq(b_0, w_0)``), since
-    the shape rules look facts up one by one: a weight and a bias broadcast alike."""
-    parent: dict[sympy.Symbol, sympy.Symbol] = {}
-
-    def find(s: sympy.Symbol) -> sympy.Symbol:
-        while parent.get(s, s) != s:
-            s = parent[s]
-        return s
-
-    for a in assumptions:
-        if isinstance(a, sympy.Eq) and isinstance(a.lhs, sympy.Symbol) and isinstance(a.rhs, sympy.Symbol):
-            ra, rb = find(a.lhs), find(a.rhs)
-            if ra != rb:
-                parent[ra] = rb
-    classes: dict[sympy.Symbol, list[sympy.Symbol]] = {}
-    for s in parent:
-        classes.setdefault(find(s), []).append(s)
-    extra: list[sympy.Basic] = []
-    for root, members in classes.items():
-        group = sorted({root, *members}, key=lambda x: x.name)
-        extra += [canonical(sympy.Eq(x, y)) for x, y in itertools.combinations(group, 2)]
-    return (*assumptions, *(e for e in extra if e not in assumptions))
-
-
 def _same_type(a: Type, b: Type) -> bool:
     if isinstance(a, ScalarType) or isinstance(b, ScalarType):
         return a == b
@@ -401,5 +375,4 @@ __all__ = [
     "expand",
     "uses_decomposition",
     "where",
-    "with_equalities",
 ]

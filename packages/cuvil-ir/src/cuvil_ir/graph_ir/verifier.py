@@ -13,7 +13,8 @@ of the blocks that enclose it) and then checks the types the blocks yield.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import functools
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import sympy
@@ -22,7 +23,7 @@ from cuvil_ir.graph_ir.nodes import KV, AttrValue, Block, Graph, Node, Value
 from cuvil_ir.graph_ir.registry import REGISTRY, infer_types
 from cuvil_ir.graph_ir.types import ScalarType, TensorType, Type
 from cuvil_ir.graph_ir.unbacked import defined_symbols
-from cuvil_ir.symbolic import ShapeContext, UndecidableError, canonical, free_symbols
+from cuvil_ir.symbolic import ShapeContext, UndecidableError, canonical, free_symbols, with_equalities
 
 
 class VerifyError(ValueError):
@@ -34,12 +35,24 @@ def dims_equal(x: Any, y: Any) -> bool:
     return bool(x == y or sympy.expand(sympy.sympify(x) - sympy.sympify(y)) == 0)
 
 
-def types_equal(a: Type, b: Type) -> bool:
+def types_equal(a: Type, b: Type, same: Callable[[Any, Any], bool] = dims_equal) -> bool:
     if isinstance(a, ScalarType) or isinstance(b, ScalarType):
         return a == b
     if a.dtype != b.dtype or a.device != b.device or a.rank != b.rank:
         return False
-    return all(dims_equal(x, y) for x, y in zip(a.shape, b.shape))
+    return all(same(x, y) for x, y in zip(a.shape, b.shape))
+
+
+def _dims_equal_under(ctx: ShapeContext, x: Any, y: Any) -> bool:
+    """Equal, or equal by the graph's assumptions (a rewrite keeps the replaced node's
+    result, typed ``hidden_0`` where the new op's rule says ``q_2``, and ``Eq(hidden_0, q_2)``
+    is assumed)."""
+    if dims_equal(x, y):
+        return True
+    try:
+        return ctx.decide(sympy.Eq(sympy.sympify(x), sympy.sympify(y)))
+    except UndecidableError:
+        return False
 
 
 def attr_symbols(value: AttrValue) -> frozenset[sympy.Symbol]:
@@ -88,7 +101,8 @@ def verify(g: Graph) -> Graph:
         unbound = a.free_symbols - bound
         if unbound:
             raise VerifyError(f"assumption {a} uses unbound symbols {sorted(map(str, unbound))}")
-    ctx = ShapeContext(None, g.assumptions)
+    # facts the assumptions imply by chains of equal sizes count (a rewrite proves with them)
+    ctx = ShapeContext(None, with_equalities(g.assumptions))
     state.nodes(g.nodes, [defined], ctx, frozenset(bound))
     for v in g.outputs:
         if v not in defined:
@@ -179,7 +193,8 @@ class _State:
             except Exception as e:  # shape rules raise on bad operands
                 raise VerifyError(f"{where}: shape rule failed: {e}") from e
             if len(expected) != len(n.outputs) or not all(
-                types_equal(a, b.type) for a, b in zip(expected, n.outputs)
+                types_equal(a, b.type, functools.partial(_dims_equal_under, ctx))
+                for a, b in zip(expected, n.outputs)
             ):
                 got = ", ".join(str(v.type) for v in n.outputs)
                 want = ", ".join(str(t) for t in expected)

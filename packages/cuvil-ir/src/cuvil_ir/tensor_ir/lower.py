@@ -16,6 +16,8 @@ from typing import Any
 import sympy
 
 from cuvil_ir.graph_ir.nodes import KV, Block, Graph, Node, Ref, Value
+from cuvil_ir.graph_ir.verifier import verify as verify_graph
+from cuvil_ir.passes import Pass, PassError, Pipeline, traced, verifying
 from cuvil_ir.graph_ir.registry import REGISTRY
 from cuvil_ir.graph_ir.types import DType, ScalarType, TensorType
 from cuvil_ir.symbolic import Dim, symbol
@@ -45,6 +47,9 @@ from cuvil_ir.tensor_ir.values import (
     strided_view,
 )
 from cuvil_ir.tensor_ir.values import as_dim as _dim
+from cuvil_ir.tensor_ir.memory import plan_program
+from cuvil_ir.tensor_ir.rules import RULES
+from cuvil_ir.tensor_ir.verify import verify as verify_program
 
 #: ``(reduce, its free indices, the kernel's outer indices) -> realize it?``
 RealizeReduction = Callable[[E.Reduce, frozenset[sympy.Symbol], frozenset[sympy.Symbol]], bool]
@@ -568,25 +573,48 @@ def specialize(graph: Graph) -> Graph:
 
     inputs = tuple(val(v) for v in graph.inputs)
     nodes = tuple(node(n) for n in graph.nodes)
-    return Graph(graph.name, inputs, nodes, tuple(val(v) for v in graph.outputs), graph.assumptions)
+    # the facts themselves in the new names (``Eq(w1_0, x_1)`` becomes true and goes), so
+    # the specialized graph names no symbol its inputs no longer bind; a fact about an
+    # expression (``Eq(Mod(x_0*x_1, 2), 0)``) stays as it is
+    renamed = {k: v for k, v in known.items() if isinstance(k, sympy.Symbol)}
+    facts = tuple(
+        f for f in (sympy.sympify(a).xreplace(renamed) for a in graph.assumptions) if f is not sympy.true
+    )
+    return Graph(graph.name, inputs, nodes, tuple(val(v) for v in graph.outputs), facts)
+
+
+def _specialize_pass() -> Pass[Graph]:
+    return Pass("specialize", specialize, "sizes the assumptions pin down substituted in types and attributes")
+
+
+#: the Graph IR passes lowering starts with, and the Tensor IR passes after it
+GRAPH_PASSES: Pipeline[Graph] = Pipeline("graph_ir", [_specialize_pass()], verify_graph)
+TENSOR_PASSES: Pipeline[TensorProgram] = Pipeline(
+    "tensor_ir",
+    [Pass("plan_memory", plan_program, "arena slots for temporaries, buffers reused after their last read")],
+    verify_program,
+)
 
 
 def lower(graph: Graph, policy: FusionPolicy | None = None, *, strided_inputs: bool = False) -> TensorProgram:
-    """Lower a verified Graph IR graph to Tensor IR, then plan its memory.
+    """Lower a verified Graph IR graph to Tensor IR (:data:`GRAPH_PASSES`, the lowering,
+    then :data:`TENSOR_PASSES`: its memory plan).
 
     ``strided_inputs``: kernels read the tensor inputs by strides bound per call
     (:meth:`Lowering.bind_input`) instead of as row-major arrays."""
-    from cuvil_ir.tensor_ir.memory import plan_program
-
     lowering = Lowering(policy or FusionPolicy())
     lowering.assumptions = tuple(graph.assumptions)
-    program = lowering.lower_graph(specialize(graph), graph.name, strided_inputs)
-    return plan_program(program)
+    program = lowering.lower_graph(GRAPH_PASSES(graph), graph.name, strided_inputs)
+    if verifying():
+        try:
+            verify_program(program)
+        except Exception as e:
+            raise PassError(f"lowering to Tensor IR produced invalid IR: {e}") from e
+    traced("tensor_ir", "lower", program)
+    return TENSOR_PASSES(program)
 
 
 def _rules() -> Any:
-    from cuvil_ir.tensor_ir.rules import RULES
-
     return RULES
 
 
