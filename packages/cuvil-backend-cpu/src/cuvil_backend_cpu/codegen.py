@@ -19,26 +19,13 @@ from typing import Any
 
 import sympy
 
+from cuvil_backend_cpu.c_functions import C_TYPES, CodegenError, c_call
 from cuvil_backend_cpu.loop_ir.nodes import Accumulate, Let, Loop, LoopFunc, Prefetch, Stmt, Store
 from cuvil_ir.graph_ir.types import DType
 from cuvil_ir.tensor_ir import expr as E
 from cuvil_ir.tensor_ir.index_text import IndexPrinter
 
 
-class CodegenError(NotImplementedError):
-    """Loop IR the C generator cannot express (a bug: lowering should have made it an extern)."""
-
-
-C_TYPES = {
-    DType.f32: "float",
-    DType.f64: "double",
-    DType.i64: "int64_t",
-    DType.i32: "int32_t",
-    DType.i16: "int16_t",
-    DType.i8: "int8_t",
-    DType.u8: "uint8_t",
-    DType.bool: "uint8_t",
-}
 
 PRELUDE = """\
 #include <math.h>
@@ -111,32 +98,6 @@ static inline double cu_rem(double a, double b) {
 }
 """
 
-#: scalar function -> the <math.h> name of its double form (``f`` suffix for float)
-_FLOAT_FNS = {
-    **{
-        f: f
-        for f in "exp expm1 log log1p log2 sqrt sin cos tan atan tanh erf floor ceil trunc fmod pow atan2".split()
-    },
-    "round": "nearbyint",  # round half to even, as torch.round
-    "abs": "fabs",
-}
-_INFIX = {
-    "add": "+",
-    "sub": "-",
-    "mul": "*",
-    "div": "/",
-    "eq": "==",
-    "ne": "!=",
-    "lt": "<",
-    "le": "<=",
-    "gt": ">",
-    "ge": ">=",
-    "and": "&&",
-    "or": "||",
-    "bitand": "&",
-    "bitor": "|",
-    "bitxor": "^",
-}
 #: the most bytes of a row a Prefetch statement touches (see loop_ir.schedule._prefetches)
 PREFETCH_BYTES = 8192
 _OMP_REDUCTION = {"sum": "+", "prod": "*", "max": "max", "min": "min", "any": "|", "all": "&"}
@@ -265,57 +226,7 @@ class _Gen(IndexPrinter):
             self.natives.setdefault(helper, f"static inline {ctype} {helper}({args}) {{ return ({body}); }}")
             return f"{helper}({', '.join(a)})"
         src = e.args[0].dtype if e.args else d
-        fl = src.is_floating
-        sfx = "f" if src == DType.f32 else ""
-        if fn == "cast":
-            if d == DType.bool:
-                return f"(({a[0]}) != 0)"
-            return f"(({C_TYPES[d]})({a[0]}))"
-        if fn in _INFIX:
-            if d == DType.bool and fn in ("add", "sub", "mul", "div"):
-                # bools are 0/1 in uint8_t: true + true must stay true (1), not 2
-                return f"(({a[0]} {_INFIX[fn]} {a[1]}) != 0)"
-            return f"({a[0]} {_INFIX[fn]} {a[1]})"
-        if fn == "neg":
-            return f"(-{a[0]})"
-        if fn == "not":
-            return f"(!({a[0]}))"
-        if fn == "bitnot":
-            return f"(({C_TYPES[d]})~({a[0]}))"
-        if fn == "xor":
-            return f"((!!({a[0]})) ^ (!!({a[1]})))"
-        if fn == "where":
-            return f"(({a[0]}) ? ({a[1]}) : ({a[2]}))"
-        if fn == "rand":
-            return f"cu_rand({a[0]}, {a[1]})"
-        if fn == "erf" and src == DType.f32:
-            return f"cu_erff({a[0]})"
-        if fn in ("max", "min"):
-            cmp = ">" if fn == "max" else "<"
-            if fl:  # torch propagates NaN from either side
-                return f"((({a[0]}) {cmp} ({a[1]}) || ({a[0]}) != ({a[0]})) ? ({a[0]}) : ({a[1]}))"
-            return f"(({a[0]}) {cmp} ({a[1]}) ? ({a[0]}) : ({a[1]}))"
-        if fn == "sign":
-            return f"(({C_TYPES[d]})((({a[0]}) > 0) - (({a[0]}) < 0)))"
-        if fn == "reciprocal":
-            return f"({self.const(E.Const(1.0, d))} / ({a[0]}))"
-        if fn == "rsqrt":
-            return f"({self.const(E.Const(1.0, d))} / sqrt{sfx}({a[0]}))"
-        if fn == "sigmoid":
-            one = self.const(E.Const(1.0, d))
-            return f"({one} / ({one} + exp{sfx}(-({a[0]}))))"
-        if not fl:
-            if fn == "abs":
-                return f"(({a[0]}) < 0 ? -({a[0]}) : ({a[0]}))"
-            if fn in ("floordiv", "mod", "fmod"):
-                self.may_fail = True
-                return f"(({C_TYPES[d]})cu_{fn}({a[0]}, {a[1]}, &cu_err))"
-            raise CodegenError(f"{fn} on {src.value}")
-        if fn == "mod":
-            return f"cu_rem{sfx}({a[0]}, {a[1]})"
-        if fn in _FLOAT_FNS:
-            return f"{_FLOAT_FNS[fn]}{sfx}({', '.join(a)})"
-        raise CodegenError(f"no C form for {fn}")
+        return c_call(self, fn, a, d, src)
 
     # -- statements ------------------------------------------------------------------
     def emit(self, s: Stmt, ind: str) -> None:
