@@ -135,7 +135,7 @@ def _state(tracer: Tracer) -> tuple[Any, ...]:
 
 def test_rollback_forgets_what_was_recorded_since_the_checkpoint() -> None:
     tracer = Tracer("f")
-    x = tracer.add_input("x", torch.randn(2, 3), symbolic=True)
+    x: Any = tracer.add_input("x", torch.randn(2, 3), symbolic=True)
     with tracer.mode():
         x = x + 1
     before = _state(tracer)
@@ -169,3 +169,59 @@ def test_a_kept_recording_is_not_rolled_back() -> None:
             x - 1
         raise RuntimeError("swallowed: the attempt is rolled back")
     assert not recording.kept and [n.op for n in tracer.nodes if n.op != "const"] == ["add"]
+
+
+def test_converted_control_flow_while_another_thread_traces(monkeypatch) -> None:
+    # a converted `if` records into its own thread's tracer, not into the one another
+    # thread's capture started last; and neither capture leaves its tracer active
+    monkeypatch.setenv("CUVIL_WARM", "0")
+    original = decompose._references()[torch.lerp]
+    a_in, b_in, a_done = threading.Event(), threading.Event(), threading.Event()
+    calls: list[int] = []
+
+    def ref(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 1:  # thread A: resumes once B's capture is under way
+            a_in.set()
+            assert b_in.wait(60)
+        elif len(calls) == 2:  # thread B: resumes once A has finished
+            b_in.set()
+            assert a_done.wait(60)
+        return original(*args, **kwargs)
+
+    monkeypatch.setitem(decompose._references(), torch.lerp, ref)
+
+    def branchy(x, y):
+        z = torch.lerp(x, y, 0.5)
+        if z.sum() > 0:
+            return z + 1
+        return z - 1
+
+    def other(x, y):
+        return torch.lerp(x, y, 0.25) * 3
+
+    x, y = torch.randn(3, 4), torch.randn(3, 4)
+    results: dict[str, Any] = {}
+
+    def work(name: str, fn: Any, done: threading.Event | None) -> None:
+        try:
+            results[name] = cu.compile(fn, target="reference", fallback="error")(x, y)
+        except BaseException as e:
+            results[name] = e
+        finally:
+            if done is not None:
+                done.set()
+
+    a = threading.Thread(target=work, args=("a", branchy, a_done), daemon=True)
+    a.start()
+    assert a_in.wait(60)
+    b = threading.Thread(target=work, args=("b", other, None), daemon=True)
+    b.start()
+    a.join(60)
+    b.join(60)
+    assert not a.is_alive() and not b.is_alive()
+    for name in ("a", "b"):
+        assert not isinstance(results[name], BaseException), results[name]
+    torch.testing.assert_close(results["a"], branchy(x, y))
+    torch.testing.assert_close(results["b"], other(x, y))
+    assert Tracer.current() is None

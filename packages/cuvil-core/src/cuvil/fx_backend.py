@@ -181,7 +181,7 @@ def backend(
     # not converted (it is library code): its closure cells, ``gm`` and ``plan``, are
     # guarded by identity, which never changes
     def dynamo_graph(*inputs: Any) -> Any:
-        tracer = Tracer.active
+        tracer = Tracer.current()
         if tracer is not None:
             # every Dynamo graph runs this same code: the cache of captured variants
             # (cuvil/warm.py) must never serve one graph's capture for another's

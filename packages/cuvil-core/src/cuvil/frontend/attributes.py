@@ -101,8 +101,7 @@ def mask_lists(x: Any, key: Any, ctx: ShapeContext, where: Callable[[], SourceLo
         return key
     simple = (int, slice, list, sympy.Basic, *_SYM)
     if not all(
-        it is None or it is Ellipsis or (isinstance(it, simple) and not isinstance(it, bool))
-        for it in items
+        it is None or it is Ellipsis or (isinstance(it, simple) and not isinstance(it, bool)) for it in items
     ):
         return key  # tensor or bool indices: torch's rules decide the dims
     if isinstance(key, list) and any(isinstance(b, (list, slice)) or b is None for b in key):

@@ -233,12 +233,8 @@ def capture(
                 # a bound method's object is the same on every call: what the method reads
                 # from it is guarded (converted code reads self.k through the attribute hook)
                 tracer.reads.long_lived(fn.__self__, "self")
-        previous, Tracer.active = Tracer.active, tracer
-        try:
-            with layout.mode(tracer), _compiling():
-                out = target(*args, **kwargs)
-        finally:
-            Tracer.active = previous
+        with tracer.tracing(), layout.mode(tracer), _compiling():
+            out = target(*args, **kwargs)
     finally:
         for owner, key, original in reversed(swapped):
             owner[key] = original
@@ -364,12 +360,8 @@ def _rebuilt_state(
 ) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
     """The state of ``node`` and of the object rebuilt from its leaves, rebuilt under the
     tracer (what unflatten computes is dead code in the graph)."""
-    previous, Tracer.active = Tracer.active, tracer
-    try:
-        with tracer.mode():
-            return arg_objects.state(node), arg_objects.state(pytree.tree_unflatten(leaves, spec))
-    finally:
-        Tracer.active = previous
+    with tracer.tracing(), tracer.mode():
+        return arg_objects.state(node), arg_objects.state(pytree.tree_unflatten(leaves, spec))
 
 
 def _compiling() -> contextlib.AbstractContextManager[Any]:

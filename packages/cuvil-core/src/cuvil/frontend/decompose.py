@@ -259,7 +259,12 @@ def layout(tracer: Tracer, func: Any, args: tuple[Any, ...], kwargs: dict[str, A
     references ask only to give their result eager's layout (``copy_strided`` when it
     differs), and Graph IR values have no layout. User code asking gets the answer of
     :mod:`cuvil.frontend.metadata`; this one is never seen outside a reference."""
-    if not tracer.decomposing or func is not torch.Tensor.stride or not args or not isinstance(args[0], TensorProxy):
+    if (
+        not tracer.decomposing
+        or func is not torch.Tensor.stride
+        or not args
+        or not isinstance(args[0], TensorProxy)
+    ):
         return NotImplemented
     shape = args[0].shape
     strides: list[Any] = []

@@ -323,7 +323,7 @@ def load(scope: dict[str, Any], name: str, site: int) -> Any:
 
 
 def _tracer() -> Any:
-    return Tracer.active
+    return Tracer.current()
 
 
 def if_(cond: Any, then_fn: Any, else_fn: Any, site: int, values: tuple[Any, ...]) -> Any:

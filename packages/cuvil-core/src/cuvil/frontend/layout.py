@@ -41,7 +41,11 @@ from cuvil.frontend import data_sizes
 from cuvil.frontend.proxy import TensorProxy
 
 if TYPE_CHECKING:
-    from cuvil.frontend.tracer import LayoutGuard, Tracer
+    from cuvil.frontend.tracer import Tracer
+
+#: a layout guard: (argument leaf, dim order outermost first, argument name); the
+#: tracer keeps those answers used (``Tracer.layout_guards``)
+LayoutGuard = tuple[int, tuple[int, ...], str]
 
 HINT = (
     "call .contiguous() first (its result is contiguous, whatever the input), or ask "

@@ -15,6 +15,7 @@ its helpers hold none: what a call is (``torch_calls``), attribute encoding
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import sys
 import types
@@ -29,10 +30,12 @@ from torch.utils import _pytree as pytree
 
 from cuvil import autocast
 from cuvil.errors import CompileError, SourceLoc
-from cuvil.frontend import data_sizes, decompose, locations, torch_calls
+from cuvil.frontend import data_sizes, decompose, locations, metadata, torch_calls
 from cuvil.frontend.attributes import INDEXING, UnrecordableArgument, argument_tree, attribute, mask_lists
+from cuvil.frontend.checkpoint import Checkpoint, restore
 from cuvil.frontend.convert import is_user_frame
 from cuvil.frontend.dead_code import eliminate_dead_code
+from cuvil.frontend.layout import LayoutGuard
 from cuvil.frontend.proxy import TensorProxy
 from cuvil.frontend.reads import LiftSource, Reads, global_place
 from cuvil.frontend.torch_calls import SYM
@@ -57,38 +60,8 @@ class Lifted:
     place: tuple[Any, ...] | None = None
 
 
-#: a layout guard (cuvil/frontend/layout.py): (argument leaf, dim order, argument name)
-LayoutGuard = tuple[int, tuple[int, ...], str]
-
-
-# [Note: tracer checkpoints]
-# A decomposition is recorded tentatively (cuvil/frontend/decompose.py, `attempt`) and
-# forgotten when it needs something undeclared. `Tracer.checkpoint` is the one place
-# that knows what forgetting means; `rollback` restores it in place. Left as they are,
-# on purpose: the value counter (names are never reused, so the names of later values,
-# and the goldens, do not depend on whether an attempt was kept), the region of each
-# value (a forgotten value is never looked up), tensors kept alive, reads (a guard too
-# many costs a recompile at most) and size assumptions, ours and torch's `ShapeEnv`'s
-# alike (they hold for the example sizes; a fact torch keeps and the graph forgot
-# would be an unchecked assumption). A checkpoint is rolled back in the block it was
-# taken in: an attempt opens and closes its regions inside itself.
-
-
-@dataclass(frozen=True, slots=True)
-class Checkpoint:
-    """The recording state at :meth:`Tracer.checkpoint`: lengths of what only grows,
-    copies of what may change."""
-
-    nodes: int
-    inputs: int
-    lifted: int
-    consts: dict[tuple[type, Any], Value]
-    lifted_ids: dict[int, TensorProxy]
-    names: frozenset[str]
-    seen_data_sizes: frozenset[sympy.Symbol]
-    data_symbols: frozenset[sympy.Symbol]
-    hints: dict[sympy.Symbol, int] | None
-    layout_guards: dict[int, LayoutGuard]
+#: the tracer of the capture in progress in this thread or task (:meth:`Tracer.current`)
+_CURRENT: contextvars.ContextVar[Tracer | None] = contextvars.ContextVar("cuvil_tracer", default=None)
 
 
 class _Mode(TorchFunctionMode):
@@ -102,9 +75,6 @@ class _Mode(TorchFunctionMode):
 
 class Tracer:
     """Implements :class:`cuvil_ir.Emitter` for capture rules, and the torch-function handler."""
-
-    #: the tracer of the capture in progress (hooks in converted code consult it)
-    active: Tracer | None = None
 
     def __init__(self, name: str, lift_sources: dict[int, LiftSource] | None = None) -> None:
         self.name = name
@@ -141,6 +111,23 @@ class Tracer:
         #: (cuvil/frontend/layout.py)
         self.layout_guards: dict[int, LayoutGuard] = {}
 
+    # -- the capture in progress -------------------------------------------------
+    @staticmethod
+    def current() -> Tracer | None:
+        """The tracer of the capture in progress in this thread (hooks in converted code
+        consult it), or None."""
+        return _CURRENT.get()
+
+    @contextlib.contextmanager
+    def tracing(self) -> Iterator[None]:
+        """This tracer is :meth:`current` inside the block, in this thread only: two
+        threads may capture two functions at once."""
+        token = _CURRENT.set(self)
+        try:
+            yield
+        finally:
+            _CURRENT.reset(token)
+
     # -- tentative recording ---------------------------------------------------
     def checkpoint(self) -> Checkpoint:
         """What :meth:`rollback` needs to forget everything recorded after this call."""
@@ -170,14 +157,14 @@ class Tracer:
         del self.nodes[cp.nodes :]
         del self.inputs[cp.inputs :]
         del self.lifted[cp.lifted :]
-        _restore(self._consts, cp.consts)
-        _restore(self._lifted_ids, cp.lifted_ids)
-        _restore(self._names, cp.names)
-        _restore(self.seen_data_sizes, cp.seen_data_sizes)
-        _restore(self.ctx.data_symbols, cp.data_symbols)
+        restore(self._consts, cp.consts)
+        restore(self._lifted_ids, cp.lifted_ids)
+        restore(self._names, cp.names)
+        restore(self.seen_data_sizes, cp.seen_data_sizes)
+        restore(self.ctx.data_symbols, cp.data_symbols)
         if self.ctx.hints is not None and cp.hints is not None:
-            _restore(self.ctx.hints, cp.hints)
-        _restore(self.layout_guards, cp.layout_guards)
+            restore(self.ctx.hints, cp.hints)
+        restore(self.layout_guards, cp.layout_guards)
 
     # -- values --------------------------------------------------------------
     def _fresh(self, t: Type) -> Value:
@@ -428,8 +415,6 @@ class Tracer:
         return _Mode(self)
 
     def handle(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        from cuvil.frontend import metadata
-
         self.sync()
         autocast.check_in_trace(self)  # eager would cast; the graph would not
         args, kwargs = torch_calls.weak_numbers(args, kwargs)
@@ -583,11 +568,6 @@ class Region:
         return Block(self.arg_values, self.nodes, self.results)
 
 
-def _restore(now: Any, before: Any) -> None:
-    now.clear()
-    now.update(before)
-
-
 def _identity(x: Any) -> Any:
     return x
 
@@ -597,4 +577,4 @@ def _sanitize(name: str) -> str:
     return out if out and not out[0].isdigit() else "s" + out
 
 
-__all__ = ["Checkpoint", "LayoutGuard", "Lifted", "Tracer"]
+__all__ = ["Lifted", "Tracer"]
