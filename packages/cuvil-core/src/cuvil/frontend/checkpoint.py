@@ -3,18 +3,21 @@
 :meth:`cuvil.frontend.tracer.Tracer.checkpoint` takes a :class:`Checkpoint`;
 :meth:`~cuvil.frontend.tracer.Tracer.rollback` restores it. The fields below are the
 list of what a rollback restores; [Note: tracer checkpoints] says what it leaves.
+:class:`Recording` is that contract as a type, for the modules the tracer imports
+(``decompose.py``), which therefore do not import the tracer.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import sympy
 
 from cuvil.frontend.layout import LayoutGuard
 from cuvil.frontend.proxy import TensorProxy
-from cuvil_ir.graph_ir.nodes import Value
+from cuvil_ir.graph_ir.nodes import Node, Value
 
 # [Note: tracer checkpoints]
 # A decomposition is recorded tentatively (cuvil/frontend/decompose.py, `attempt`) and
@@ -46,10 +49,23 @@ class Checkpoint:
     layout_guards: dict[int, LayoutGuard]
 
 
+class Recording(Protocol):
+    """What recording tentatively needs of the tracer: checkpoints and the size facts
+    a rolled-back attempt must not have learnt (``decompose.attempt``)."""
+
+    seen_data_sizes: set[sympy.Symbol]
+
+    def checkpoint(self) -> Checkpoint: ...
+
+    def recorded_since(self, cp: Checkpoint) -> Sequence[Node]: ...
+
+    def rollback(self, cp: Checkpoint) -> None: ...
+
+
 def restore(now: Any, before: Any) -> None:
     """Set collection ``now`` (a set or dict) to the contents of ``before``, in place."""
     now.clear()
     now.update(before)
 
 
-__all__ = ["Checkpoint", "restore"]
+__all__ = ["Checkpoint", "Recording", "restore"]

@@ -36,15 +36,15 @@ import contextlib
 import functools
 import math
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
+from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
 
+from cuvil.frontend.checkpoint import Recording
 from cuvil.frontend.proxy import TensorProxy
-
-if TYPE_CHECKING:
-    from cuvil.frontend.tracer import Tracer
+from cuvil_ir.graph_ir.registry import REGISTRY
 
 #: references never used: random or uninitialized values, in-place updates of a view
 #: through strides, or references that are slower than the extern kernel they replace
@@ -95,6 +95,16 @@ def reference(func: Any) -> Callable[..., Any] | None:
     if name.startswith("fft_"):
         return None
     return ref
+
+
+class Decomposer(Recording, Protocol):
+    """What a decomposition needs of the tracer (:class:`cuvil.frontend.tracer.Tracer`,
+    which imports this module): tentative recording, the calls being decomposed (per
+    compile: two threads may trace at once) and the mode a reference runs under."""
+
+    decomposing: list[Any]
+
+    def mode(self) -> TorchFunctionMode: ...
 
 
 class Undecomposable(Exception):
@@ -158,8 +168,6 @@ def _broadcast_in_dim(a: Any, shape: Any, broadcast_dimensions: Any) -> Any:
 def _fresh_alias(a: Any, *_: Any, **__: Any) -> Any:
     """A copy (``clone``, ``copy_strided``): values are immutable in Graph IR, so a new
     proxy over the same value is one; an in-place update of either rebinds only it."""
-    from cuvil.frontend.proxy import TensorProxy
-
     tracer = a._cuvil_tracer
     return TensorProxy(tracer, tracer.value_of(a))
 
@@ -219,8 +227,6 @@ _SAME_NAMES = (
 def _aten_as_torch(func: Any) -> Callable[..., Any] | None:
     """``torch.ops.aten.<name>[.<overload>]`` as ``torch.<name>`` (or the method) when
     Cuvil declares that: torch's Python binding takes the same overloads."""
-    from cuvil_ir.graph_ir.registry import REGISTRY
-
     if isinstance(func, torch._ops.OpOverload):
         packet, overload = func._overloadpacket, func._overloadname
     elif isinstance(func, torch._ops.OpOverloadPacket):
@@ -242,8 +248,6 @@ def _aten_as_torch(func: Any) -> Callable[..., Any] | None:
 def implementation(func: Any) -> Callable[..., Any] | None:
     """What to run in place of undeclared call ``func``: its reference, the torch spelling of
     a primitive or aten call, or None."""
-    from cuvil_ir.graph_ir.registry import REGISTRY
-
     spelled, same_name = _primitives()
     try:
         prim = spelled.get(func) or same_name.get(func)
@@ -254,7 +258,7 @@ def implementation(func: Any) -> Callable[..., Any] | None:
     return prim or reference(func) or _aten_as_torch(func)
 
 
-def layout(tracer: Tracer, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+def layout(tracer: Decomposer, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """Inside a reference, ``x.stride()`` answers the contiguous strides of ``x``'s sizes:
     references ask only to give their result eager's layout (``copy_strided`` when it
     differs), and Graph IR values have no layout. User code asking gets the answer of
@@ -287,12 +291,12 @@ class Attempt:
 
 
 @contextlib.contextmanager
-def attempt(tracer: Tracer) -> Iterator[Attempt]:
+def attempt(tracer: Recording) -> Iterator[Attempt]:
     """Record on ``tracer`` tentatively: unless :meth:`Attempt.keep` is called inside the
     block and what it recorded is declared ops only, everything recorded is rolled back
     and an exception raised inside (``Exception``, not interrupts) is swallowed; see
     [Note: decompositions]. What a rollback restores, and what it leaves (size facts
-    learnt stay learnt), is :meth:`Tracer.checkpoint`'s ([Note: tracer checkpoints])."""
+    learnt stay learnt), is the tracer's ([Note: tracer checkpoints])."""
     before = tracer.checkpoint()
     recording = Attempt()
     try:
@@ -306,7 +310,7 @@ def attempt(tracer: Tracer) -> Iterator[Attempt]:
         tracer.rollback(before)
 
 
-def decompose(tracer: Tracer, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+def decompose(tracer: Decomposer, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """``func(*args, **kwargs)`` recorded as the declared ops its reference calls, or
     ``NotImplemented`` (and nothing recorded) when it cannot be; see [Note: decompositions]."""
     impl = implementation(func)
