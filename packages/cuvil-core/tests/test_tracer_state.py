@@ -225,3 +225,11 @@ def test_converted_control_flow_while_another_thread_traces(monkeypatch) -> None
     torch.testing.assert_close(results["a"], branchy(x, y))
     torch.testing.assert_close(results["b"], other(x, y))
     assert Tracer.current() is None
+
+
+def test_an_extern_argument_without_an_attribute_form_is_a_located_error() -> None:
+    tracer = Tracer("f")
+    x = tracer.add_input("x", torch.randn(3, 3), symbolic=False)
+    with pytest.raises(cu.CompileError, match="cannot record an argument of an extern torch call") as e:
+        tracer.extern(torch.trace, (x, object()), {})
+    assert e.value.loc is not None and e.value.loc.file == __file__

@@ -23,14 +23,13 @@ import torch
 
 from cuvil.errors import CompileError, SourceLoc
 from cuvil.frontend.proxy import TensorProxy
+from cuvil.frontend.torch_calls import SYM
 from cuvil_ir.graph_ir.nodes import KV, AttrValue, Ref, Value
 from cuvil_ir.graph_ir.types import DType
 from cuvil_ir.symbolic import ShapeContext
 
 #: extern calls whose second argument is an index key (see [Note: list indices])
 INDEXING = frozenset({"__getitem__", "__setitem__"})
-
-_SYM = (torch.SymInt, torch.SymBool, torch.SymFloat)
 
 
 class UnrecordableArgument(TypeError):
@@ -99,7 +98,7 @@ def mask_lists(x: Any, key: Any, ctx: ShapeContext, where: Callable[[], SourceLo
 
     if not isinstance(x, TensorProxy) or not any(is_mask(it) for it in items):
         return key
-    simple = (int, slice, list, sympy.Basic, *_SYM)
+    simple = (int, slice, list, sympy.Basic, *SYM)
     if not all(
         it is None or it is Ellipsis or (isinstance(it, simple) and not isinstance(it, bool)) for it in items
     ):
