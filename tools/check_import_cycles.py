@@ -2,6 +2,9 @@
 
     python tools/check_import_cycles.py [SRC_DIR ...]     (default: packages/*/src)
 
+Each SRC_DIR must be a folder of top-level packages; a project folder (the
+repository's root, a distribution's) or one without a package is refused (exit 2).
+
 Run by ``nox -s lint``. Every top-level package found in the source folders is put
 in one import graph (so a cycle that crosses packages, ``cuvil_runtime -> cuvil ->
 cuvil_runtime``, counts too), built by grimp, the engine of import-linter.
@@ -41,6 +44,21 @@ def top_level_packages(src_dirs: Iterable[Path]) -> dict[str, Path]:
         for init in sorted(src.glob("*/__init__.py")):
             found[init.parent.name] = src
     return found
+
+
+def not_a_source_folder(src: Path) -> str | None:
+    """Why ``src`` is not a folder of top-level packages (``packages/cuvil-ir/src``), or
+    None. A project folder (one with a ``pyproject.toml``, the repository's root or a
+    distribution's) is refused: its packages are not the code it ships (``.`` would
+    check ``benchmarks/``), so a check of it would pass without looking."""
+    if not src.is_dir():
+        return "no such folder"
+    if (src / "pyproject.toml").exists() or (src / "setup.py").exists():
+        hint = "packages/*/src" if any(src.glob("packages/*/src")) else "src" if (src / "src").is_dir() else "a src folder"
+        return f"a project folder, not a source folder: give its source folders ({hint})"
+    if not any(src.glob("*/__init__.py")):
+        return "holds no package (a folder with an __init__.py)"
+    return None
 
 
 def module_file(module: str, packages: Mapping[str, Path]) -> Path:
@@ -148,6 +166,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("src", nargs="*", type=Path, help="source folders (default: packages/*/src)")
     args = parser.parse_args(argv)
     src_dirs = [p.resolve() for p in args.src] or sorted(ROOT.glob("packages/*/src"))
+    for src in src_dirs:
+        problem = not_a_source_folder(src)
+        if problem:
+            print(f"{src}: {problem}", file=sys.stderr)
+            return 2
     packages = top_level_packages(src_dirs)
     if not packages:
         print(f"no packages found in {', '.join(map(str, src_dirs))}", file=sys.stderr)

@@ -91,3 +91,15 @@ def test_type_checking_imports_and_one_way_imports_pass(tmp_path: Path) -> None:
     result = check(src)
     assert result.returncode == 0, result
     assert "no import cycles among 3 modules" in result.stdout
+
+
+def test_a_folder_that_is_not_a_source_folder_is_refused(tmp_path: Path) -> None:
+    # the repository's root: its packages (benchmarks/) are not the code the check is for
+    root = write(tmp_path / "repo", {"pyproject.toml": "", "benchmarks/__init__.py": "", "packages/a/src/pa/__init__.py": ""})
+    result = check(root)
+    assert result.returncode == 2, result
+    assert "a project folder, not a source folder" in result.stderr and "packages/*/src" in result.stderr
+    empty = write(tmp_path / "empty", {"notes.txt": ""})
+    result = check(empty)
+    assert result.returncode == 2 and "holds no package" in result.stderr
+    assert check(root / "packages" / "a" / "src").returncode == 0

@@ -17,7 +17,7 @@ from cuvil_ir.graph_ir.types import DType
 from cuvil_ir.tensor_ir import expr as E
 
 #: the dtypes each function is rendered for here: (argument dtypes, result dtype)
-F, I, B = DType.f32, DType.i64, DType.bool
+F, INT, B = DType.f32, DType.i64, DType.bool
 _CMP = {"eq", "ne", "lt", "le", "gt", "ge"}
 _LOGICAL = {"and", "or", "xor", "not"}
 _INT_ONLY = {"bitand", "bitor", "bitxor", "bitnot"}
@@ -28,18 +28,18 @@ _NONE = {("floordiv", d): "float a // b is decomposed (rules.float_floordiv)" fo
 def _signatures(fn: str) -> list[tuple[tuple[DType, ...], DType]]:
     n = E.FUNCTIONS[fn]
     if fn == "where":
-        return [((B, F, F), F), ((B, I, I), I)]
+        return [((B, F, F), F), ((B, INT, INT), INT)]
     if fn == "rand":
-        return [((I, I), F)]
+        return [((INT, INT), F)]
     if fn == "cast":
-        return [((F,), I), ((I,), F), ((F,), B)]
+        return [((F,), INT), ((INT,), F), ((F,), B)]
     if fn in _CMP:
-        return [((F, F), B), ((I, I), B)]
+        return [((F, F), B), ((INT, INT), B)]
     if fn in _LOGICAL:
         return [((B,) * n, B)]
     if fn in _INT_ONLY:
-        return [((I,) * n, I)]
-    return [((F,) * n, F), ((DType.f64,) * n, DType.f64), ((I,) * n, I)]
+        return [((INT,) * n, INT)]
+    return [((F,) * n, F), ((DType.f64,) * n, DType.f64), ((INT,) * n, INT)]
 
 
 def test_the_table_is_exactly_the_scalar_functions():
@@ -70,7 +70,7 @@ def test_every_form_compiles(tmp_path):
             rendered += 1
     # integers have no transcendental forms; everything else renders
     for fn, dtype, why in refused:
-        assert (fn, dtype) in _NONE or dtype == I, (fn, dtype, why)
+        assert (fn, dtype) in _NONE or dtype == INT, (fn, dtype, why)
     assert rendered > 100
     src = tmp_path / "forms.c"
     src.write_text("\n".join(parts) + "\n")

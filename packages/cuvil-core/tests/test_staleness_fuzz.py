@@ -37,7 +37,6 @@ import random
 import subprocess
 import sys
 import textwrap
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any

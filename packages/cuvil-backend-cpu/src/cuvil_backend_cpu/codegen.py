@@ -22,10 +22,9 @@ import sympy
 from cuvil_backend_cpu.c_functions import C_TYPES, CodegenError, c_call
 from cuvil_backend_cpu.loop_ir.nodes import Accumulate, Let, Loop, LoopFunc, Prefetch, Stmt, Store
 from cuvil_ir.graph_ir.types import DType
+from cuvil_ir.size_visitor import Quotient
 from cuvil_ir.tensor_ir import expr as E
 from cuvil_ir.tensor_ir.index_text import IndexPrinter
-
-
 
 PRELUDE = """\
 #include <math.h>
@@ -144,20 +143,20 @@ class _Gen(IndexPrinter):
     def index(self, value: object) -> str:
         return self.print_index(value)
 
-    def integer(self, value: int) -> str:
+    def on_integer(self, value: int) -> str:
         return f"INT64_C({value})" if abs(value) >= 2**31 else str(value)
 
-    def symbol(self, s: sympy.Symbol, ctx: Any) -> str:
+    def on_symbol(self, s: sympy.Symbol, ctx: Any) -> str:
         return s.name[1:] if E.is_loop_symbol(s) else f"s_{s.name}"
 
     def minmax(self, is_min: bool, a: str, b: str) -> str:
         return f"(({a}) {'<' if is_min else '>'} ({b}) ? ({a}) : ({b}))"
 
-    def mod(self, a: sympy.Expr, b: sympy.Expr, ctx: Any) -> str:
-        return f"cu_imod({self.index(a)}, {self.index(b)})"
+    def on_mod(self, a: str, b: str, q: Quotient) -> str:
+        return f"cu_imod({a}, {b})"
 
-    def floordiv(self, num: sympy.Expr, den: sympy.Expr, ctx: Any) -> str:
-        return f"cu_ifloordiv({self.index(num)}, {self.index(den)})"
+    def on_floordiv(self, a: str, b: str, q: Quotient) -> str:
+        return f"cu_ifloordiv({a}, {b})"
 
     def derived_size(self, e: sympy.Expr) -> str:
         return self.derived_arg(e, "int64_t")

@@ -42,12 +42,11 @@ import torch
 import torch.nn.functional as F
 
 from cuvil_ir import REGISTRY
-from cuvil_ir.symbolic import with_equalities
 from cuvil_ir.graph_ir.nodes import Graph, Node, Value
 from cuvil_ir.graph_ir.ops._rules import LIBRARY_KERNEL
 from cuvil_ir.graph_ir.registry import Op
 from cuvil_ir.graph_ir.types import DType, TensorType, Type
-from cuvil_ir.symbolic import ShapeContext, canonical
+from cuvil_ir.symbolic import ShapeContext, canonical, with_equalities
 
 #: the rules :func:`rewrite` applies (names as in :data:`RULES`)
 RULES = (

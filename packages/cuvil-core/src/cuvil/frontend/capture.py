@@ -22,7 +22,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from cuvil.errors import CompileError
-from cuvil.frontend import aliasing, arg_objects, hooks, impure, layout
+from cuvil.frontend import aliasing, arg_objects, hooks, impure, layout, object_state
 from cuvil.frontend.arg_objects import WriteBack
 from cuvil.frontend.convert import ConversionError, convert, is_user_function
 from cuvil.frontend.locations import trace_entry
@@ -148,7 +148,7 @@ def root_callable(fn: Any, module: torch.nn.Module | None) -> Callable[..., Any]
             converted = types.MethodType(convert(forward, hooks), module)
         except ConversionError:
             return module
-        return hooks.with_hooks(module, converted) if hooks._has_hooks(module) else converted
+        return hooks.with_hooks(module, converted) if object_state.has_hooks(module) else converted
     if is_user_function(fn):
         try:
             return convert(fn, hooks)

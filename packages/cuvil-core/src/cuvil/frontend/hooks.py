@@ -27,6 +27,7 @@ from cuvil.errors import CompileError
 from cuvil.frontend import data_sizes, impure
 from cuvil.frontend.convert import SITES, ConversionError, convert, is_user_function
 from cuvil.frontend.numbers import number
+from cuvil.frontend.object_state import has_hooks
 from cuvil.frontend.proxy import TensorProxy
 from cuvil.frontend.reads import MUTATORS
 from cuvil.frontend.regions import (
@@ -389,7 +390,7 @@ def _converted(fn: Any) -> Any:
             forward = type(fn).forward
             if is_user_function(forward):
                 converted = types.MethodType(convert(forward, hooks_module), fn)
-                return with_hooks(fn, converted) if _has_hooks(fn) else converted
+                return with_hooks(fn, converted) if has_hooks(fn) else converted
         if isinstance(fn, types.FunctionType):  # a library function, run as is
             tracer = _tracer()
             if tracer is not None:
@@ -427,11 +428,3 @@ def with_hooks(m: torch.nn.Module, forward: Any) -> Callable[..., Any]:
     return call
 
 
-def _has_hooks(m: torch.nn.Module) -> bool:
-    return bool(
-        m._forward_hooks
-        or m._forward_pre_hooks
-        or getattr(m, "_forward_hooks_with_kwargs", None)
-        or torch.nn.modules.module._global_forward_hooks
-        or torch.nn.modules.module._global_forward_pre_hooks
-    )

@@ -291,12 +291,22 @@ def module_keys(m: torch.nn.Module) -> list[str]:
     return [k for k in FORWARD_HOOKS if k in d]
 
 
+def has_hooks(m: torch.nn.Module) -> bool:
+    """Whether calling ``m`` runs a forward hook (its own or torch's global ones)."""
+    return bool(
+        m._forward_hooks
+        or m._forward_pre_hooks
+        or getattr(m, "_forward_hooks_with_kwargs", None)
+        or torch.nn.modules.module._global_forward_hooks
+        or torch.nn.modules.module._global_forward_pre_hooks
+    )
+
+
 def runs_unconverted(m: torch.nn.Module) -> bool:
     """Whether capture runs ``m.forward`` as it is (its reads of ``m`` unseen)."""
     from cuvil.frontend.convert import is_user_function
-    from cuvil.frontend.hooks import _has_hooks
 
-    return _has_hooks(m) or not is_user_function(type(m).forward)
+    return has_hooks(m) or not is_user_function(type(m).forward)
 
 
 # -- across processes ---------------------------------------------------------------------
@@ -400,6 +410,7 @@ __all__ = [
     "encode",
     "fast_check",
     "fingerprint",
+    "has_hooks",
     "module_keys",
     "runs_unconverted",
     "same",

@@ -16,12 +16,13 @@ from typing import Any
 import sympy
 
 from cuvil_ir.graph_ir.nodes import KV, Block, Graph, Node, Ref, Value
-from cuvil_ir.graph_ir.verifier import verify as verify_graph
-from cuvil_ir.passes import Pass, PassError, Pipeline, traced, verifying
 from cuvil_ir.graph_ir.registry import REGISTRY
 from cuvil_ir.graph_ir.types import DType, ScalarType, TensorType
+from cuvil_ir.graph_ir.verifier import verify as verify_graph
+from cuvil_ir.passes import Pass, PassError, Pipeline, traced, verifying
 from cuvil_ir.symbolic import Dim, symbol
 from cuvil_ir.tensor_ir import expr as E
+from cuvil_ir.tensor_ir.memory import plan_program
 from cuvil_ir.tensor_ir.program import (
     CHANNELS_LAST,
     Buffer,
@@ -36,6 +37,7 @@ from cuvil_ir.tensor_ir.program import (
     View,
     layout_strides,
 )
+from cuvil_ir.tensor_ir.rules import RULES
 from cuvil_ir.tensor_ir.values import (
     SCALAR_DTYPES,
     Lazy,
@@ -47,8 +49,6 @@ from cuvil_ir.tensor_ir.values import (
     strided_view,
 )
 from cuvil_ir.tensor_ir.values import as_dim as _dim
-from cuvil_ir.tensor_ir.memory import plan_program
-from cuvil_ir.tensor_ir.rules import RULES
 from cuvil_ir.tensor_ir.verify import verify as verify_program
 
 #: ``(reduce, its free indices, the kernel's outer indices) -> realize it?``

@@ -11,6 +11,7 @@ from cuvil.onnx.export.exporter import Exporter, attr, out_type, register, tenso
 from cuvil_ir.graph_ir.nodes import Node
 from cuvil_ir.graph_ir.types import DType
 
+
 @register("sdpa")
 def _sdpa(ex: Exporter, n: Node) -> Any:
     if attr(n, "enable_gqa"):

@@ -14,6 +14,7 @@ from cuvil.onnx.export.exporter import Exporter, attr, register
 from cuvil_ir.graph_ir.nodes import Block, Node, Value
 from cuvil_ir.graph_ir.types import DType, ScalarKind, ScalarType, Type
 
+
 def _pred(ex: Exporter, v: Value) -> str:
     return ex.op("Reshape", [ex.val(v, DType.bool), ex.ints([])])
 

@@ -24,7 +24,6 @@ from cuvil_ir.graph_ir.registry import REGISTRY, registrar
 from cuvil_ir.graph_ir.types import DType, ScalarType, TensorType, Type
 from cuvil_ir.symbolic import expr_str
 
-
 #: writes a composite op's node itself (``(exporter, node) -> output names``), or returns
 #: ``None`` to have it written as its decomposition
 CustomOpWriter = Callable[["Exporter", Node], "list[str] | None"]

@@ -10,6 +10,7 @@ from cuvil.onnx.export.exporter import Exporter, attr, out_type, register, tenso
 from cuvil_ir.graph_ir.nodes import Node
 from cuvil_ir.graph_ir.types import DType
 
+
 @register("matmul")
 def _matmul(ex: Exporter, n: Node) -> Any:
     dt = out_type(n).dtype

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from cuvil_ir.graph_ir.types import DType
 from cuvil.onnx.export.exporter import Exporter, attr, out_type, register, tensor_of
 from cuvil_ir.graph_ir.nodes import Node
+from cuvil_ir.graph_ir.types import DType
 
 #: Cuvil reduction -> the ONNX reduction (axes as an input, ``keepdims``); one to one
 #: (see [Note: one-to-one ONNX tables] in :mod:`.elementwise`)

@@ -14,6 +14,7 @@ from cuvil.onnx.export.exporter import Exporter, attr, out_type, python_value, r
 from cuvil_ir.graph_ir.nodes import Node
 from cuvil_ir.graph_ir.types import DType
 
+
 @register("reshape")
 def _reshape(ex: Exporter, n: Node) -> Any:
     return ex.op("Reshape", [ex.val(n.inputs[0]), ex.dims(attr(n, "shape"))])

@@ -12,7 +12,7 @@ from typing import Any
 import sympy
 import torch
 
-from cuvil.onnx.import_.loader import Importer, OnnxImportError, identifier, rank, size_symbol, to_dtype
+from cuvil.onnx.import_.loader import Importer, OnnxImportError, identifier, size_symbol, to_dtype
 from cuvil_ir.graph_ir.nodes import Graph
 from cuvil_ir.graph_ir.types import DType, TensorType
 from cuvil_ir.symbolic import evaluate_bool
