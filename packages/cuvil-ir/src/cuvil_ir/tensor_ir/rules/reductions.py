@@ -1,0 +1,52 @@
+"""Rules of the reductions over dims (``sum``, ``prod``, ``amax``, ``amin``, ``any``,
+``all``, ``mean``): one ``Reduce`` expression per result element."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from cuvil_ir.graph_ir.nodes import Node
+from cuvil_ir.graph_ir.types import DType
+from cuvil_ir.tensor_ir.rules.helpers import (
+    call,
+    cast,
+    count,
+    norm_dims,
+    out_type,
+    reduce,
+    tensor_operand,
+)
+from cuvil_ir.tensor_ir.rules.table import rule
+from cuvil_ir.tensor_ir.values import Lazy, Val
+
+if TYPE_CHECKING:  # annotations only: lower imports the rules
+    from cuvil_ir.tensor_ir.lower import Lowering
+
+
+# -- reductions -----------------------------------------------------------------------
+_REDUCE = {"sum": "sum", "prod": "prod", "amax": "max", "amin": "min", "any": "any", "all": "all"}
+
+
+@rule(*_REDUCE)
+def _reduction(lw: Lowering, n: Node, x: Val) -> Lazy:
+    x = tensor_operand(x)
+    t = out_type(n)
+    dims = norm_dims(n.attr("dims"), x.rank)
+    if x.rank == 0:
+        return Lazy(t.shape, t.dtype, cast(x.body, t.dtype))
+    keep = bool(n.attr("keepdim"))
+    kind = _REDUCE[n.op]
+    dt = DType.bool if kind in ("any", "all") else t.dtype
+    body = reduce(lw, kind, x, dims, keep=keep, dtype=dt)
+    return Lazy(t.shape, t.dtype, cast(body, t.dtype))
+
+
+@rule("mean")
+def _mean(lw: Lowering, n: Node, x: Val) -> Lazy:
+    x = tensor_operand(x)
+    t = out_type(n)
+    dims = norm_dims(n.attr("dims"), x.rank)
+    if x.rank == 0:
+        return Lazy(t.shape, t.dtype, cast(x.body, t.dtype))
+    s = reduce(lw, "sum", x, dims, keep=bool(n.attr("keepdim")), dtype=t.dtype)
+    return Lazy(t.shape, t.dtype, call("div", s, count(x, dims, t.dtype)))
