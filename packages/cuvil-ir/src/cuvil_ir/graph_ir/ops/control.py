@@ -101,8 +101,12 @@ def _check_types(c: RegionChecker, what: str, got: Sequence[Value], want: Sequen
             raise c.error(f"{what} #{i} (%{v.name}) has type {v.type}, expected {t}")
 
 
-def _merge_ok(out: Type, a: Type, b: Type, cond: sympy.Basic | None) -> bool:
-    """Is ``out`` the result type of an ``if`` whose branches yield ``a`` and ``b``?"""
+def _merge_ok(
+    out: Type, a: Type, b: Type, cond: sympy.Basic | None, ctx: ShapeContext | None = None
+) -> bool:
+    """Is ``out`` the result type of an ``if`` whose branches yield ``a`` and ``b``? A
+    dim the graph's assumptions pin down counts too (lowering's ``specialize`` writes
+    ``1`` for a merged ``Piecewise((1, p), (x_0, True))`` assumed to be 1)."""
     if isinstance(out, ScalarType) or isinstance(a, ScalarType) or isinstance(b, ScalarType):
         return out == a == b
     if not (out.dtype == a.dtype == b.dtype and out.device == a.device == b.device):
@@ -114,8 +118,17 @@ def _merge_ok(out: Type, a: Type, b: Type, cond: sympy.Basic | None) -> bool:
             continue
         if cond is not None and dims_equal(d, sympy.Piecewise((x, cond), (y, True))):
             continue
+        if cond is not None and ctx is not None and _decided(ctx, sympy.Eq(d, sympy.Piecewise((x, cond), (y, True)))):
+            continue
         return False
     return True
+
+
+def _decided(ctx: ShapeContext, fact: sympy.Basic) -> bool:
+    try:
+        return ctx.decide(fact)
+    except UndecidableError:
+        return False
 
 
 def _sign(ctx: ShapeContext, step: Dim) -> int | None:
@@ -171,7 +184,7 @@ class If(Op):
                     f"the {name} branch yields {len(block.results)} values for {len(node.outputs)} results"
                 )
         for i, (out, a, b) in enumerate(zip(node.outputs, then.results, other.results)):
-            if not _merge_ok(out.type, a.type, b.type, cond):
+            if not _merge_ok(out.type, a.type, b.type, cond, c.ctx):
                 piecewise = " (or Piecewise((then, pred), (else, True)) dims)" if cond is not None else ""
                 raise c.error(
                     f"result #{i} has type {out.type}, which does not match the branches' {a.type} "
