@@ -84,19 +84,19 @@ def record(func: Any, args: Any, kwargs: Any, out: Any) -> None:
     leaves = [out] if isinstance(out, TensorProxy) else pytree.tree_leaves(out)
     made = None
     for i, leaf in enumerate(leaves):
-        if isinstance(leaf, TensorProxy) and "_cuvil_made" not in leaf.__dict__:
+        if isinstance(leaf, TensorProxy) and leaf._cuvil_made is None:
             if made is None:
                 # the containers copied: user code may change a list it passed later
                 args, kwargs = pytree.tree_map(lambda x: x, (args, kwargs))
                 given = {id(x) for x in pytree.tree_leaves((args, kwargs)) if isinstance(x, TensorProxy)}
                 made = (func, args, kwargs)
             if id(leaf) not in given:
-                leaf._cuvil_made = (*made, i)  # type: ignore[attr-defined]
+                leaf._cuvil_made = (*made, i)
 
 
 def note_argument(proxy: TensorProxy, leaf: int, name: str, example: torch.Tensor) -> None:
     """``proxy`` is argument leaf ``leaf`` of the call, traced with ``example``."""
-    proxy._cuvil_argument = (leaf, name, tuple(example.shape), tuple(example.stride()))  # type: ignore[attr-defined]
+    proxy._cuvil_argument = (leaf, name, tuple(example.shape), tuple(example.stride()))
 
 
 def contiguous(tracer: Tracer, p: TensorProxy, memory_format: Any = None) -> TensorProxy:
@@ -144,13 +144,12 @@ def guards(tracer: Tracer) -> tuple[LayoutGuard, ...]:
 
 def _fake(tracer: Tracer, p: TensorProxy) -> tuple[Any, dict[int, LayoutGuard]]:
     """A fake tensor with eager's layout for ``p``, and the argument layouts it used."""
-    memo = p.__dict__.get("_cuvil_fake")
-    if memo is not None:
-        return memo  # type: ignore[no-any-return]
-    if "_cuvil_argument" in p.__dict__:
-        out = _argument_fake(tracer, p)
-    elif "_cuvil_made" in p.__dict__:
-        out = _replay(tracer, *p._cuvil_made)  # type: ignore[attr-defined]
+    if p._cuvil_fake is not None:
+        return p._cuvil_fake
+    if p._cuvil_argument is not None:
+        out = _argument_fake(tracer, p, p._cuvil_argument)
+    elif p._cuvil_made is not None:
+        out = _replay(tracer, *p._cuvil_made)
     elif p._cuvil_is_input:
         raise _Unknown(
             f"%{p._cuvil_value.name} is a parameter, buffer or global tensor, whose layout the "
@@ -161,12 +160,14 @@ def _fake(tracer: Tracer, p: TensorProxy) -> tuple[Any, dict[int, LayoutGuard]]:
             f"%{p._cuvil_value.name} was not made by a torch call of the traced code (it comes "
             "out of a captured `if` or loop, or is a carried Python number)"
         )
-    p._cuvil_fake = out  # type: ignore[attr-defined]
+    p._cuvil_fake = out
     return out
 
 
-def _argument_fake(tracer: Tracer, p: TensorProxy) -> tuple[Any, dict[int, LayoutGuard]]:
-    leaf, name, shape, stride = p._cuvil_argument  # type: ignore[attr-defined]
+def _argument_fake(
+    tracer: Tracer, p: TensorProxy, argument: tuple[int, str, tuple[int, ...], tuple[int, ...]]
+) -> tuple[Any, dict[int, LayoutGuard]]:
+    leaf, name, shape, stride = argument
     # the dim order, outermost first (a contiguous example: the identity, whatever the
     # strides of its size-1 dims)
     example = torch.empty_strided(shape, stride, device="meta")

@@ -29,6 +29,12 @@ class TensorProxy(torch.Tensor):
     _cuvil_is_input: bool
     #: stands for a Python number (a NumberProxy): weak in type promotion, as the number is
     _cuvil_weak = False
+    #: what eager's layout of the value is found from (cuvil/frontend/layout.py): the call
+    #: that made it (func, args, kwargs, result leaf), or the argument it is (leaf, name,
+    #: example shape and strides), and the fake tensor computed from either, once asked
+    _cuvil_made: tuple[Any, Any, Any, int] | None = None
+    _cuvil_argument: tuple[int, str, tuple[int, ...], tuple[int, ...]] | None = None
+    _cuvil_fake: tuple[Any, dict[int, Any]] | None = None
 
     @staticmethod
     def __new__(cls, tracer: Tracer, value: Value) -> TensorProxy:
