@@ -173,8 +173,10 @@ def test_a_kept_recording_is_not_rolled_back() -> None:
 
 def test_converted_control_flow_while_another_thread_traces(monkeypatch) -> None:
     # a converted `if` records into its own thread's tracer, not into the one another
-    # thread's capture started last; and neither capture leaves its tracer active
+    # thread's capture started last; and neither capture leaves its tracer active, nor
+    # torch's process-wide "compiling" flag set ([Note: captures count as compiling])
     monkeypatch.setenv("CUVIL_WARM", "0")
+    monkeypatch.setattr(torch.compiler, "_is_compiling_flag", torch.compiler.is_compiling())
     original = decompose._references()[torch.lerp]
     a_in, b_in, a_done = threading.Event(), threading.Event(), threading.Event()
     calls: list[int] = []
@@ -225,6 +227,7 @@ def test_converted_control_flow_while_another_thread_traces(monkeypatch) -> None
     torch.testing.assert_close(results["a"], branchy(x, y))
     torch.testing.assert_close(results["b"], other(x, y))
     assert Tracer.current() is None
+    assert not torch.compiler.is_compiling()  # A ended first, B restored what it saw
 
 
 def test_an_extern_argument_without_an_attribute_form_is_a_located_error() -> None:

@@ -22,7 +22,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from cuvil.errors import CompileError
-from cuvil.frontend import aliasing, arg_objects, hooks, impure, layout, object_state
+from cuvil.frontend import aliasing, arg_objects, compiling, hooks, impure, layout, object_state
 from cuvil.frontend.arg_objects import WriteBack
 from cuvil.frontend.convert import ConversionError, convert, is_user_function
 from cuvil.frontend.locations import trace_entry
@@ -373,10 +373,10 @@ def _compiling() -> contextlib.AbstractContextManager[Any]:
     eager-only fast paths (``nn.TransformerEncoderLayer``'s fused kernel). Both paths give
     the same results (torch.compile and torch.export rely on that); the compile path is
     the one a capture can follow. torch.export sets the same flag for its non-strict
-    tracing; like there, it is process-wide while the capture runs.
+    tracing; like there, it is process-wide while the capture runs (captures overlapping in
+    two threads included: cuvil/frontend/compiling.py).
     """
-    session = getattr(torch.compiler, "_compile_session_context", None)
-    return session() if session is not None else contextlib.nullcontext()
+    return compiling.session()
 
 
 class _Snapshot:
