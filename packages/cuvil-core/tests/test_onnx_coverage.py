@@ -1,6 +1,7 @@
 """Every registered op reaches ONNX export: the exporter maps it natively (``OPS``), or the
-op declares a decomposition the exporter writes instead, or its declaration says why it
-is refused (``extern_reasons["onnx"]``). The Tensor IR and MLIR halves of this check are
+op declares a decomposition the exporter writes instead, or, for a primitive, the exporter
+writes its fallback decomposition (``cuvil_ir.graph_ir.fallbacks``), or its declaration
+says why it is refused (``extern_reasons["onnx"]``). The Tensor IR and MLIR halves of this check are
 in ``packages/cuvil-ir/tests/test_op_coverage.py``.
 
 Also here, end to end: an elementwise op declared once with its decomposition (tanhshrink) is
@@ -22,11 +23,13 @@ from cuvil_ir.graph_ir.registry import Op
 
 def missing_onnx() -> list[str]:
     from cuvil.onnx.export import OPS
+    from cuvil.onnx.export.exporter import onnx_fallback
 
     out = []
     for name in REGISTRY.names():
         op = REGISTRY.get(name)
-        if not (name in OPS or op.decompose is not None or "onnx" in op.extern_reasons):
+        covered = name in OPS or op.decompose is not None or onnx_fallback(name) is not None
+        if not (covered or "onnx" in op.extern_reasons):
             out.append(name)
     return out
 
@@ -39,6 +42,14 @@ def test_a_missing_entry_is_found(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(REGISTRY.get("silu"), "decompose", None)  # silu has no ONNX mapping
     monkeypatch.setattr(REGISTRY.get("cumprod"), "extern_reasons", {})
     assert missing_onnx() == ["cumprod", "silu"]
+
+
+def test_a_primitive_without_its_fallback_is_found(monkeypatch: pytest.MonkeyPatch) -> None:
+    from cuvil_ir.graph_ir import fallbacks
+
+    assert "rsqrt" not in missing_onnx()  # no ONNX op: covered by its fallback
+    monkeypatch.delitem(fallbacks.FALLBACKS, "rsqrt")
+    assert missing_onnx() == ["rsqrt"]
 
 
 def test_a_refusal_names_the_declared_reason() -> None:

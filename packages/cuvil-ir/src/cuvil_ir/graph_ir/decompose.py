@@ -279,13 +279,17 @@ def uses_decomposition(op: str, consumer: str, native: bool) -> bool:
     return decl.decompose is not None and consumer not in decl.extern_reasons
 
 
-def expand(node: Node, assumptions: Sequence[sympy.Basic] = ()) -> Expansion:
+def expand(
+    node: Node, assumptions: Sequence[sympy.Basic] = (), decompose: Decomposition | None = None
+) -> Expansion:
     """``node`` written in primitive ops (raises :class:`NotDecomposed` when its op has no
     decomposition or the decomposition does not apply to this node). A composite op's
-    decomposition is its region (:mod:`cuvil_ir.graph_ir.ops.composite`), inlined."""
-    if node.op in REGISTRY and "composite" in REGISTRY.get(node.op).traits:
+    decomposition is its region (:mod:`cuvil_ir.graph_ir.ops.composite`), inlined.
+    ``decompose`` replaces the op's declared decomposition (a consumer's fallback for a
+    primitive it lacks, :mod:`cuvil_ir.graph_ir.fallbacks`)."""
+    if decompose is None and node.op in REGISTRY and "composite" in REGISTRY.get(node.op).traits:
         return _inline(node)
-    fn = decomposition(node.op)
+    fn = decompose or decomposition(node.op)
     if fn is None:
         raise NotDecomposed(f"{node.op} has no decomposition")
     ctx = _Context(with_equalities(assumptions))

@@ -60,27 +60,12 @@ def _fconst(ex: Exporter, value: float, dt: DType) -> str:
     return ex.const(value, dt)
 
 
-@register("rsqrt", "log1p", "expm1", "log2", "square", "trunc", "hardsigmoid")
-def _unary_composite(ex: Exporter, n: Node) -> Any:
-    """Primitives ONNX spells with a few nodes (and its native HardSigmoid)."""
-    dt = out_type(n).dtype
-    x = ex.val(n.inputs[0], dt)
-    if n.op == "rsqrt":
-        return ex.op("Reciprocal", [ex.op("Sqrt", [x])])
-    if n.op == "log1p":
-        return ex.op("Log", [ex.op("Add", [x, _fconst(ex, 1.0, dt)])])
-    if n.op == "expm1":
-        return ex.op("Sub", [ex.op("Exp", [x]), _fconst(ex, 1.0, dt)])
-    if n.op == "log2":
-        return ex.op("Div", [ex.op("Log", [x]), _fconst(ex, math.log(2.0), dt)])
-    if n.op == "square":
-        return ex.op("Mul", [x, x])
-    if n.op == "trunc":
-        if not dt.is_floating:
-            return ex.op("Identity", [x])
-        neg = ex.op("Less", [x, _fconst(ex, 0.0, dt)])
-        return ex.op("Where", [neg, ex.op("Ceil", [x]), ex.op("Floor", [x])])
-    return ex.op("HardSigmoid", [x], alpha=1.0 / 6.0, beta=0.5)
+# rsqrt, log1p, expm1, log2, square and trunc have no ONNX op: the exporter writes their
+# fallback decompositions (cuvil_ir.graph_ir.fallbacks), not math of its own here
+@register("hardsigmoid")
+def _hardsigmoid(ex: Exporter, n: Node) -> Any:
+    """ONNX's native HardSigmoid (its default alpha is 0.2, torch's slope 1/6)."""
+    return ex.op("HardSigmoid", [ex.val(n.inputs[0], out_type(n).dtype)], alpha=1.0 / 6.0, beta=0.5)
 
 
 @register("gelu")

@@ -1,6 +1,7 @@
 """The Graph IR walk: :class:`Exporter` gives each Graph IR value an ONNX name and writes
 each node through the op table :data:`OPS` (filled by the op-family modules of this
-package), or as its decomposition when the table has no entry for it.
+package), or as its decomposition when the table has no entry for it (for a primitive
+without one, its fallback decomposition, :mod:`cuvil_ir.graph_ir.fallbacks`).
 
 Handlers take ``(exporter, node)`` and return the ONNX name(s) of the node's outputs, or
 ``None`` for "no native form here: use the decomposition". Python scalars
@@ -18,7 +19,8 @@ import sympy
 
 from cuvil.onnx.export.builder import OPSET, ExportError, Scope, dtype_of, onnx_dtype
 from cuvil.onnx.export.sizes import SizeExprs
-from cuvil_ir.graph_ir.decompose import NotDecomposed, expand, uses_decomposition
+from cuvil_ir.graph_ir.decompose import Decomposition, NotDecomposed, expand, uses_decomposition
+from cuvil_ir.graph_ir.fallbacks import fallback
 from cuvil_ir.graph_ir.nodes import Node, Value
 from cuvil_ir.graph_ir.registry import REGISTRY, registrar
 from cuvil_ir.graph_ir.types import DType, ScalarType, TensorType, Type
@@ -100,16 +102,18 @@ class Exporter(SizeExprs):
 
     def decomposed(self, n: Node) -> list[str]:
         """``n`` exported as its decomposition's primitives (see
-        :mod:`cuvil_ir.graph_ir.decompose`), or an :class:`ExportError` naming the op and
-        the reason its declaration gives."""
+        :mod:`cuvil_ir.graph_ir.decompose`) -- for a primitive ONNX lacks, its fallback
+        decomposition (:func:`onnx_fallback`) -- or an :class:`ExportError` naming the op
+        and the reason its declaration gives."""
         where = f" (at {n.loc})" if n.loc else ""
-        if not uses_decomposition(n.op, "onnx", native=False):
+        fn = None if uses_decomposition(n.op, "onnx", native=False) else onnx_fallback(n.op)
+        if fn is None and not uses_decomposition(n.op, "onnx", native=False):
             extra = f" {attr(n, 'target')}" if n.op == "extern" else ""
             reason = REGISTRY.get(n.op).extern_reasons.get("onnx") if n.op in REGISTRY else None
             why = f": {reason}" if reason else ""
             raise ExportError(f"Graph IR op {n.op!r}{extra}{where} has no ONNX translation{why}")
         try:
-            ex = expand(n, self.assumptions)
+            ex = expand(n, self.assumptions, fn)
         except NotDecomposed as e:
             raise ExportError(f"exporting {n.op}{where}: {e}") from e
         self.block(ex.nodes)
@@ -153,6 +157,16 @@ OPS: dict[str, OpFn] = {}
 register = registrar(OPS)
 
 
+def onnx_fallback(op: str) -> Decomposition | None:
+    """The fallback decomposition (:mod:`cuvil_ir.graph_ir.fallbacks`) the exporter writes
+    for the primitive ``op`` when :data:`OPS` has no entry for it (or the entry declines):
+    none for an op with a decomposition of its own or one whose declaration refuses ONNX."""
+    decl = REGISTRY.get(op) if op in REGISTRY else None
+    if decl is None or decl.decompose is not None or "onnx" in decl.extern_reasons:
+        return None
+    return fallback(op)
+
+
 def attr(n: Node, name: str) -> Any:
     """An attribute of ``n`` (typed loosely: each op's schema says what it holds)."""
     return n.attr(name)
@@ -185,6 +199,7 @@ __all__ = [
     "Exporter",
     "OpFn",
     "attr",
+    "onnx_fallback",
     "out_type",
     "python_value",
     "register",
