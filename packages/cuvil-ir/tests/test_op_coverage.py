@@ -11,7 +11,8 @@ of these would silently become an extern call. ONNX export is checked the same w
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Callable, Iterator
+import inspect
+from collections.abc import Callable, Iterator, Mapping
 
 import pytest
 
@@ -33,8 +34,31 @@ def missing(consumer: str, native: Callable[[str], bool]) -> list[str]:
 def tensor_ir_native(name: str) -> bool:
     from cuvil_ir.tensor_ir.rules import RULES
 
+    op = REGISTRY.get(name)
+    # a declared scalar function: its rule is derived (cuvil_ir.tensor_ir.rules.scalar);
     # control flow: Lowering lowers the regions of if/for/while itself (lower_control)
-    return dict.__contains__(RULES, name) or "control_flow" in REGISTRY.get(name).traits
+    return dict.__contains__(RULES, name) or op.scalar is not None or "control_flow" in op.traits
+
+
+def operand_count(op: type[Op]) -> int:
+    """The number of operands ``op.infer`` takes (its positional parameters after ``ctx``)."""
+    params = list(inspect.signature(op.infer).parameters.values())[1:]
+    return sum(p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in params)
+
+
+def bad_scalars(functions: Mapping[str, int]) -> list[str]:
+    """Ops whose declared scalar function is not a Tensor IR function (a name of
+    ``functions``, as :data:`cuvil_ir.tensor_ir.expr.FUNCTIONS`) of one argument per
+    operand, or that declare one without being elementwise."""
+    out = []
+    for name in REGISTRY.names():
+        op = REGISTRY.get(name)
+        fn = op.scalar
+        if fn is None:
+            continue
+        if fn not in functions or functions[fn] != operand_count(op) or "elementwise" not in op.traits:
+            out.append(f"{name}: {fn}")
+    return out
 
 
 def mlir_native(name: str) -> bool:
@@ -53,6 +77,44 @@ def test_every_op_emits_mlir_or_says_why_not() -> None:
     assert not missing("mlir", mlir_native), (
         "ops without an MLIR emitter, a decomposition or extern_reasons['mlir']"
     )
+
+
+def test_every_declared_scalar_is_a_tensor_ir_function() -> None:
+    from cuvil_ir.tensor_ir.expr import FUNCTIONS
+
+    assert not bad_scalars(FUNCTIONS), (
+        "Op.scalar must name a function of expr.FUNCTIONS, one argument per operand"
+    )
+    # the hand tables this replaced: an op that names its function has no rule written out
+    assert REGISTRY.get("maximum").scalar == "max" and REGISTRY.get("exp").scalar == "exp"
+    assert REGISTRY.get("silu").scalar is None  # a composite: lowered from its decomposition
+
+
+def test_a_bad_scalar_is_found(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check can fail: a function missing from FUNCTIONS, a misspelt one, one of the
+    wrong arity, or one declared by an op that is not elementwise."""
+    from cuvil_ir.tensor_ir.expr import FUNCTIONS
+
+    assert bad_scalars({k: v for k, v in FUNCTIONS.items() if k != "exp"}) == ["exp: exp"]
+    monkeypatch.setattr(REGISTRY.get("maximum"), "scalar", "maximum")
+    monkeypatch.setattr(REGISTRY.get("neg"), "scalar", "add")
+    monkeypatch.setattr(REGISTRY.get("matmul"), "scalar", "mul")
+    assert bad_scalars(FUNCTIONS) == ["matmul: mul", "maximum: maximum", "neg: add"]
+
+
+def test_the_rule_of_a_scalar_op_is_its_function() -> None:
+    """An op that declares ``scalar`` lowers to one call of that function of its
+    operands' elements (a comparison in the operands' promoted dtype)."""
+    from cuvil_ir import parse_graph
+    from cuvil_ir.tensor_ir.lower import lower
+
+    g = parse_graph(
+        "graph @f(%x: Tensor[f32, (4,), cpu], %y: Tensor[i64, (4,), cpu]) {\n"
+        "  %0 = maximum(%x, %x) : Tensor[f32, (4,), cpu]\n"
+        "  %1 = lt(%0, %y) : Tensor[bool, (4,), cpu]\n"
+        "  return %1\n}"
+    )
+    assert "lt(max(%in0[_i0], %in0[_i0]), cast<f32>(%in1[_i0]))" in lower(g).text
 
 
 def test_reasons_name_known_consumers() -> None:
@@ -123,3 +185,39 @@ def test_a_new_elementwise_op_needs_only_its_declaration(tanhshrink: type[Op]) -
 
         (y,) = run_mlir(g, x)
         torch.testing.assert_close(y, F.tanhshrink(x).exp())
+
+
+def test_a_new_primitive_elementwise_op_needs_only_its_declaration() -> None:
+    """A primitive naming a scalar function Tensor IR has (here ``sqrt``, under another op
+    name) is lowered from its declaration alone, even declared after the rule table was
+    filled, as a plugin's op is: no rule is written for it."""
+    import torch
+
+    from cuvil_ir import parse_graph
+    from cuvil_ir.graph_ir.ops.elementwise import unary
+    from cuvil_ir.tensor_ir.lower import lower
+    from cuvil_ir.tensor_ir.program import Kernel
+    from cuvil_ir.tensor_ir.rules import RULES
+
+    assert "square_root" not in REGISTRY
+    op = unary("square_root", tuple, torch.sqrt, floating=True, scalar="sqrt")
+    try:
+        assert not dict.__contains__(RULES, "square_root") and RULES.get("square_root") is not None
+        assert "square_root" not in missing("tensor_ir", tensor_ir_native) + bad_scalars(_functions())
+        g = parse_graph(
+            "graph @f(%x: Tensor[f32, (x_0, 8), cpu]) {\n"
+            "  %0 = square_root(%x) : Tensor[f32, (x_0, 8), cpu]\n"
+            "  return %0\n}"
+        )
+        p = lower(g)
+        assert [type(s) for s in p.steps] == [Kernel] and "sqrt(%in0[" in p.text, p.text
+    finally:
+        REGISTRY._ops.pop(op.name)  # test-only: the registry has no unregistering
+        REGISTRY._origin.pop(op.name)
+        REGISTRY._by_torch = None
+
+
+def _functions() -> Mapping[str, int]:
+    from cuvil_ir.tensor_ir.expr import FUNCTIONS
+
+    return FUNCTIONS

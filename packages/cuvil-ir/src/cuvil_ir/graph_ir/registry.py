@@ -9,6 +9,8 @@ A declaration puts side by side everything later levels need to know about an op
   keyword-only parameters *are* the op's attribute schema;
 - ``reference(*inputs, **attrs)``: the eager torch call the reference executor
   runs (attributes arrive with every size expression already evaluated);
+- ``scalar``: for an elementwise op that is one scalar function of its operands'
+  elements, that function's name in Tensor IR (``"exp"``, ``"max"`` for ``maximum``);
 - ``torch``: a callable returning the torch callables this op captures, and
   ``capture(b, *args, **kwargs)``: turns one such torch call into IR by calling
   ``b.emit(...)`` (see :class:`Emitter`). Raising :class:`NotCaptured` makes the
@@ -115,6 +117,11 @@ class Op:
     #: itself (Tensor IR and MLIR then call the op's reference as an extern, ONNX export
     #: refuses it), even where a decomposition exists; data the coverage tests read
     extern_reasons: ClassVar[Mapping[str, str]] = {}
+    #: the Tensor IR scalar function (a name of :data:`cuvil_ir.tensor_ir.expr.FUNCTIONS`)
+    #: this elementwise op computes of its operands' elements, one argument per operand:
+    #: Tensor IR lowering derives the op's rule from it (:mod:`cuvil_ir.tensor_ir.rules`)
+    #: unless a rule is written out for the op; ``None``: no single function
+    scalar: ClassVar[str | None] = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

@@ -8,6 +8,7 @@ not fit a family are written out as classes below.
 from __future__ import annotations
 
 from collections.abc import Callable
+from types import EllipsisType
 from typing import Any
 
 import torch
@@ -61,9 +62,14 @@ def unary(
     floating: bool = False,
     to_bool: bool = False,
     decompose: Callable[..., Any] | None = None,
+    scalar: str | None | EllipsisType = ...,
 ) -> type[Op]:
     """Declare ``name(x)``; ``floating`` ops turn integer inputs into f32; a composite op
-    gives its ``decompose`` (see :mod:`cuvil_ir.graph_ir.decompose`)."""
+    gives its ``decompose`` (see :mod:`cuvil_ir.graph_ir.decompose`). ``scalar``: the
+    Tensor IR function of one element (:attr:`Op.scalar`); by default the op's name for
+    a primitive, none for a composite."""
+    if scalar is ...:
+        scalar = name if decompose is None else None
 
     def infer(ctx: ShapeContext, x: Type) -> Type:
         t = tensor_of(x)
@@ -90,6 +96,7 @@ def unary(
         infer=infer,
         reference=reference,
         decompose=decompose,
+        scalar=scalar,
     )
 
 
@@ -102,9 +109,13 @@ def binary(
     compare: bool = False,
     true_div: bool = False,
     tensors_only: bool = False,
+    scalar: str | None | EllipsisType = ...,
 ) -> type[Op]:
     """Declare ``name(a, b)`` with broadcasting; ``reflected`` callables swap operands;
-    ``tensors_only`` ops (torch.maximum ...) take no Python scalar operand."""
+    ``tensors_only`` ops (torch.maximum ...) take no Python scalar operand. ``scalar``:
+    the Tensor IR function of two elements (:attr:`Op.scalar`), by default the op's name."""
+    if scalar is ...:
+        scalar = name
 
     def infer(ctx: ShapeContext, a: Type, b: Type) -> Type:
         if isinstance(a, ScalarType) and isinstance(b, ScalarType):
@@ -138,6 +149,7 @@ def binary(
         capture=capture,
         infer=infer,
         reference=reference,
+        scalar=scalar,
     )
 
 
@@ -207,8 +219,8 @@ binary(
     true_div=True,
 )
 binary("pow", lambda: (torch.pow, T.pow, T.__pow__), torch.pow, reflected=lambda: (T.__rpow__,))
-binary("maximum", lambda: (torch.maximum, T.maximum), torch.maximum, tensors_only=True)
-binary("minimum", lambda: (torch.minimum, T.minimum), torch.minimum, tensors_only=True)
+binary("maximum", lambda: (torch.maximum, T.maximum), torch.maximum, tensors_only=True, scalar="max")
+binary("minimum", lambda: (torch.minimum, T.minimum), torch.minimum, tensors_only=True, scalar="min")
 binary("eq", lambda: (torch.eq, T.eq, T.__eq__), torch.eq, compare=True)
 binary("ne", lambda: (torch.ne, T.ne, T.__ne__), torch.ne, compare=True)
 binary("lt", lambda: (torch.lt, T.lt, T.__lt__), torch.lt, compare=True)
@@ -221,9 +233,15 @@ binary(
     torch.logical_and,
     compare=True,
     tensors_only=True,
+    scalar="and",
 )
 binary(
-    "logical_or", lambda: (torch.logical_or, T.logical_or), torch.logical_or, compare=True, tensors_only=True
+    "logical_or",
+    lambda: (torch.logical_or, T.logical_or),
+    torch.logical_or,
+    compare=True,
+    tensors_only=True,
+    scalar="or",
 )
 
 # -- unary math -------------------------------------------------------------
@@ -236,20 +254,24 @@ unary("rsqrt", lambda: (torch.rsqrt, T.rsqrt), torch.rsqrt, floating=True)
 unary("erf", lambda: (torch.erf, T.erf, torch.special.erf), torch.erf, floating=True)
 unary("tanh", lambda: (torch.tanh, T.tanh, F.tanh), torch.tanh, floating=True)
 unary("sigmoid", lambda: (torch.sigmoid, T.sigmoid, F.sigmoid), torch.sigmoid, floating=True)
-unary("relu", lambda: (torch.relu, T.relu, F.relu), torch.relu)
+unary("relu", lambda: (torch.relu, T.relu, F.relu), torch.relu, scalar=None)  # max(x, 0): a rule
 unary("silu", lambda: (F.silu,), F.silu, floating=True, decompose=lambda b, x: x * x.sigmoid())
-unary("logical_not", lambda: (torch.logical_not, T.logical_not), torch.logical_not, to_bool=True)
+unary(
+    "logical_not", lambda: (torch.logical_not, T.logical_not), torch.logical_not, to_bool=True, scalar="not"
+)
 binary(
     "floor_divide",
     lambda: (torch.floor_divide, T.floor_divide, T.__floordiv__),
     torch.floor_divide,
     reflected=lambda: (T.__rfloordiv__,),
+    scalar="floordiv",
 )
 binary(
     "remainder",
     lambda: (torch.remainder, T.remainder, T.__mod__),
     torch.remainder,
     reflected=lambda: (T.__rmod__,),
+    scalar="mod",
 )
 binary("fmod", lambda: (torch.fmod, T.fmod), torch.fmod)
 binary("atan2", lambda: (torch.atan2, torch.arctan2, T.atan2, T.arctan2), torch.atan2, true_div=True)
@@ -258,18 +280,21 @@ binary(
     lambda: (torch.bitwise_and, T.bitwise_and, T.__and__),
     torch.bitwise_and,
     reflected=lambda: (T.__rand__,),
+    scalar="bitand",
 )
 binary(
     "bitwise_or",
     lambda: (torch.bitwise_or, T.bitwise_or, T.__or__),
     torch.bitwise_or,
     reflected=lambda: (T.__ror__,),
+    scalar="bitor",
 )
 binary(
     "bitwise_xor",
     lambda: (torch.bitwise_xor, T.bitwise_xor, T.__xor__),
     torch.bitwise_xor,
     reflected=lambda: (T.__rxor__,),
+    scalar="bitxor",
 )
 binary(
     "logical_xor",
@@ -277,6 +302,7 @@ binary(
     torch.logical_xor,
     compare=True,
     tensors_only=True,
+    scalar="xor",
 )
 
 unary("sin", lambda: (torch.sin, T.sin), torch.sin, floating=True)
@@ -292,7 +318,12 @@ unary("floor", lambda: (torch.floor, T.floor), torch.floor)
 unary("ceil", lambda: (torch.ceil, T.ceil), torch.ceil)
 unary("trunc", lambda: (torch.trunc, torch.fix, T.trunc, T.fix), torch.trunc)
 unary("sign", lambda: (torch.sign, T.sign), torch.sign)
-unary("bitwise_not", lambda: (torch.bitwise_not, T.bitwise_not, T.__invert__), torch.bitwise_not)
+unary(
+    "bitwise_not",
+    lambda: (torch.bitwise_not, T.bitwise_not, T.__invert__),
+    torch.bitwise_not,
+    scalar="bitnot",
+)
 
 
 # -- composite activations: each one's math, once ---------------------------------------------
@@ -354,6 +385,7 @@ class Square(Op):
 class Round(Op):
     name = "round"
     traits = _ELEMENTWISE
+    scalar = "round"  # with decimals=0 only: the rule refuses the others
 
     @staticmethod
     def torch() -> tuple[Any, ...]:

@@ -12,8 +12,11 @@ conv, embedding ...) are externs; their declarations say why (``extern_reasons``
 The rules live by op family, each module registering its own into :data:`RULES`
 (:mod:`.table`) when this package is imported:
 
-* :mod:`.elementwise` -- unary and binary math, comparisons, ``where``, ``pow``,
-  ``cast``, ``clamp``, ``relu``, ``tril``/``triu``;
+* :mod:`.scalar` -- the rule of every elementwise op that declares its scalar
+  function (``Op.scalar``: ``exp``, ``add``, ``maximum`` -> ``max``, ``eq`` ...),
+  derived from the declaration, so such an op has no rule written out;
+* :mod:`.elementwise` -- the other elementwise ops: ``round``, ``where``, ``pow``,
+  ``square``, ``cast``, ``clamp``, ``relu``, ``tril``/``triu``;
 * :mod:`.factories` -- scalar constants, ``full``, ``arange``;
 * :mod:`.shapes` -- views, slicing, ``cat``, ``pad``, ``repeat``, ``reshape``;
 * :mod:`.reductions` -- ``sum`` ... ``all``, ``mean``;

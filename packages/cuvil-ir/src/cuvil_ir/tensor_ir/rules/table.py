@@ -3,7 +3,9 @@
 :data:`RULES` maps an op name to its rule (filled by the op-family modules of this
 package through :func:`rule`); its ``get`` answers for a composite op without a rule
 of its own with :func:`lower_decomposed`, which composes the rules of the op's
-decomposition into one expression.
+decomposition into one expression. An op that declares its scalar function
+(``Op.scalar``) has the rule :func:`~cuvil_ir.tensor_ir.rules.scalar.scalar_rule`
+makes of it, unless a family module writes one out.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from cuvil_ir.tensor_ir.rules.helpers import (
     out_type,
     pointwise,
 )
+from cuvil_ir.tensor_ir.rules.scalar import scalar_rule
 from cuvil_ir.tensor_ir.values import Lazy, NotLowered, Val
 
 if TYPE_CHECKING:  # annotations only: lower imports the rules
@@ -38,6 +41,8 @@ class _Rules(dict[str, Rule]):
 
     def get(self, name: str, default: Any = None) -> Any:
         found = super().get(name)
+        if found is None and name in REGISTRY and REGISTRY.get(name).scalar is not None:
+            return _scalar_rule(name)  # an op declared after this table was filled (a plugin's)
         if found is None and uses_decomposition(name, "tensor_ir", native=False):
             return lower_decomposed
         return found if found is not None else default
@@ -80,6 +85,19 @@ class _Rules(dict[str, Rule]):
 RULES: dict[str, Rule] = _Rules()
 
 rule = registrar(RULES)
+
+
+def _scalar_rule(name: str) -> Rule:
+    fn = REGISTRY.get(name).scalar
+    assert fn is not None
+    return scalar_rule(fn)
+
+
+# Every op declared so far that names its scalar function has the rule of that function;
+# a family module writing out a rule of its own for the op replaces it (pow, round).
+for _name in REGISTRY.names():
+    if REGISTRY.get(_name).scalar is not None:
+        RULES[_name] = _scalar_rule(_name)
 
 
 def lower_decomposed(lw: Lowering, n: Node, *operands: Val) -> list[Val]:
