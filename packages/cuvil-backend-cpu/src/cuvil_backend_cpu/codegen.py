@@ -158,6 +158,18 @@ class _Gen(IndexPrinter):
     def on_floordiv(self, a: str, b: str, q: Quotient) -> str:
         return f"cu_ifloordiv({a}, {b})"
 
+    def on_and(self, a: str, b: str) -> str:
+        return f"({a} && {b})"
+
+    def on_or(self, a: str, b: str) -> str:
+        return f"({a} || {b})"
+
+    def on_not(self, a: str) -> str:
+        return f"(!{a})"
+
+    def on_select(self, cond: str, then: str, other: str) -> str:
+        return f"({cond} ? {then} : {other})"
+
     def derived_size(self, e: sympy.Expr) -> str:
         return self.derived_arg(e, "int64_t")
 

@@ -29,9 +29,12 @@ import sympy
 # sympy's Add imports sympy.tensor.tensor the first time it flattens a sum (~70 ms):
 # imported with this module, so a warm start's first call does not pay for it mid-request
 import sympy.tensor.tensor  # noqa: F401, E402
+from sympy.logic.boolalg import Boolean
 from sympy.printing.precedence import precedence
 from sympy.printing.pycode import PythonCodePrinter
 from sympy.printing.str import StrPrinter
+
+from cuvil_ir.size_visitor import SizeVisitor
 
 Dim = Union[int, sympy.Expr]
 Shape = tuple[Dim, ...]
@@ -182,6 +185,8 @@ def _identifiers(text: str) -> list[str]:
 # evaluates sizes at run time (guards, the cpu wrapper's shapes) is printed exactly:
 # rationals and divisions as fractions.Fraction, floor/ceil as math.floor/ceil (exact
 # on Fractions), the rest as plain int arithmetic, which stays int where no rational is.
+# Integer-valued nodes go through the shared size visitor (cuvil_ir.size_visitor), as in
+# every other language: floor(p/q) is p // q, Mod is %, ceiling(p/q) is -(-p // q).
 
 
 class _ExactPrinter(PythonCodePrinter):  # type: ignore[misc]
@@ -220,6 +225,77 @@ class _ExactPrinter(PythonCodePrinter):  # type: ignore[misc]
 EXACT_NAMESPACE: dict[str, Any] = {"math": math, "Fraction": Fraction}
 
 
+class _ExactCode(SizeVisitor[str]):
+    """Integer size arithmetic and predicates as Python (``//`` and ``%`` are already the
+    visitor's floor semantics). A polynomial (no rounding, modulo, min/max or branch
+    inside) and a value that is not an integer (a rational, a float size) are printed
+    whole by :class:`_ExactPrinter`, in fractions where there is a denominator."""
+
+    language = "Python"
+
+    def __init__(self, names: Mapping[sympy.Symbol, str]) -> None:
+        self.names = names
+        self.printer = _ExactPrinter({"fully_qualified_modules": True}, names)
+
+    def printed(self, e: sympy.Basic) -> bool:
+        """``e`` is printed whole by :class:`_ExactPrinter`."""
+        if isinstance(e, Boolean):
+            return False
+        return (
+            not e.has(*_ROUNDING)
+            or e.is_integer is not True
+            or any(
+                isinstance(a, sympy.Float) or (isinstance(a, sympy.Pow) and not a.exp.is_Integer)
+                for a in sympy.preorder_traversal(e)
+            )
+        )
+
+    def take_whole(self, e: sympy.Basic, ctx: Any) -> str | None:
+        return self.on_unsupported(e, ctx) if self.printed(e) else None
+
+    def on_unsupported(self, e: sympy.Basic, ctx: Any) -> str:
+        # parenthesized: an operand of the visitor's ``//`` and ``%`` (``2 - x // 3`` is not it)
+        return f"({self.printer.doprint(e)})"
+
+    def on_integer(self, value: int) -> str:
+        return str(value) if value >= 0 else f"({value})"
+
+    def on_boolean(self, value: bool) -> str:
+        return str(value)
+
+    def on_symbol(self, s: sympy.Symbol, ctx: Any) -> str:
+        return self.names.get(s) or s.name
+
+    def fold_size(self, op: str, args: Sequence[sympy.Basic], ctx: Any) -> str:
+        parts = [self.visit_size(a, ctx) for a in args]
+        if op in ("min", "max"):
+            return f"{op}({', '.join(parts)})"
+        return "(" + f" {_PY_OPS[op]} ".join(parts) + ")"
+
+    def on_floordiv(self, a: str, b: str, q: Any) -> str:
+        return f"({a} // {b})"
+
+    def on_ceildiv(self, a: str, b: str, q: Any) -> str:
+        return f"(-((-{a}) // {b}))"
+
+    def on_mod(self, a: str, b: str, q: Any) -> str:
+        return f"({a} % {b})"
+
+    def on_compare(self, op: str, a: str, b: str) -> str:
+        return f"({a} {op} {b})"
+
+    def on_not(self, a: str) -> str:
+        return f"(not {a})"
+
+    def on_select(self, cond: str, then: str, other: str) -> str:
+        return f"({then} if {cond} else {other})"
+
+
+_PY_OPS = {"add": "+", "mul": "*", "and": "and", "or": "or"}
+#: nodes the visitor decomposes in exact Python (the rest is printed by _ExactPrinter)
+_ROUNDING = (sympy.floor, sympy.ceiling, sympy.Mod, sympy.Min, sympy.Max, sympy.Piecewise)
+
+
 def exact_code(expr: sympy.Basic, names: Mapping[sympy.Symbol, str]) -> str:
     """Python source computing ``expr`` exactly (see [Note: exact size arithmetic]),
     each symbol read from the variable ``names[symbol]``."""
@@ -227,7 +303,8 @@ def exact_code(expr: sympy.Basic, names: Mapping[sympy.Symbol, str]) -> str:
     missing = [s for s in e.free_symbols if s not in names]
     if missing:
         raise KeyError(f"no variable name for {sorted(map(str, missing))}")
-    return str(_ExactPrinter({"fully_qualified_modules": True}, names).doprint(e))
+    code = _ExactCode(names)
+    return str(code.printer.doprint(e)) if code.printed(e) else code.visit_size(e)
 
 
 def exact_function(symbols: Iterable[sympy.Symbol], expr: sympy.Basic) -> Callable[..., Any]:

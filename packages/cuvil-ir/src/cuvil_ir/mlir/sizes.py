@@ -6,16 +6,28 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import sympy
 
 from cuvil_ir.graph_ir.types import DType
 from cuvil_ir.mlir.module import ModuleBuilder
+from cuvil_ir.size_visitor import Quotient, SizeVisitor, quotient
 from cuvil_ir.symbolic import Dim, expr_str
 
+_PREDICATES = (sympy.Rel, sympy.And, sympy.Or, sympy.Not)
+_CMPI = {"==": "eq", "!=": "ne", "<": "slt", "<=": "sle", ">": "sgt", ">=": "sge"}
 
-class SizeEmitter(ModuleBuilder):
-    """Size expressions, predicates and float sizes, each emitted once per scope."""
+
+class SizeEmitter(ModuleBuilder, SizeVisitor[str]):
+    """Size expressions, predicates and float sizes, each emitted once per scope: the
+    :class:`~cuvil_ir.size_visitor.SizeVisitor` for MLIR ``arith`` on ``index`` and ``i1``
+    (see [Note: size division semantics] for floor division and modulo)."""
+
+    language = "MLIR"
+
+    def size_error(self, message: str) -> Exception:
+        return self.error(message)
 
     def idx(self, e: Dim | sympy.Basic) -> str:
         """An ``index`` value for an integer size expression."""
@@ -26,73 +38,7 @@ class SizeEmitter(ModuleBuilder):
         got = self.lookup(key)
         if got is not None:
             return got
-        r = self._idx(e)
-        return self.remember(key, r)
-
-    def _bin(self, op: str, a: str, b: str, ty: str = "index") -> str:
-        r = self.fresh()
-        self.emit(f"{r} = arith.{op} {a}, {b} : {ty}")
-        return r
-
-    def _idx(self, e: sympy.Basic) -> str:
-        if isinstance(e, sympy.Symbol):
-            got = self.lookup(("sym", e))
-            if got is None:
-                raise self.error(f"size symbol {e} is not bound by any input")
-            return got
-        if isinstance(e, sympy.Piecewise):
-            args = list(e.args)
-            *rest, (last, _) = args
-            acc = self.idx(last)
-            for val, cond in reversed(rest):
-                c = self.cond(cond)
-                r = self.fresh()
-                self.emit(f"{r} = arith.select {c}, {self.idx(val)}, {acc} : index")
-                acc = r
-            return acc
-        # [Note: size division semantics] sympy's floor, ceiling and Mod are Python's (Mod
-        # takes the divisor's sign), and a size expression can be negative -- a loop index
-        # (``range(-4, n)``), or ``x_0 - 7`` at a small size -- so floor and ceiling are
-        # floordivsi/ceildivsi (rounding toward -inf/+inf, not toward zero as divsi does),
-        # and Mod is ``a - floordiv(a, b) * b``: remsi alone takes the dividend's sign.
-        # test_mlir checks both against Python on negative operands.
-        if isinstance(e, sympy.floor) or isinstance(e, sympy.ceiling):
-            num, den = sympy.fraction(sympy.together(e.args[0]))
-            if den == 1:
-                return self.idx(num)
-            op = "floordivsi" if isinstance(e, sympy.floor) else "ceildivsi"
-            return self._bin(op, self.idx(num), self.idx(den))
-        if isinstance(e, sympy.Mod):
-            a, b = self.idx(e.args[0]), self.idx(e.args[1])
-            return self._bin("subi", a, self._bin("muli", self._bin("floordivsi", a, b), b))
-        if isinstance(e, (sympy.Max, sympy.Min)):
-            op = "maxsi" if isinstance(e, sympy.Max) else "minsi"
-            acc = self.idx(e.args[0])
-            for a in e.args[1:]:
-                acc = self._bin(op, acc, self.idx(a))
-            return acc
-        num, den = sympy.fraction(sympy.together(e))
-        if den != 1:  # an integer size: the division is exact, so truncating is flooring
-            return self._bin("divsi", self.idx(num), self.idx(den))
-        if isinstance(e, sympy.Add):
-            terms = sorted(e.args, key=sympy.default_sort_key)
-            acc = self.idx(terms[0])
-            for t in terms[1:]:
-                acc = self._bin("addi", acc, self.idx(t))
-            return acc
-        if isinstance(e, sympy.Mul):
-            terms = sorted(e.args, key=sympy.default_sort_key)
-            acc = self.idx(terms[0])
-            for t in terms[1:]:
-                acc = self._bin("muli", acc, self.idx(t))
-            return acc
-        if isinstance(e, sympy.Pow) and e.exp.is_Integer and int(e.exp) > 0:
-            base = self.idx(e.base)
-            acc = base
-            for _ in range(int(e.exp) - 1):
-                acc = self._bin("muli", acc, base)
-            return acc
-        raise self.error(f"cannot emit size expression {expr_str(e)}")
+        return self.remember(key, self.decompose_size(e, None))
 
     def cond(self, e: sympy.Basic) -> str:
         """An ``i1`` value for a size predicate."""
@@ -104,21 +50,83 @@ class SizeEmitter(ModuleBuilder):
         got = self.lookup(key)
         if got is not None:
             return got
-        preds = {sympy.Eq: "eq", sympy.Ne: "ne", sympy.Lt: "slt", sympy.Le: "sle"}
-        preds.update({sympy.Gt: "sgt", sympy.Ge: "sge"})
-        r: str
-        if type(e) in preds:
-            r = self.fresh()
-            a, b = self.idx(e.lhs), self.idx(e.rhs)
-            self.emit(f"{r} = arith.cmpi {preds[type(e)]}, {a}, {b} : index")
-        elif isinstance(e, (sympy.And, sympy.Or)):
-            op = "andi" if isinstance(e, sympy.And) else "ori"
-            r = self._fold(op, e.args, self.cond, "i1")
-        elif isinstance(e, sympy.Not):
-            r = self._bin("xori", self.cond(e.args[0]), self.const(True, DType.bool), "i1")
-        else:
+        if not isinstance(e, _PREDICATES):
             raise self.error(f"cannot emit size predicate {expr_str(e)}")
-        return self.remember(key, r)
+        return self.remember(key, self.decompose_size(e, None))
+
+    def visit_size(self, e: Any, ctx: Any = None) -> str:
+        e = sympy.sympify(e)
+        return self.cond(e) if isinstance(e, _PREDICATES) or e in (sympy.true, sympy.false) else self.idx(e)
+
+    def _bin(self, op: str, a: str, b: str, ty: str = "index") -> str:
+        r = self.fresh()
+        self.emit(f"{r} = arith.{op} {a}, {b} : {ty}")
+        return r
+
+    # -- the visitor's hooks ---------------------------------------------------------
+    def on_integer(self, value: int) -> str:
+        return self.cindex(value)
+
+    def on_boolean(self, value: bool) -> str:
+        return self.const(value, DType.bool)
+
+    def on_symbol(self, s: sympy.Symbol, ctx: Any) -> str:
+        got = self.lookup(("sym", s))
+        if got is None:
+            raise self.error(f"size symbol {s} is not bound by any input")
+        return got
+
+    def on_add(self, a: str, b: str) -> str:
+        return self._bin("addi", a, b)
+
+    def on_mul(self, a: str, b: str) -> str:
+        return self._bin("muli", a, b)
+
+    def on_exactdiv(self, a: str, b: str, q: Quotient) -> str:
+        return self._bin("divsi", a, b)  # an integer size: the division is exact
+
+    def on_fractional(self, e: sympy.Basic, ctx: Any) -> str:
+        # an ``index`` is an integer: whatever reaches here is one sympy cannot prove
+        q = quotient(e)
+        return self.on_exactdiv(self.visit_size(q.num), self.visit_size(q.den), q)
+
+    def on_floordiv(self, a: str, b: str, q: Quotient) -> str:
+        return self._bin("floordivsi", a, b)
+
+    def on_ceildiv(self, a: str, b: str, q: Quotient) -> str:
+        return self._bin("ceildivsi", a, b)
+
+    def on_mod(self, a: str, b: str, q: Quotient) -> str:
+        # remsi takes the dividend's sign; Mod takes the divisor's
+        return self._bin("subi", a, self._bin("muli", self.on_floordiv(a, b, q), b))
+
+    def on_min(self, a: str, b: str) -> str:
+        return self._bin("minsi", a, b)
+
+    def on_max(self, a: str, b: str) -> str:
+        return self._bin("maxsi", a, b)
+
+    def on_compare(self, op: str, a: str, b: str) -> str:
+        r = self.fresh()
+        self.emit(f"{r} = arith.cmpi {_CMPI[op]}, {a}, {b} : index")
+        return r
+
+    def on_and(self, a: str, b: str) -> str:
+        return self._bin("andi", a, b, "i1")
+
+    def on_or(self, a: str, b: str) -> str:
+        return self._bin("ori", a, b, "i1")
+
+    def on_not(self, a: str) -> str:
+        return self._bin("xori", a, self.const(True, DType.bool), "i1")
+
+    def on_select(self, cond: str, then: str, other: str) -> str:
+        r = self.fresh()
+        self.emit(f"{r} = arith.select {cond}, {then}, {other} : index")
+        return r
+
+    def on_unsupported(self, e: sympy.Basic, ctx: Any) -> str:
+        raise self.error(f"cannot emit size expression {expr_str(e)}")
 
     def _fold(self, op: str, args: Sequence[sympy.Basic], each: Callable[[sympy.Basic], str], ty: str) -> str:
         """``op`` over the values of ``args`` in canonical order, left to right."""

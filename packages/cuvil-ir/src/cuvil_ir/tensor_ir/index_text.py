@@ -1,44 +1,41 @@
 """Index and size expressions as infix source text: what every code generator shares.
 
 A kernel's offsets and extents are sympy expressions of loop indices (``_i0``,
-``_r100`` ...) and size symbols. :class:`IndexPrinter` prints their polynomial part
-(sums, products, integer powers) the same way for every target language; a code
-generator subclasses it for the leaves (literals, symbols) and for what each
-language spells its own way (min/max, floor division and modulo of loop indices,
-and size expressions with no polynomial form, which become derived arguments).
-``ctx`` is passed through to the hooks untouched (the Triton generator's lanes).
+``_r100`` ...) and size symbols. :class:`IndexPrinter` is the
+:class:`~cuvil_ir.size_visitor.SizeVisitor` for infix languages: it prints sums,
+products and integer powers the same way for every target language, and an index
+expression's floor division, ceiling division, modulo and min/max through the
+language's hooks (with Python's floor semantics: see [Note: size division semantics]).
+A size expression with no loop index and no polynomial form is taken whole, as a
+derived argument the wrapper computes exactly (:meth:`IndexPrinter.derived_size`). A code
+generator subclasses it for the leaves (literals, symbols) and the hooks. ``ctx`` is
+passed through to :meth:`on_symbol` untouched (the Triton generator's lanes).
 """
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
+from abc import abstractmethod
+from collections.abc import Sequence
 from typing import Any
 
 import sympy
 
+from cuvil_ir.size_visitor import Quotient, SizeVisitor, has_rational_form
 from cuvil_ir.tensor_ir import expr as E
 
 
-class IndexPrinter(ABC):
-    #: the target language, for error messages
-    language = "source"
+class IndexPrinter(SizeVisitor[str]):
     #: raised for an expression the language cannot express
     error: type[Exception] = NotImplementedError
 
-    def integer(self, value: int) -> str:
+    def size_error(self, message: str) -> Exception:
+        return self.error(message)
+
+    def on_integer(self, value: int) -> str:
         return str(value)
 
     @abstractmethod
-    def symbol(self, s: sympy.Symbol, ctx: Any) -> str: ...
-
-    @abstractmethod
     def minmax(self, is_min: bool, a: str, b: str) -> str: ...
-
-    @abstractmethod
-    def mod(self, a: sympy.Expr, b: sympy.Expr, ctx: Any) -> str: ...
-
-    @abstractmethod
-    def floordiv(self, num: sympy.Expr, den: sympy.Expr, ctx: Any) -> str: ...
 
     @abstractmethod
     def derived_size(self, e: sympy.Expr) -> str:
@@ -46,38 +43,46 @@ class IndexPrinter(ABC):
         ...
 
     def print_index(self, value: object, ctx: Any = None) -> str:
-        e: Any = sympy.sympify(value)
-        if e.is_Integer:
-            return self.integer(int(e))
-        if isinstance(e, sympy.Symbol):
-            return self.symbol(e, ctx)
-        loop = any(E.is_loop_symbol(s) for s in e.free_symbols)
-        if isinstance(e, (sympy.Add, sympy.Mul)) and not (
-            isinstance(e, sympy.Mul) and any(a.is_Rational and not a.is_Integer for a in e.args)
-        ):
-            op = " + " if isinstance(e, sympy.Add) else " * "
-            return (
-                "("
-                + op.join(self.print_index(a, ctx) for a in sorted(e.args, key=sympy.default_sort_key))
-                + ")"
-            )
-        if isinstance(e, sympy.Pow) and e.exp.is_Integer and int(e.exp) > 0 and e.base.is_integer:
-            return "(" + " * ".join([self.print_index(e.base, ctx)] * int(e.exp)) + ")"
-        if isinstance(e, (sympy.Min, sympy.Max)) and loop:
-            text = self.print_index(e.args[0], ctx)
-            for arg in e.args[1:]:
-                text = self.minmax(isinstance(e, sympy.Min), text, self.print_index(arg, ctx))
-            return text
-        if isinstance(e, sympy.Mod) and loop:
-            return self.mod(e.args[0], e.args[1], ctx)
-        if isinstance(e, sympy.floor) and loop:
-            num, den = sympy.fraction(sympy.together(e.args[0]))
-            if any(E.is_loop_symbol(s) for s in den.free_symbols):
-                raise self.error(f"index expression {e}")
-            return self.floordiv(sympy.expand(num), den, ctx)
-        if loop:
-            raise self.error(f"index expression {e} has no {self.language} form")
+        return self.visit_size(value, ctx)
+
+    def take_whole(self, e: sympy.Basic, ctx: Any) -> str | None:
+        if any(E.is_loop_symbol(s) for s in e.free_symbols) or _polynomial(e):
+            return None
         return self.derived_size(e)
+
+    def fold_size(self, op: str, args: Sequence[sympy.Basic], ctx: Any) -> str:
+        if op in ("add", "mul"):
+            sep = " + " if op == "add" else " * "
+            return "(" + sep.join(self.visit_size(a, ctx) for a in args) + ")"
+        return super().fold_size(op, args, ctx)
+
+    def on_min(self, a: str, b: str) -> str:
+        return self.minmax(True, a, b)
+
+    def on_max(self, a: str, b: str) -> str:
+        return self.minmax(False, a, b)
+
+    def on_ceildiv(self, a: str, b: str, q: Quotient) -> str:
+        return f"(-{self.on_floordiv(f'(-{a})', b, q)})"
+
+    def on_compare(self, op: str, a: str, b: str) -> str:
+        return f"({a} {op} {b})"
+
+    def on_unsupported(self, e: sympy.Basic, ctx: Any) -> str:
+        raise self.size_error(f"index expression {e} has no {self.language} form")
+
+    def on_fractional(self, e: sympy.Basic, ctx: Any) -> str:
+        return self.on_unsupported(e, ctx)
+
+
+def _polynomial(e: sympy.Basic) -> bool:
+    """Sums, products and positive integer powers of integers, with no denominator."""
+    if isinstance(e, sympy.Pow):
+        if not (e.exp.is_Integer and int(e.exp) > 0 and e.base.is_integer):
+            return False
+    elif not isinstance(e, (sympy.Add, sympy.Mul)):
+        return False
+    return not has_rational_form(e)
 
 
 __all__ = ["IndexPrinter"]

@@ -20,6 +20,7 @@ from typing import Any
 import sympy
 
 from cuvil_ir.graph_ir.types import DType
+from cuvil_ir.size_visitor import Quotient
 from cuvil_ir.tensor_ir import expr as E
 from cuvil_ir.tensor_ir.index_text import IndexPrinter
 from cuvil_ir.tensor_ir.program import Kernel, TensorProgram
@@ -133,7 +134,7 @@ class Renderer(IndexPrinter):
     def index(self, value: object, ctx: Ctx | None) -> str:
         return self.print_index(value, ctx)
 
-    def symbol(self, s: sympy.Symbol, ctx: Any) -> str:
+    def on_symbol(self, s: sympy.Symbol, ctx: Any) -> str:
         if E.is_loop_symbol(s):
             if s in self.row_names:
                 return self.row_names[s]
@@ -146,11 +147,26 @@ class Renderer(IndexPrinter):
     def minmax(self, is_min: bool, a: str, b: str) -> str:
         return f"{'tl.minimum' if is_min else 'tl.maximum'}({a}, {b})"
 
-    def mod(self, a: sympy.Expr, b: sympy.Expr, ctx: Any) -> str:
-        return f"cu.mod({self.index(a, ctx)}, {self.tensor_index(b, ctx)})"
+    def on_mod(self, a: str, b: str, q: Quotient) -> str:
+        return f"cu.mod({a}, {b})"
 
-    def floordiv(self, num: sympy.Expr, den: sympy.Expr, ctx: Any) -> str:
-        return f"cu.floordiv({self.index(num, ctx)}, {self.tensor_index(den, ctx)})"
+    def on_floordiv(self, a: str, b: str, q: Quotient) -> str:
+        return f"cu.floordiv({a}, {b})"
+
+    def visit_divisor(self, den: sympy.Expr, ctx: Any) -> str:
+        return self.tensor_index(den, ctx)
+
+    def on_and(self, a: str, b: str) -> str:
+        return f"({a} & {b})"
+
+    def on_or(self, a: str, b: str) -> str:
+        return f"({a} | {b})"
+
+    def on_not(self, a: str) -> str:
+        return f"(~{a})"
+
+    def on_select(self, cond: str, then: str, other: str) -> str:
+        return f"tl.where({cond}, {then}, {other})"
 
     def derived_size(self, e: sympy.Expr) -> str:
         return self.derived_arg(e, "int")

@@ -16,11 +16,19 @@ import sympy
 
 from cuvil.onnx.export.builder import OPSET, ExportError, GraphBuilder, Scope
 from cuvil_ir.graph_ir.types import DType, ScalarKind
+from cuvil_ir.size_visitor import Quotient, SizeVisitor
 from cuvil_ir.symbolic import expr_str
 
 
-class SizeExprs(GraphBuilder):
-    """A :class:`GraphBuilder` that writes size expressions (:meth:`expr`, :meth:`dims`)."""
+class SizeExprs(GraphBuilder, SizeVisitor[str]):
+    """A :class:`GraphBuilder` that writes size expressions (:meth:`expr`, :meth:`dims`): the
+    :class:`~cuvil_ir.size_visitor.SizeVisitor` for ONNX int64 nodes (see [Note: size
+    division semantics] and [Note: floor division in ONNX])."""
+
+    language = "ONNX"
+
+    def size_error(self, message: str) -> Exception:
+        return ExportError(message)
 
     def __init__(self, opset: int = OPSET) -> None:
         super().__init__(opset)
@@ -52,84 +60,84 @@ class SizeExprs(GraphBuilder):
 
     def _expr(self, e: Any) -> str:
         if isinstance(e, sympy.Symbol):
-            name = self.scope.sym(e)
-            if name is None:
-                src = self.sources.get(e)
-                if src is None:
-                    raise ExportError(f"size symbol {e} is not bound by a graph input or loop")
-                # read once, in the prologue of the top-level graph (visible everywhere)
-                scope, self.scope = self.scope, self.prologue
-                try:
-                    name = self.op("Shape", [src[0]], start=src[1], end=src[1] + 1)
-                finally:
-                    self.scope = scope
-                self.top.syms[e] = name
-            return name
+            return self.on_symbol(e, None)
         if e.is_integer is not True and not _is_bool(e):
             return self._float_expr(e)
-        return self._int_expr(e)
+        return self.decompose_size(e, None)
 
-    def _int_expr(self, e: Any) -> str:
-        if isinstance(e, sympy.Add):
-            terms = [self.expr(a) for a in e.args]
-            out = terms[0]
-            for t in terms[1:]:
-                out = self.op("Add", [out, t])
-            return out
-        if isinstance(e, sympy.Mul):
-            num, den = e.as_numer_denom()
-            if den != 1:
-                return self.op("Div", [self.expr(num), self.expr(den)])
-            factors = [self.expr(a) for a in e.args]
-            out = factors[0]
-            for f in factors[1:]:
-                out = self.op("Mul", [out, f])
-            return out
-        if isinstance(e, sympy.Pow) and e.exp.is_Integer and int(e.exp) > 0:
-            base = self.expr(e.base)
-            out = base
-            for _ in range(int(e.exp) - 1):
-                out = self.op("Mul", [out, base])
-            return out
-        if isinstance(e, (sympy.floor, sympy.ceiling)):
-            num, den = e.args[0].as_numer_denom()
-            return self._rounded_div(num, den, up=isinstance(e, sympy.ceiling))
-        if isinstance(e, sympy.Mod):
-            return self.op("Mod", [self.expr(e.args[0]), self.expr(e.args[1])])
-        if isinstance(e, (sympy.Max, sympy.Min)):
-            out = self.op("Max" if isinstance(e, sympy.Max) else "Min", [self.expr(a) for a in e.args])
+    # -- the visitor's hooks (int64, or bool for predicates) -------------------------
+    def visit_size(self, e: Any, ctx: Any = None) -> str:
+        return self.expr(e)
+
+    def order_operands(self, args: Sequence[Any]) -> list[Any]:
+        return list(args)  # sympy's own order
+
+    def fold_size(self, op: str, args: Sequence[Any], ctx: Any) -> str:
+        parts = [self.expr(a) for a in args]
+        if op in ("min", "max"):
+            out = self.op("Min" if op == "min" else "Max", parts)
             # already of shape [1]; the Reshape keeps it so for load.py, whose Max/Min fold
             # of one-element known values gives a 0-d value
             return self.op("Reshape", [out, self.ints([1])])
-        rel = {
-            sympy.StrictLessThan: "Less",
-            sympy.LessThan: "LessOrEqual",
-            sympy.StrictGreaterThan: "Greater",
-            sympy.GreaterThan: "GreaterOrEqual",
-            sympy.Equality: "Equal",
-        }
-        for cls, op_type in rel.items():
-            if isinstance(e, cls):
-                return self.op(op_type, [self.expr(e.lhs), self.expr(e.rhs)])
-        if isinstance(e, sympy.Unequality):
-            return self.op("Not", [self.op("Equal", [self.expr(e.lhs), self.expr(e.rhs)])])
-        if isinstance(e, (sympy.And, sympy.Or)):
-            parts = [self.expr(a) for a in e.args]
-            out = parts[0]
-            for p in parts[1:]:
-                out = self.op("And" if isinstance(e, sympy.And) else "Or", [out, p])
-            return out
-        if isinstance(e, sympy.Not):
-            return self.op("Not", [self.expr(e.args[0])])
-        if isinstance(e, sympy.Piecewise):
-            *pairs, (last, _) = e.args
-            out = self.expr(last)
-            for value, cond in reversed(pairs):
-                out = self.op("Where", [self.expr(cond), self.expr(value), out])
-            return out
+        out = parts[0]
+        for p in parts[1:]:
+            out = self.op(_BINARY[op], [out, p])
+        return out
+
+    def on_symbol(self, s: sympy.Symbol, ctx: Any) -> str:
+        name = self.scope.sym(s)
+        if name is None:
+            src = self.sources.get(s)
+            if src is None:
+                raise ExportError(f"size symbol {s} is not bound by a graph input or loop")
+            # read once, in the prologue of the top-level graph (visible everywhere)
+            scope, self.scope = self.scope, self.prologue
+            try:
+                name = self.op("Shape", [src[0]], start=src[1], end=src[1] + 1)
+            finally:
+                self.scope = scope
+            self.top.syms[s] = name
+        return name
+
+    def on_integer(self, value: int) -> str:
+        return self.const([value], DType.i64, [1])
+
+    def on_boolean(self, value: bool) -> str:
+        return self.const([value], DType.bool, [1])
+
+    def on_exactdiv(self, a: str, b: str, q: Quotient) -> str:
+        return self.op("Div", [a, b])
+
+    def on_floordiv(self, a: str, b: str, q: Quotient) -> str:
+        return self._rounded_div(a, b, q, up=False)
+
+    def on_ceildiv(self, a: str, b: str, q: Quotient) -> str:
+        return self._rounded_div(a, b, q, up=True)
+
+    def on_mod(self, a: str, b: str, q: Quotient) -> str:
+        return self.op("Mod", [a, b])  # fmod=0: the divisor's sign, as Python's %
+
+    def on_compare(self, op: str, a: str, b: str) -> str:
+        if op == "!=":
+            return self.op("Not", [self.op("Equal", [a, b])])
+        return self.op(_COMPARE[op], [a, b])
+
+    def on_and(self, a: str, b: str) -> str:
+        return self.op("And", [a, b])
+
+    def on_or(self, a: str, b: str) -> str:
+        return self.op("Or", [a, b])
+
+    def on_not(self, a: str) -> str:
+        return self.op("Not", [a])
+
+    def on_select(self, cond: str, then: str, other: str) -> str:
+        return self.op("Where", [cond, then, other])
+
+    def on_unsupported(self, e: Any, ctx: Any) -> str:
         raise ExportError(f"size expression {expr_str(e)} has no ONNX translation")
 
-    def _rounded_div(self, num: Any, den: Any, *, up: bool) -> str:
+    def _rounded_div(self, a: str, b: str, q: Quotient, *, up: bool) -> str:
         """``floor(num / den)`` (``ceiling`` when ``up``), as Python's ``//`` means it.
 
         [Note: floor division in ONNX] ONNX's integer ``Div`` truncates toward zero, which
@@ -139,12 +147,12 @@ class SizeExprs(GraphBuilder):
         ``Mod`` needs nothing: ONNX's integer ``Mod`` takes the divisor's sign, as ``%``.
         The importer folds both forms back into the same ``floor``/``ceiling``.
         """
-        if _nonnegative(num) and _nonnegative(den):
-            n = self.expr(num) if not up else self.op("Add", [self.expr(num), self.expr(den - 1)])
-            return self.op("Div", [n, self.expr(den)])
+        if q.nonnegative:
+            n = a if not up else self.op("Add", [a, self.expr(q.den - 1)])
+            return self.op("Div", [n, b])
         f64 = DType.f64
-        q = self.op("Div", [self._as_f64(self.expr(num)), self._as_f64(self.expr(den))])
-        return self.cast(self.op("Ceil" if up else "Floor", [q]), f64, DType.i64)
+        quot = self.op("Div", [self._as_f64(a), self._as_f64(b)])
+        return self.cast(self.op("Ceil" if up else "Floor", [quot]), f64, DType.i64)
 
     def _as_f64(self, name: str) -> str:
         return name if name in self.floats else self.cast(name, DType.i64, DType.f64)
@@ -164,7 +172,7 @@ class SizeExprs(GraphBuilder):
             elif isinstance(a, sympy.Pow):
                 return self.op("Pow", [f(a.base), f(a.exp)])
             else:
-                name = self._int_expr(a) if not isinstance(a, sympy.Symbol) else self.expr(a)
+                name = self.decompose_size(a, None) if not isinstance(a, sympy.Symbol) else self.expr(a)
                 return name if name in self.floats else self.cast(name, DType.i64, DType.f64)
             out = parts[0]
             for p in parts[1:]:
@@ -189,8 +197,8 @@ class SizeExprs(GraphBuilder):
         return self.op("Concat", [self.expr(d) for d in shape], axis=0)
 
 
-def _nonnegative(e: Any) -> bool:
-    return sympy.sympify(e).is_nonnegative is True
+_BINARY = {"add": "Add", "mul": "Mul", "and": "And", "or": "Or"}
+_COMPARE = {"<": "Less", "<=": "LessOrEqual", ">": "Greater", ">=": "GreaterOrEqual", "==": "Equal"}
 
 
 def _is_bool(e: Any) -> bool:
