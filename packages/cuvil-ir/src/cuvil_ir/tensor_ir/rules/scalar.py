@@ -12,7 +12,7 @@ other function computes in the result's dtype.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from cuvil_ir.graph_ir.nodes import Node
 from cuvil_ir.graph_ir.types import DType
@@ -31,7 +31,7 @@ LOGICAL = frozenset("and or xor not".split())
 ROUNDING = frozenset("floor ceil trunc round".split())
 
 
-def scalar_rule(fn: str) -> Callable[..., Any]:
+def scalar_rule(fn: str) -> Callable[..., Lazy]:
     """The rule computing scalar function ``fn`` of the operands' elements."""
     if fn in COMPARISONS:
 
