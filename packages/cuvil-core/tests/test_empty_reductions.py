@@ -73,3 +73,18 @@ def test_softmax_of_empty_dim_is_not_refused(target):
     f = cu.compile(fn, target=target, fallback="error")
     for x in (torch.randn(3, 4), torch.randn(3, 0)):
         torch.testing.assert_close(f(x), fn(x))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("op", [torch.amax, torch.amin])
+def test_extremum_of_a_0d_tensor_over_dim_0(op, target):
+    # torch allows dim 0 (or -1) of a 0-d tensor: one element, never empty (the check of
+    # the reduced sizes indexed past the shape: found by the OpInfo sweep)
+    def fn(x):
+        return op(x, dim=0, keepdim=True) + op(x, -1)
+
+    cf = cu.compile(fn, target=target, fallback="error")
+    x = torch.tensor(2.5)
+    got, want = cf(x), fn(x)
+    assert got.shape == want.shape and got.dtype == want.dtype
+    torch.testing.assert_close(got, want)

@@ -62,6 +62,8 @@ def nonempty(b: Emitter, name: str, t: TensorType, dims: tuple[int, ...], whole:
     (``Ne(size, 0)`` becomes a size guard when it is symbolic), so a call with an empty
     one captures again and is refused here, as eager refuses it."""
     for d in dims:
+        if d >= t.rank:
+            continue  # dim 0 (or -1) of a 0-d tensor, which torch allows: one element
         size = t.shape[d]
         empty = size == 0 if isinstance(size, int) else b.ctx.decide(
             sympy.Eq(size, 0), f"{name}() over a dimension eager requires to be non-empty"
