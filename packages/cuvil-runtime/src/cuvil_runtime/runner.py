@@ -393,6 +393,7 @@ class ProgramRunner:
         strides and storage; see [Note: output aliasing] in cuvil_ir.graph_ir.aliases)."""
         assert self.aliases is not None
         prog = self.program
+        self._bind_view_sizes(body, known)
         rest = iter(computed)
         outs = [next(rest) if a is None else "" for a in self.aliases]
         for i, a in enumerate(self.aliases):
@@ -418,6 +419,26 @@ class ProgramRunner:
             body.append(f"_v{i} = {code}")
             outs[i] = f"_v{i}"
         return outs
+
+    def _bind_view_sizes(self, body: list[str], known: list[Any]) -> None:
+        """Bind the sizes the view chains' attributes name that the computed program does
+        not (``x.expand_as(y)`` returns a view of ``x`` sized by ``y``, whose shape no
+        computed step reads): each from the first graph input with it as a dim."""
+        assert self.aliases is not None
+        needed: set[sympy.Symbol] = set()
+        for a in self.aliases:
+            for node, _ in () if a is None else a.chain:
+                for _, v in node.attrs:
+                    _add_symbols(needed, v)
+        missing = sorted(needed - set(known), key=lambda s: s.name)
+        graph = self.program.graph
+        for sym in missing:
+            for inp, value in zip(self.program.inputs, graph.inputs):
+                shape = getattr(value.type, "shape", ())
+                if inp.is_tensor and sym in shape:
+                    body.append(f"s_{sym.name} = v_{inp.name}.shape[{list(shape).index(sym)}]")
+                    known.append(sym)
+                    break
 
     def _attr_code(self, v: Any, ns: dict[str, Any], known: list[Any], const: str) -> str:
         """An attribute of a view replayed per call, its sizes from the call's symbols."""
