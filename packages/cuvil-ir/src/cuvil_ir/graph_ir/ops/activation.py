@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from cuvil_ir.graph_ir.decompose import Builder, Sym, where
 from cuvil_ir.graph_ir.ops._rules import float_tensor, result_dtype, tensor_of
 from cuvil_ir.graph_ir.registry import Emitter, NotCaptured, Op
-from cuvil_ir.graph_ir.types import ScalarKind, ScalarType, Type
+from cuvil_ir.graph_ir.types import ScalarKind, ScalarType, TensorType, Type
 from cuvil_ir.symbolic import ShapeContext
 
 T = torch.Tensor
@@ -215,6 +215,39 @@ class Softplus(_FloatActivation):
         bx = x * beta if beta != 1 else x
         soft = bx.exp().log1p()
         return where(bx > threshold, x, soft / beta if beta != 1 else soft)
+
+
+class Logit(_FloatActivation):
+    """``log(x / (1 - x))``, ``x`` first clamped to ``[eps, 1 - eps]`` when ``eps`` is given
+    (ATen's order: the clamp passes NaN through)."""
+
+    name = "logit"
+
+    @staticmethod
+    def torch() -> tuple[Any, ...]:
+        return (torch.logit, T.logit, torch.special.logit)
+
+    @staticmethod
+    def capture(b: Emitter, input: Any, eps: Any = None) -> Any:
+        t = b.type_of(input) if b.is_value(input) else None
+        if not isinstance(t, TensorType) or not t.dtype.is_floating:
+            raise NotCaptured("logit of an integer tensor or a number runs as torch's call")
+        e = _number(eps, "eps")
+        return b.emit("logit", [input], eps=None if e is None else float(e))
+
+    @staticmethod
+    def infer(ctx: ShapeContext, x: Type, *, eps: float | None) -> Type:
+        return float_tensor(x, "logit")
+
+    @staticmethod
+    def reference(x: Any, *, eps: float | None) -> Any:
+        return torch.logit(x, eps)
+
+    @staticmethod
+    def decompose(b: Builder, x: Sym, *, eps: float | None) -> Sym:
+        if eps is not None:
+            x = x.clamp(eps, 1.0 - eps)
+        return (x / (1.0 - x)).log()
 
 
 class Dropout(Op):
