@@ -54,7 +54,13 @@ def not_a_source_folder(src: Path) -> str | None:
     if not src.is_dir():
         return "no such folder"
     if (src / "pyproject.toml").exists() or (src / "setup.py").exists():
-        hint = "packages/*/src" if any(src.glob("packages/*/src")) else "src" if (src / "src").is_dir() else "a src folder"
+        hint = (
+            "packages/*/src"
+            if any(src.glob("packages/*/src"))
+            else "src"
+            if (src / "src").is_dir()
+            else "a src folder"
+        )
         return f"a project folder, not a source folder: give its source folders ({hint})"
     if not any(src.glob("*/__init__.py")):
         return "holds no package (a folder with an __init__.py)"

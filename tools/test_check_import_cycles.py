@@ -95,7 +95,10 @@ def test_type_checking_imports_and_one_way_imports_pass(tmp_path: Path) -> None:
 
 def test_a_folder_that_is_not_a_source_folder_is_refused(tmp_path: Path) -> None:
     # the repository's root: its packages (benchmarks/) are not the code the check is for
-    root = write(tmp_path / "repo", {"pyproject.toml": "", "benchmarks/__init__.py": "", "packages/a/src/pa/__init__.py": ""})
+    root = write(
+        tmp_path / "repo",
+        {"pyproject.toml": "", "benchmarks/__init__.py": "", "packages/a/src/pa/__init__.py": ""},
+    )
     result = check(root)
     assert result.returncode == 2, result
     assert "a project folder, not a source folder" in result.stderr and "packages/*/src" in result.stderr

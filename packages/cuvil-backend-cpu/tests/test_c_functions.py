@@ -75,7 +75,16 @@ def test_every_form_compiles(tmp_path):
     src = tmp_path / "forms.c"
     src.write_text("\n".join(parts) + "\n")
     r = subprocess.run(
-        ["gcc", "-c", "-O1", "-Wall", "-Werror=implicit-function-declaration", "-o", str(tmp_path / "f.o"), str(src)],
+        [
+            "gcc",
+            "-c",
+            "-O1",
+            "-Wall",
+            "-Werror=implicit-function-declaration",
+            "-o",
+            str(tmp_path / "f.o"),
+            str(src),
+        ],
         capture_output=True,
         text=True,
     )

@@ -179,7 +179,9 @@ def test_cuvil_dump_writes_every_stage(tmp_path, monkeypatch):
     ex = executable(cf)
     (folder,) = (tmp_path / "dump").iterdir()
     assert folder.name == cf.graphs[0].hash[:12] == ex.report.graph_hash[:12]
-    files = sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file() and p.parent.name != "passes")
+    files = sorted(
+        str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file() and p.parent.name != "passes"
+    )
     # the IR after every pass, numbered in the order they ran (lowering's only when the
     # program cache did not already hold this graph's Tensor IR)
     passes = sorted(p.name for p in (folder / "passes").iterdir())

@@ -224,7 +224,11 @@ def _child(project: Path, cases: str, **env: str) -> dict[str, list[int]]:
     full.pop("FROZEN_STATE", None)
     full.update(env)
     r = subprocess.run(
-        [sys.executable, "-c", CHILD, str(project), cases], env=full, capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", CHILD, str(project), cases],
+        env=full,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert r.returncode == 0, r.stderr[-4000:]
     assert "Traceback" not in r.stderr, r.stderr[-4000:]
@@ -460,7 +464,11 @@ def _flip_threads() -> None:
     [
         (_grad_branch, _flip_grad, "torch.is_grad_enabled() changed: True -> False"),
         (_deterministic_branch, _flip_deterministic, "torch.are_deterministic_algorithms_enabled() changed"),
-        (_default_dtype_factory, _flip_dtype, "torch.get_default_dtype() changed: torch.float32 -> torch.float64"),
+        (
+            _default_dtype_factory,
+            _flip_dtype,
+            "torch.get_default_dtype() changed: torch.float32 -> torch.float64",
+        ),
         (_default_dtype_read, _flip_dtype, "torch.get_default_dtype() changed"),
         (_autocast_query, _flip_threads, "torch.get_num_threads() changed"),
     ],

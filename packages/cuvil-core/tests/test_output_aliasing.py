@@ -76,7 +76,16 @@ def _slice(x):
 
 
 def _views(x):
-    return x, x[1], x.t(), x[:, 1:], x[::2], x.reshape(-1), x.unsqueeze(0).expand(2, -1, -1), x.permute(1, 0)[0]
+    return (
+        x,
+        x[1],
+        x.t(),
+        x[:, 1:],
+        x[::2],
+        x.reshape(-1),
+        x.unsqueeze(0).expand(2, -1, -1),
+        x.permute(1, 0)[0],
+    )
 
 
 def _squeeze(x):
@@ -187,7 +196,9 @@ def test_cpu_computes_no_copy_for_an_alias() -> None:
 def test_saved_and_loaded_artifacts_alias_as_in_eager(tmp_path: Path) -> None:
     loaded = cu.load(cu.save(cu.compile(_views, target="cpu"), tmp_path / "views.cuvil", torch.randn(3, 4)))
     check_like_eager(_views, loaded, INPUTS["contiguous"])
-    loaded2 = cu.load(cu.save(cu.compile(_view_of_output, target="cpu"), tmp_path / "y.cuvil", torch.randn(3, 4)))
+    loaded2 = cu.load(
+        cu.save(cu.compile(_view_of_output, target="cpu"), tmp_path / "y.cuvil", torch.randn(3, 4))
+    )
     check_like_eager(_view_of_output, loaded2, INPUTS["contiguous"])
     loaded3 = cu.load(cu.save(cu.compile(_clones, target="cpu"), tmp_path / "c.cuvil", torch.randn(3, 4)))
     check_like_eager(_clones, loaded3, INPUTS["contiguous"])

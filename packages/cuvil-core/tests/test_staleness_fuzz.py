@@ -96,7 +96,11 @@ def draw_program(seed: int) -> Program:
         ("y = y + BIAS", "fill:BIAS", [0.0, 1.0, -2.0]),
         ("y = y * self.k", "plain:k", [1, 3]),
         ("y = helper(y)", "body", [0, 1, 2]),
-        ("y = y * 2.0 if torch.are_deterministic_algorithms_enabled() else y - 0.5", "torch:deterministic", [False, True]),
+        (
+            "y = y * 2.0 if torch.are_deterministic_algorithms_enabled() else y - 0.5",
+            "torch:deterministic",
+            [False, True],
+        ),
     ]
     for stmt, knob, values in rng.sample(extras, rng.randint(2, len(extras))):
         values = values[:]
@@ -263,7 +267,9 @@ class Counts:
         self.findings += other.get("findings", [])
 
 
-def run_in_process(program: Program, folder: Path, mutations: int, target: str = "reference") -> dict[str, Any]:
+def run_in_process(
+    program: Program, folder: Path, mutations: int, target: str = "reference"
+) -> dict[str, Any]:
     import cuvil as cu
 
     rng = random.Random(program.seed * 7919 + 1)
@@ -296,6 +302,7 @@ def values_for(program: Program, rng: random.Random) -> dict[str, Any]:
 
 # ---- across processes: a child runs a batch of programs against the shared cache -----
 
+
 def child_main(batch_file: str) -> None:
     import cuvil as cu
 
@@ -311,7 +318,9 @@ def child_main(batch_file: str) -> None:
         out["calls"] += 1
         out["warm_starts"] += compiled.stats.warm_starts
         if why is not None:
-            out["findings"].append(f"seed {item['seed']} ({batch['target']}, process {batch['name']}) with {item['values']}: {why}")
+            out["findings"].append(
+                f"seed {item['seed']} ({batch['target']}, process {batch['name']}) with {item['values']}: {why}"
+            )
     print(json.dumps(out))
 
 
@@ -339,7 +348,11 @@ def run_across(programs: list[Program], folder: Path, target: str = "reference")
         batch.write_text(json.dumps({"name": name, "target": target, "programs": items}))
         env = dict(os.environ, CUVIL_CACHE_DIR=str(cache))
         r = subprocess.run(
-            [sys.executable, __file__, "--child", str(batch)], env=env, capture_output=True, text=True, timeout=900
+            [sys.executable, __file__, "--child", str(batch)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=900,
         )
         if r.returncode != 0:
             total["findings"].append(f"process {name} failed: {r.stderr[-2000:]}")

@@ -117,8 +117,14 @@ def _arg_load(program):
             ),
             "reads %tmp before any step writes it",
         ),
-        (lambda p: _with_body(p, E.Call("exp", (_arg_load(p), _arg_load(p)), F32)), "calls exp with 2 arguments"),
-        (lambda p: _with_body(p, E.Call("frobnicate", (_arg_load(p),), F32)), "unknown function 'frobnicate'"),
+        (
+            lambda p: _with_body(p, E.Call("exp", (_arg_load(p), _arg_load(p)), F32)),
+            "calls exp with 2 arguments",
+        ),
+        (
+            lambda p: _with_body(p, E.Call("frobnicate", (_arg_load(p),), F32)),
+            "unknown function 'frobnicate'",
+        ),
         (
             lambda p: _with_body(p, E.Load(_arg_load(p).buf, E.index_symbol(2), F32)),
             "loop symbol _i2 outside its range",
@@ -152,4 +158,3 @@ def test_a_reduce_binds_its_own_symbol():
     verify(_with_body(program, body))  # _r0 is bound inside the Reduce
     with pytest.raises(TensorVerifyError, match="_r0 outside its range"):
         verify(_with_body(program, E.Load(inp, 4 * E.index_symbol(0) + r, F32)))
-

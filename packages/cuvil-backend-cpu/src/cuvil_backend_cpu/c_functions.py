@@ -21,6 +21,7 @@ from cuvil_ir.tensor_ir import expr as E
 #: (generator, operand texts, result dtype, first operand's dtype) -> C text
 CForm = Callable[[Any, list[str], DType, DType], str]
 
+
 class CodegenError(NotImplementedError):
     """Loop IR the C generator cannot express (a bug: lowering should have made it an extern)."""
 
@@ -57,7 +58,9 @@ _INFIX = {
 #: float functions that are ``<math.h>`` calls: scalar function -> the name of its
 #: double form (``f`` suffix for float)
 _MATH = {
-    **{f: f for f in "exp expm1 log log1p log2 sqrt sin cos tan atan tanh floor ceil trunc pow atan2".split()},
+    **{
+        f: f for f in "exp expm1 log log1p log2 sqrt sin cos tan atan tanh floor ceil trunc pow atan2".split()
+    },
     "round": "nearbyint",  # round half to even, as torch.round
 }
 

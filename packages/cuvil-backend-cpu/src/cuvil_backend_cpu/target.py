@@ -146,7 +146,9 @@ GRAPH_PASSES: Pipeline[Graph] = Pipeline(
     "graph_ir",
     [
         Pass("attention_pattern", attention_pattern.rewrite, "hand-written attention to the flash kernel"),
-        Pass("small_matmul", small_matmul.rewrite, "matrix products with a small inner size to multiply-adds"),
+        Pass(
+            "small_matmul", small_matmul.rewrite, "matrix products with a small inner size to multiply-adds"
+        ),
         Pass("epilogues", epilogues.rewrite, "GEMM/convolution epilogues fused, BatchNorm folded"),
     ],
     verify_graph,

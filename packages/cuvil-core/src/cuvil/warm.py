@@ -222,7 +222,9 @@ def _describe(value: Any) -> dict[str, Any]:
         # an object of a library class may hold state no read guard sees (a partial's
         # arguments, a library module's flags), so it is never matched by class
         return {"t": "instance", "module": cls.__module__, "qualname": cls.__qualname__}
-    raise NotStorable(f"a {cls.__name__} object (a library class) is compared by identity, which another process cannot prove")
+    raise NotStorable(
+        f"a {cls.__name__} object (a library class) is compared by identity, which another process cannot prove"
+    )
 
 
 #: special methods a class matched by class alone may define: none that Python calls
@@ -387,7 +389,9 @@ def store(cf: Any, entry_key: str, c: Any, leaves: list[Any], structure: tuple[A
         return f"internal error: {type(e).__name__}: {e}"
 
 
-def _store_entry(cf: Any, entry_key: str, c: Any, leaves: list[Any], structure: tuple[Any, ...]) -> str | None:
+def _store_entry(
+    cf: Any, entry_key: str, c: Any, leaves: list[Any], structure: tuple[Any, ...]
+) -> str | None:
     if not c.storable:
         return "the capture ran a Python side effect (a print) that a warm start would not redo"
     try:

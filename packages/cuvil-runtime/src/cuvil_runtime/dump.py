@@ -51,7 +51,9 @@ class _PassWriter:
         self.folder.mkdir(parents=True, exist_ok=True)
         self.count += 1
         text = getattr(ir, "text", None)
-        (self.folder / f"{self.count:02d}-{level}-{name}.txt").write_text(text if isinstance(text, str) else str(ir))
+        (self.folder / f"{self.count:02d}-{level}-{name}.txt").write_text(
+            text if isinstance(text, str) else str(ir)
+        )
 
 
 def write_stages(folder: Path, target: Target, exe: Executable) -> None:

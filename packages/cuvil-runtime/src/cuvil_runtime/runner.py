@@ -409,7 +409,9 @@ class ProgramRunner:
             for k, (node, which) in enumerate(a.chain):
                 fn = f"_view_{i}_{k}"
                 ns[fn] = REGISTRY.get(node.op).reference
-                kwargs = ", ".join(f"{name}={self._attr_code(v, ns, known, f'{fn}_{name}')}" for name, v in node.attrs)
+                kwargs = ", ".join(
+                    f"{name}={self._attr_code(v, ns, known, f'{fn}_{name}')}" for name, v in node.attrs
+                )
                 code = f"{fn}({code}{', ' if kwargs else ''}{kwargs})"
                 if len(node.outputs) > 1:
                     code = f"{code}[{which}]"
@@ -445,10 +447,16 @@ class ProgramRunner:
         if isinstance(v, sympy.Basic) and not isinstance(v, (sympy.Rel, sympy.logic.boolalg.Boolean)):
             return self._size_code(v)
         if isinstance(v, tuple):
-            return "(" + "".join(f"{self._attr_code(x, ns, known, f'{const}_{j}')}, " for j, x in enumerate(v)) + ")"
+            return (
+                "("
+                + "".join(f"{self._attr_code(x, ns, known, f'{const}_{j}')}, " for j, x in enumerate(v))
+                + ")"
+            )
         if v is None or isinstance(v, (bool, int, float, str)):
             return repr(v)
-        if isinstance(v, sympy.Basic) or (hasattr(v, "items") and not isinstance(v, dict) and self._uses_symbols(v)):
+        if isinstance(v, sympy.Basic) or (
+            hasattr(v, "items") and not isinstance(v, dict) and self._uses_symbols(v)
+        ):
             ns[const] = v
             items = ", ".join(f"_sym({s.name!r}): s_{s.name}" for s in known)
             return f"_late_attr({const}, {{{items}}})"

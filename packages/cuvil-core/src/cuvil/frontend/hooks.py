@@ -426,5 +426,3 @@ def with_hooks(m: torch.nn.Module, forward: Any) -> Callable[..., Any]:
                 namespace["forward"] = before
 
     return call
-
-

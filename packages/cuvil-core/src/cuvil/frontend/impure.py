@@ -87,8 +87,6 @@ def refusal(fn: Any) -> tuple[str, str] | None:
     return IMPURE.get(key)  # type: ignore[arg-type]
 
 
-
-
 # -- the environment: read through a view that guards each variable ---------------------------
 
 
@@ -136,7 +134,9 @@ class EnvironReads(Mapping[str, str]):
         if ("environ", None) not in self._reads._seen:
             self._reads._seen.add(("environ", None))
             self._reads.guards.append(
-                ReadGuard("the environment", lambda: dict(os.environ), "contents", contents_key(env), "os.environ")
+                ReadGuard(
+                    "the environment", lambda: dict(os.environ), "contents", contents_key(env), "os.environ"
+                )
             )
         return env
 
@@ -203,7 +203,9 @@ def query(fn: Any) -> tuple[str, str] | None:
     return key if key in QUERIES else None  # type: ignore[return-value]
 
 
-def guarded_query(reads: Any, key: tuple[str, str], fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+def guarded_query(
+    reads: Any, key: tuple[str, str], fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
     """Call the query ``fn`` and guard its result by value (re-read on every call)."""
     value = fn(*args, **kwargs)
     plain = not kwargs and all(type(a) in _PLAIN_ARGS for a in args)

@@ -93,7 +93,9 @@ def _plain(v: Any) -> bool:
 
 def _has_state(v: Any) -> bool:
     """A plain object whose attributes a library's code may read."""
-    if isinstance(v, (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType, torch.nn.Module)):
+    if isinstance(
+        v, (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType, torch.nn.Module)
+    ):
         return False
     if isinstance(v, (torch.Tensor, types.MethodType, functools.partial)):
         return False

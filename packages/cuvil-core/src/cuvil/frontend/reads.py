@@ -344,7 +344,6 @@ class Reads:
                 continue
             self.free(cell, name, value)
 
-
     def library_code(self, fn: Any, depth: int = 0) -> None:
         """A library Python function the trace runs as is (``somelib.scale(x)``): the
         plain settings of its module that its code names (``SCALE = float(os.environ

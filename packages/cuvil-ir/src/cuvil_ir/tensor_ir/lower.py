@@ -584,7 +584,9 @@ def specialize(graph: Graph) -> Graph:
 
 
 def _specialize_pass() -> Pass[Graph]:
-    return Pass("specialize", specialize, "sizes the assumptions pin down substituted in types and attributes")
+    return Pass(
+        "specialize", specialize, "sizes the assumptions pin down substituted in types and attributes"
+    )
 
 
 #: the Graph IR passes lowering starts with, and the Tensor IR passes after it

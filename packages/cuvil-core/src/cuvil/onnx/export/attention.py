@@ -47,4 +47,3 @@ def _sdpa(ex: Exporter, n: Node) -> Any:
         else:
             s = ex.op("Add", [s, ex.val(mask, dt)])
     return ex.op("MatMul", [ex.op("Softmax", [s], axis=-1), v])
-

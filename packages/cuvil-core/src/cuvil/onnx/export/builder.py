@@ -79,7 +79,6 @@ class Scope:
         return None
 
 
-
 class GraphBuilder:
     """ONNX nodes appended to the current scope (``scope``; ``top`` is the model's graph)."""
 
@@ -136,7 +135,6 @@ class GraphBuilder:
         if src == dst:
             return name
         return self.op("Cast", [name], to=onnx_dtype(dst))
-
 
 
 __all__ = ["INT64_MAX", "INT64_MIN", "OPSET", "ExportError", "GraphBuilder", "dtype_of", "onnx_dtype"]

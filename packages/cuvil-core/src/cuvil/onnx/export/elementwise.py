@@ -118,9 +118,7 @@ _BITWISE = {
 BINARY = {**_ARITH, **_CMP, **_LOGICAL, **{k: bit for k, (bit, _) in _BITWISE.items()}}
 
 
-@register(
-    *_ARITH, *_CMP, "ne", *_LOGICAL, *_BITWISE, "floor_divide", "remainder", "fmod", "atan2"
-)
+@register(*_ARITH, *_CMP, "ne", *_LOGICAL, *_BITWISE, "floor_divide", "remainder", "fmod", "atan2")
 def _binary(ex: Exporter, n: Node) -> Any:
     a, b = n.inputs
     out = out_type(n).dtype

@@ -60,9 +60,7 @@ class DomainFunctions:
                 [onnx.helper.make_opsetid("", ex.opset)],
                 overload=digest,
             )
-        outs = ex.op(
-            short, [ex.val(v) for v in n.inputs], n_out=len(n.outputs), domain=ns, overload=digest
-        )
+        outs = ex.op(short, [ex.val(v) for v in n.inputs], n_out=len(n.outputs), domain=ns, overload=digest)
         return [outs] if len(n.outputs) == 1 else list(outs)
 
 

@@ -146,4 +146,3 @@ def _interpolate(ex: Exporter, n: Node) -> Any:
         scales = [1.0, 1.0] + ([float(sf)] * k if not isinstance(sf, tuple) else [float(s) for s in sf])
         return ex.op("Resize", [x, "", ex.const(scales, DType.f32, [len(scales)])], **attrs)
     return ex.op("Resize", [x, "", "", ex.dims(out.shape)], **attrs)
-

@@ -136,7 +136,6 @@ def _full(ex: Exporter, n: Node) -> Any:
     return ex.op("ConstantOfShape", [shape], value=tensor)
 
 
-
 @register("arange")
 def _arange(ex: Exporter, n: Node) -> Any:
     dt = out_type(n).dtype
@@ -148,5 +147,3 @@ def _arange(ex: Exporter, n: Node) -> Any:
         else:
             parts.append(ex.const(python_value(v, dt), dt))
     return ex.op("Range", parts)
-
-

@@ -248,4 +248,5 @@ def _coerce_pred(im: Importer, v: Value) -> Value:
         v = im.emit("reshape", [v], shape=())
     return v
 
+
 __all__: list[str] = []

@@ -78,6 +78,7 @@ def _decidable(x: Any, y: Any) -> bool:
     except TypeError:
         return False
 
+
 _RELATIONS: dict[str, Callable[[Any, Any], Any]] = {
     "Less": sympy.Lt,
     "LessOrEqual": sympy.Le,

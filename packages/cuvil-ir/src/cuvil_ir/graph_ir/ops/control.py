@@ -101,9 +101,7 @@ def _check_types(c: RegionChecker, what: str, got: Sequence[Value], want: Sequen
             raise c.error(f"{what} #{i} (%{v.name}) has type {v.type}, expected {t}")
 
 
-def _merge_ok(
-    out: Type, a: Type, b: Type, cond: sympy.Basic | None, ctx: ShapeContext | None = None
-) -> bool:
+def _merge_ok(out: Type, a: Type, b: Type, cond: sympy.Basic | None, ctx: ShapeContext | None = None) -> bool:
     """Is ``out`` the result type of an ``if`` whose branches yield ``a`` and ``b``? A
     dim the graph's assumptions pin down counts too (lowering's ``specialize`` writes
     ``1`` for a merged ``Piecewise((1, p), (x_0, True))`` assumed to be 1)."""
@@ -118,7 +116,11 @@ def _merge_ok(
             continue
         if cond is not None and dims_equal(d, sympy.Piecewise((x, cond), (y, True))):
             continue
-        if cond is not None and ctx is not None and _decided(ctx, sympy.Eq(d, sympy.Piecewise((x, cond), (y, True)))):
+        if (
+            cond is not None
+            and ctx is not None
+            and _decided(ctx, sympy.Eq(d, sympy.Piecewise((x, cond), (y, True))))
+        ):
             continue
         return False
     return True

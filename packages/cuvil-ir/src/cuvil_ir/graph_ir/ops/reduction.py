@@ -65,8 +65,10 @@ def nonempty(b: Emitter, name: str, t: TensorType, dims: tuple[int, ...], whole:
         if d >= t.rank:
             continue  # dim 0 (or -1) of a 0-d tensor, which torch allows: one element
         size = t.shape[d]
-        empty = size == 0 if isinstance(size, int) else b.ctx.decide(
-            sympy.Eq(size, 0), f"{name}() over a dimension eager requires to be non-empty"
+        empty = (
+            size == 0
+            if isinstance(size, int)
+            else b.ctx.decide(sympy.Eq(size, 0), f"{name}() over a dimension eager requires to be non-empty")
         )
         if empty:
             if whole:
