@@ -96,3 +96,21 @@ def test_simulation_beside_triton_ascend_is_unavailable_and_says_why():
         [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True
     ).stdout
     assert out.startswith("False") and "cuvil-backend-ascend[sim]" in out and "triton-ascend" in out, out
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [torch.asinh, torch.atan, torch.log1p, torch.expm1, torch.tanh, torch.erf, torch.log2, torch.sin],
+    ids=lambda f: f.__name__,
+)
+def test_float_functions_of_the_device_library_pass_both_stages(fn):
+    """A device-library function the corpus may not use (asinh, added after it) still goes
+    through triton-ascend's make_ttir and ttir_to_linalg."""
+    f = cu.compile(lambda x: fn(x) * 2, target="reference", fallback="error")
+    with torch.no_grad():
+        f(torch.randn(8, 16))
+    exe = AscendTarget().compile(f.graphs[0], CompileOptions())
+    assert exe.kernel_texts
+    for kernel, texts in exe.kernel_texts.items():
+        assert f"cu.{fn.__name__}" in texts["triton"], texts["triton"]
+        assert "tt.func" in texts["ttir"] and "func.func" in texts["linalg"], kernel

@@ -55,9 +55,7 @@ INTS = [I64, I32, I16, I8, U8]
 ALL = [*FLOATS, *INTS, BOOL]
 
 # -- the cases: (function, argument dtypes, result dtype) ------------------------------
-_FLOAT_UNARY = (
-    "exp expm1 log log1p log2 sqrt rsqrt sin cos tan atan tanh erf sigmoid floor ceil trunc round reciprocal"
-)
+_FLOAT_UNARY = "exp expm1 log log1p log2 sqrt rsqrt sin cos tan atan asinh tanh erf sigmoid floor ceil trunc round reciprocal"
 CASES: list[tuple[str, tuple[DType, ...], DType]] = [
     *((f, (d,), d) for f in _FLOAT_UNARY.split() for d in FLOATS),
     *((f, (d,), d) for f in ("neg", "abs") for d in FLOATS + INTS),
@@ -80,8 +78,14 @@ CASES: list[tuple[str, tuple[DType, ...], DType]] = [
 #: numpy's exp/log/sin/cos and the composed expm1/log1p/tanh/tan/atan/atan2 are within
 #: a few ulps, pow (double-double log and product) too.
 _ULPS: dict[tuple[str, DType], int] = {
-    **{(f, F32): 2 for f in "exp expm1 log log1p log2 sin cos tan atan tanh erf sigmoid pow atan2".split()},
-    **{(f, F64): 4 for f in "exp expm1 log log1p log2 sin cos tan atan tanh erf sigmoid atan2 pow".split()},
+    **{
+        (f, F32): 2
+        for f in "exp expm1 log log1p log2 sin cos tan atan asinh tanh erf sigmoid pow atan2".split()
+    },
+    **{
+        (f, F64): 4
+        for f in "exp expm1 log log1p log2 sin cos tan atan asinh tanh erf sigmoid atan2 pow".split()
+    },
 }
 #: max/min: C's form picks ``b`` when a == b, torch may pick the other zero
 _ZERO_SIGN_FREE = {"max", "min"}

@@ -67,6 +67,11 @@ def atan(x):
 
 
 @_jit
+def asinh(x):
+    return libdevice.asinh(x)
+
+
+@_jit
 def atan2(y, x):
     # tl.math's (y, x) order: triton-ascend's libdevice.atan2 passes its operands swapped
     return tl.math.atan2(y, x)

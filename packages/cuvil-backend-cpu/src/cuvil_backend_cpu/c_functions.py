@@ -59,7 +59,8 @@ _INFIX = {
 #: double form (``f`` suffix for float)
 _MATH = {
     **{
-        f: f for f in "exp expm1 log log1p log2 sqrt sin cos tan atan tanh floor ceil trunc pow atan2".split()
+        f: f
+        for f in "exp expm1 log log1p log2 sqrt sin cos tan atan asinh tanh floor ceil trunc pow atan2".split()
     },
     "round": "nearbyint",  # round half to even, as torch.round
 }

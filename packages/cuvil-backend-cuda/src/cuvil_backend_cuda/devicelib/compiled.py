@@ -61,6 +61,11 @@ def atan(x):
 
 
 @_jit
+def asinh(x):
+    return libdevice.asinh(x)
+
+
+@_jit
 def atan2(y, x):
     return libdevice.atan2(y, x)
 

@@ -330,7 +330,7 @@ def _sign(em: ElementwiseEmitter, op: str, xs: list[str], d: DType, attrs: dict[
 _MATH = {
     "exp": "math.exp", "log": "math.log", "tanh": "math.tanh", "sqrt": "math.sqrt",
     "rsqrt": "math.rsqrt", "sin": "math.sin", "cos": "math.cos", "tan": "math.tan",
-    "atan": "math.atan", "erf": "math.erf", "log1p": "math.log1p", "log2": "math.log2",
+    "atan": "math.atan", "asinh": "math.asinh", "erf": "math.erf", "log1p": "math.log1p", "log2": "math.log2",
     "expm1": "math.expm1", "floor": "math.floor", "ceil": "math.ceil", "trunc": "math.trunc",
 }  # fmt: skip
 

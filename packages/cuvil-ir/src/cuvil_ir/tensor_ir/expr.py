@@ -101,7 +101,7 @@ Expr = Union[Const, Arg, Load, Index, Call, Reduce, Var]
 #: every backend, thread count and schedule.
 FUNCTIONS: dict[str, int] = {
     **dict.fromkeys(
-        "neg abs exp expm1 log log1p log2 sqrt rsqrt sin cos tan atan tanh erf sigmoid floor ceil"
+        "neg abs exp expm1 log log1p log2 sqrt rsqrt sin cos tan atan asinh tanh erf sigmoid floor ceil"
         " trunc round sign not bitnot reciprocal cast".split(),
         1,
     ),
@@ -115,7 +115,7 @@ FUNCTIONS: dict[str, int] = {
 
 #: functions whose cost dominates a pointwise chain (the fusion policy counts them)
 TRANSCENDENTAL = frozenset(
-    "exp expm1 log log1p log2 sqrt rsqrt sin cos tan atan tanh erf sigmoid pow atan2 div rand".split()
+    "exp expm1 log log1p log2 sqrt rsqrt sin cos tan atan asinh tanh erf sigmoid pow atan2 div rand".split()
 )
 
 REDUCE_KINDS = ("sum", "prod", "max", "min", "any", "all")

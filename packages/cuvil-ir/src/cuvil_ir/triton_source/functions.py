@@ -67,7 +67,9 @@ SIGNATURE_TYPES: dict[DType, str] = {
 _BITS = {DType.i64: 64, DType.i32: 32, DType.i16: 16, DType.i8: 8}
 
 #: float functions the device library provides (``cu.<name>``), all of one dtype in and out
-_CU_FLOAT = frozenset("exp expm1 log log1p log2 sin cos tan atan atan2 tanh erf pow trunc round fmod".split())
+_CU_FLOAT = frozenset(
+    "exp expm1 log log1p log2 sin cos tan atan asinh atan2 tanh erf pow trunc round fmod".split()
+)
 _COMPARE = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
 _BITWISE = {"bitand": "&", "bitor": "|", "bitxor": "^"}
 #: bool arithmetic as the C form's ``(a op b) != 0`` on 0/1 values

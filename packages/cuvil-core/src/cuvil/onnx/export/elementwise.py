@@ -39,6 +39,7 @@ UNARY = {
     "reciprocal": "Reciprocal",
     "sign": "Sign",
     "atan": "Atan",
+    "asinh": "Asinh",
     "hardswish": "HardSwish",
     "mish": "Mish",
     "logical_not": "Not",

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 #: every name a generated kernel may call on ``cu``
 NAMES = (
-    "exp expm1 log log1p log2 sin cos tan atan atan2 tanh erf pow trunc round fmod remainder"
+    "exp expm1 log log1p log2 sin cos tan atan asinh atan2 tanh erf pow trunc round fmod remainder"
     " floordiv mod fmod_int truncdiv iabs sign fmax fmin rand prod_combine welford_combine"
 ).split()
 

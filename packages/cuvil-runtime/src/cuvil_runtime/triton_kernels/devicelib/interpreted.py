@@ -128,6 +128,21 @@ def atan(x):
 
 
 @_jit
+def asinh(x):
+    # sign(x) * log1p(a + a*a / (1 + sqrt(1 + a*a))), a = |x|, in float64; past 2**28
+    # a*a no longer matters and asinh(a) is log(2a)
+    v = x.to(tl.float64)
+    a = tl.abs(v)
+    big = a > 268435456.0
+    a2 = tl.where(big, 0.0, a * a)
+    r = log1p(a + a2 / (1.0 + tl.sqrt(1.0 + a2)))
+    r = tl.where(big, tl.log(a) + 0.6931471805599453, r)
+    r = tl.where(v < 0, -r, r)
+    r = tl.where(v == 0, v, r)  # keeps -0.0
+    return r.to(x.dtype)
+
+
+@_jit
 def _signbit64(v):
     return v.to(tl.int64, bitcast=True) < 0
 
