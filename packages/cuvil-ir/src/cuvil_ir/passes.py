@@ -70,17 +70,22 @@ class Pipeline(Generic[IR]):
         return tuple(p.name for p in self.passes)
 
     def __call__(self, ir: IR, *, verify: bool | None = None) -> IR:
-        check = verifying() if verify is None else verify
-        trace = _TRACE.get()
         for p in self.passes:
-            ir = p.run(ir)
-            if check and self.verifier is not None:
-                try:
-                    self.verifier(ir)
-                except Exception as e:
-                    raise PassError(f"{self.level} pass {p.name!r} produced invalid IR: {e}") from e
-            if trace is not None:
-                trace(self.level, p.name, ir)
+            ir = self.produced(p.name, p.run(ir), verify=verify)
+        return ir
+
+    def produced(self, name: str, ir: IR, *, verify: bool | None = None) -> IR:
+        """``ir`` as step ``name`` made it: verified (when on) and reported to the pass
+        trace. Each pass goes through here; so does a step that makes this level's IR from
+        another's (lowering to Tensor IR)."""
+        if (verifying() if verify is None else verify) and self.verifier is not None:
+            try:
+                self.verifier(ir)
+            except Exception as e:
+                raise PassError(f"{self.level} pass {name!r} produced invalid IR: {e}") from e
+        trace = _TRACE.get()
+        if trace is not None:
+            trace(self.level, name, ir)
         return ir
 
 
@@ -99,11 +104,4 @@ def tracing(trace: Trace) -> Iterator[None]:
         _TRACE.reset(token)
 
 
-def traced(level: str, name: str, ir: Any) -> None:
-    """Report a step that is not a pass of a pipeline (a lowering between levels)."""
-    trace = _TRACE.get()
-    if trace is not None:
-        trace(level, name, ir)
-
-
-__all__ = ["IR", "Pass", "PassError", "Pipeline", "Trace", "traced", "tracing", "verifying"]
+__all__ = ["IR", "Pass", "PassError", "Pipeline", "Trace", "tracing", "verifying"]

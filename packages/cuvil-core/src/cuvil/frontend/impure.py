@@ -101,19 +101,17 @@ class EnvironReads(Mapping[str, str]):
 
     def _read(self, key: str) -> Any:
         value = os.environ.get(key, MISSING)
-        seen = ("environ", key)
-        if seen not in self._reads._seen:
-            self._reads._seen.add(seen)
-            self._reads.guards.append(
-                ReadGuard(
-                    f"environment variable {key!r}",
-                    functools.partial(os.environ.get, key, MISSING),
-                    "value",
-                    value,
-                    show(value),
-                    ("environ", key),
-                )
-            )
+        self._reads.guard_once(
+            ("environ", key),
+            ReadGuard(
+                f"environment variable {key!r}",
+                functools.partial(os.environ.get, key, MISSING),
+                "value",
+                value,
+                show(value),
+                ("environ", key),
+            ),
+        )
         return value
 
     def __getitem__(self, key: str) -> str:
@@ -131,13 +129,12 @@ class EnvironReads(Mapping[str, str]):
 
     def _whole(self) -> dict[str, str]:
         env = dict(os.environ)
-        if ("environ", None) not in self._reads._seen:
-            self._reads._seen.add(("environ", None))
-            self._reads.guards.append(
-                ReadGuard(
-                    "the environment", lambda: dict(os.environ), "contents", contents_key(env), "os.environ"
-                )
-            )
+        self._reads.guard_once(
+            ("environ", None),
+            ReadGuard(
+                "the environment", lambda: dict(os.environ), "contents", contents_key(env), "os.environ"
+            ),
+        )
         return env
 
     def __iter__(self) -> Iterator[str]:
@@ -211,19 +208,17 @@ def guarded_query(
     plain = not kwargs and all(type(a) in _PLAIN_ARGS for a in args)
     shown_args = ", ".join(repr(a) for a in args)
     what = f"{key[0]}.{key[1]}({shown_args})" if plain else f"{key[0]}.{key[1]}(...)"
-    seen = ("query", what)
-    if seen not in reads._seen:
-        reads._seen.add(seen)
-        reads.guards.append(
-            ReadGuard(
-                what,
-                functools.partial(fn, *args, **kwargs),
-                "value",
-                value,
-                show(value),
-                ("query", *key, *args) if plain else None,
-            )
-        )
+    reads.guard_once(
+        ("query", what),
+        ReadGuard(
+            what,
+            functools.partial(fn, *args, **kwargs),
+            "value",
+            value,
+            show(value),
+            ("query", *key, *args) if plain else None,
+        ),
+    )
     return value
 
 

@@ -95,7 +95,7 @@ class Reads:
 
     def __init__(self, lift_sources: dict[int, LiftSource]) -> None:
         self.guards: list[ReadGuard] = []
-        self._seen: set[tuple[str, int]] = set()
+        self._seen: set[tuple[Any, ...]] = set()
         #: id -> (object, how user code names it, graph input name prefix, its place) of
         #: objects whose identity is guarded
         self.stable: dict[int, tuple[Any, str, str, Place | None]] = {}
@@ -176,6 +176,13 @@ class Reads:
         self, what: str, getter: Callable[[], Any], kind: str, expected: Any, value: Any, place: Place | None
     ) -> None:
         self.guards.append(ReadGuard(what, getter, kind, expected, show(value), place))
+
+    def guard_once(self, key: tuple[Any, ...], guard: ReadGuard) -> None:
+        """Add ``guard`` unless a guard was added under ``key`` already (an environment
+        variable or a torch setting read twice is one guard)."""
+        if key not in self._seen:
+            self._seen.add(key)
+            self.guards.append(guard)
 
     # -- the reads converted code makes --------------------------------------------
     def glob(self, globals_: dict[str, Any], name: str, value: Any) -> None:

@@ -19,7 +19,7 @@ from cuvil_ir.graph_ir.nodes import KV, Block, Graph, Node, Ref, Value
 from cuvil_ir.graph_ir.registry import REGISTRY
 from cuvil_ir.graph_ir.types import DType, ScalarType, TensorType
 from cuvil_ir.graph_ir.verifier import verify as verify_graph
-from cuvil_ir.passes import Pass, PassError, Pipeline, traced, verifying
+from cuvil_ir.passes import Pass, Pipeline
 from cuvil_ir.symbolic import Dim, symbol
 from cuvil_ir.tensor_ir import expr as E
 from cuvil_ir.tensor_ir.memory import plan_program
@@ -607,13 +607,7 @@ def lower(graph: Graph, policy: FusionPolicy | None = None, *, strided_inputs: b
     lowering = Lowering(policy or FusionPolicy())
     lowering.assumptions = tuple(graph.assumptions)
     program = lowering.lower_graph(GRAPH_PASSES(graph), graph.name, strided_inputs)
-    if verifying():
-        try:
-            verify_program(program)
-        except Exception as e:
-            raise PassError(f"lowering to Tensor IR produced invalid IR: {e}") from e
-    traced("tensor_ir", "lower", program)
-    return TENSOR_PASSES(program)
+    return TENSOR_PASSES(TENSOR_PASSES.produced("lower", program))
 
 
 def _rules() -> Any:

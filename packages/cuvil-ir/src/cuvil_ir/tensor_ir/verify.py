@@ -126,21 +126,22 @@ class _Checker:
         self.expr(where, k.body, len(k.domain), frozenset())
         self.written.add(k.buf)
 
-    def expr(self, where: str, e: E.Expr, rank: int, bound: frozenset[sympy.Symbol]) -> None:
-        def index(x: Any) -> None:
-            for s in sympy.sympify(x).free_symbols:
-                if not E.is_loop_symbol(s) or s in bound:
-                    continue
-                name = s.name
-                if name.startswith("_i") and name[2:].isdigit() and int(name[2:]) < rank:
-                    continue
-                self.fail(where, f"uses the loop symbol {name} outside its range (rank {rank})")
+    def index(self, where: str, x: Any, rank: int, bound: frozenset[sympy.Symbol]) -> None:
+        """An index expression may use ``_i0`` .. ``_i<rank-1>`` and the symbols ``bound``."""
+        for s in sympy.sympify(x).free_symbols:
+            if not E.is_loop_symbol(s) or s in bound:
+                continue
+            name = s.name
+            if name.startswith("_i") and name[2:].isdigit() and int(name[2:]) < rank:
+                continue
+            self.fail(where, f"uses the loop symbol {name} outside its range (rank {rank})")
 
+    def expr(self, where: str, e: E.Expr, rank: int, bound: frozenset[sympy.Symbol]) -> None:
         if isinstance(e, E.Load):
             self.read(where, e.buf)
-            index(e.offset)
+            self.index(where, e.offset, rank, bound)
         elif isinstance(e, E.Index):
-            index(e.expr)
+            self.index(where, e.expr, rank, bound)
         elif isinstance(e, E.Arg):
             if e.name not in self.args:
                 self.fail(where, f"reads the scalar {e.name}, which is no input, seed or outer symbol")
@@ -158,7 +159,7 @@ class _Checker:
                 self.fail(where, f"an unknown reduction {e.kind!r}")
             inner = bound
             for s, extent in e.ranges:
-                index(extent)
+                self.index(where, extent, rank, bound)
                 inner = inner | {s}
             self.expr(where, e.body, rank, inner)
         elif isinstance(e, (E.Const, E.Var)):
