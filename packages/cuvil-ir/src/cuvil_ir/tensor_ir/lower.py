@@ -1,16 +1,19 @@
 """Graph IR -> Tensor IR: tensors as index functions, realized into kernels only when needed.
 
 See docs/tensor-and-loop-ir.md. The per-op rules live in
-:mod:`cuvil_ir.tensor_ir.rules`; this module holds the mechanism: lazy tensors,
+:mod:`cuvil_ir.tensor_ir.rules` (they see the lowering as a
+:class:`~cuvil_ir.tensor_ir.lowering_context.LoweringContext`), the backend's choices in
+:mod:`cuvil_ir.tensor_ir.fusion_policy`, what the graph's size facts give in
+:mod:`cuvil_ir.tensor_ir.size_facts`; this module holds the mechanism: lazy tensors,
 the realization policy, the split of reductions the scheduler could not hoist
-without recomputing them, extern calls, control flow and outputs.
+without recomputing them, extern calls, control flow and outputs, and :func:`lower`,
+the driver (Graph IR passes, the lowering, Tensor IR passes).
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any
 
 import sympy
@@ -22,6 +25,8 @@ from cuvil_ir.graph_ir.verifier import verify as verify_graph
 from cuvil_ir.passes import Pass, Pipeline
 from cuvil_ir.symbolic import Dim, symbol
 from cuvil_ir.tensor_ir import expr as E
+from cuvil_ir.tensor_ir.fusion_policy import FusionPolicy
+from cuvil_ir.tensor_ir.lowering_context import LoweringContext
 from cuvil_ir.tensor_ir.memory import plan_program
 from cuvil_ir.tensor_ir.program import (
     CHANNELS_LAST,
@@ -38,56 +43,18 @@ from cuvil_ir.tensor_ir.program import (
     layout_strides,
 )
 from cuvil_ir.tensor_ir.rules import RULES
+from cuvil_ir.tensor_ir.size_facts import facts_under, specialize
 from cuvil_ir.tensor_ir.values import (
     SCALAR_DTYPES,
     Lazy,
     NotLowered,
     Val,
     idx,
-    known_sizes,
     strided_offset,
     strided_view,
 )
 from cuvil_ir.tensor_ir.values import as_dim as _dim
 from cuvil_ir.tensor_ir.verify import verify as verify_program
-
-#: ``(reduce, its free indices, the kernel's outer indices) -> realize it?``
-RealizeReduction = Callable[[E.Reduce, frozenset[sympy.Symbol], frozenset[sympy.Symbol]], bool]
-
-
-@dataclass(frozen=True)
-class FusionPolicy:
-    """What a backend wants from lowering (data, not target-name checks)."""
-
-    #: a value used more than once is recomputed in each consumer when its cost
-    #: (see :func:`cuvil_ir.tensor_ir.expr.cost`) is at most this, else realized
-    recompute_budget: int = 4
-    #: realize an expression that grew past this many nodes
-    max_expr_nodes: int = 256
-    #: a subexpression at least this costly that varies with fewer indices than its
-    #: kernel (batch norm's per-channel ``rsqrt``) is computed once into a small buffer
-    low_rank_cost: int = 4
-    #: element types kernels can hold; an op touching another dtype runs as an extern
-    dtypes: frozenset[DType] = frozenset(
-        {DType.f32, DType.f64, DType.i64, DType.i32, DType.i16, DType.i8, DType.u8, DType.bool}
-    )
-    #: ops never lowered into kernels (run by their reference as externs)
-    extern_ops: frozenset[str] = frozenset()
-    #: extern ops the backend can run into a preallocated (arena) buffer, ``out=`` style
-    out_variants: frozenset[str] = frozenset()
-    #: extern ops that run fastest on channels-last NCHW tensors: their first operand is
-    #: passed channels-last and their 4-d results are kept so (see docs/tensor-and-loop-ir.md)
-    channels_last_ops: frozenset[str] = frozenset()
-    #: which reductions inside a kernel body become buffers of their own, as the
-    #: backend's scheduler needs: ``realize_reduction(reduce, its free indices, the
-    #: kernel's non-unit outer indices up to the deepest one any reduction uses)``.
-    #: ``None``: every reduction stays in its kernel (the backend's code computes a
-    #: nested reduction where it is used)
-    realize_reduction: RealizeReduction | None = None
-    #: the key of the native lowerings of composite ops this target takes: a node's
-    #: ``lower_<native>`` attribute, an expression in the target's kernel language (see
-    #: [Note: native calls] in :mod:`cuvil_ir.tensor_ir.expr`); ``None``: none
-    native: str | None = None
 
 
 class Lowering:
@@ -364,8 +331,9 @@ class Lowering:
         if self.policy.native is not None and isinstance(n.attr(f"lower_{self.policy.native}"), str):
             rule = self.rules.native  # the op's own lowering for this target replaces its decomposition
         if rule is not None and n.op not in self.policy.extern_ops and self._dtypes_ok(n):
+            context: LoweringContext = self  # what a rule may use of the lowering
             try:
-                res = rule(self, n, *ins)
+                res = rule(context, n, *ins)
                 out_vals = list(res) if isinstance(res, (list, tuple)) else [res]
             except NotLowered:
                 out_vals = None
@@ -451,8 +419,6 @@ class Lowering:
         regions = []
         loop_var: tuple[sympy.Symbol, ...] = ()
         if n.op == "for":
-            from cuvil_ir.symbolic import symbol
-
             loop_var = (symbol(str(n.attr("var"))),)
         cond = self.size_predicates.get(n.inputs[0].name) if n.op == "if" and n.inputs else None
         for r, block in enumerate(n.regions):
@@ -462,41 +428,17 @@ class Lowering:
             region = Graph(f"{name}r{r}", (*block.args, *free), block.nodes, block.results)
             if cond is not None:
                 # see [Note: facts of a size branch]
-                sub.assumptions = _facts_under(self.assumptions, cond if r == 0 else sympy.Not(cond))
+                sub.assumptions = facts_under(self.assumptions, cond if r == 0 else sympy.Not(cond))
                 region = specialize(
                     Graph(region.name, region.inputs, region.nodes, region.outputs, sub.assumptions)
                 )
             inputs = tuple(sub.bind_input(v) for v in region.inputs)
-            from cuvil_ir.tensor_ir.memory import plan_program
-
             regions.append(
                 plan_program(
                     sub.lower_block(region, region.name, region.nodes, region.outputs, inputs, loop_var)
                 )
             )
         self.steps.append(Control(name, n, operands, tuple(regions), self.bind_results(n, "extern")))
-
-
-# [Note: facts of a size branch]
-# Facts learnt while tracing a branch of an `if` on a size are recorded conditional on
-# it: `Or(Eq(x0_0, 1), Eq(x1_1, 1))` says that under `Ne(x0_0, 1)` (the else branch)
-# the dim x1_1 is 1, so `x1 + x0` broadcasts x1 there. The region is lowered (and
-# specialized) under the facts that hold in it, or the kernel would index x1_1 as if
-# it were x0_0 and read past the end of x1.
-def _facts_under(assumptions: Sequence[sympy.Basic], cond: sympy.Basic) -> tuple[sympy.Basic, ...]:
-    """The assumptions, with each one conditional on ``cond`` resolved, and ``cond``."""
-    from cuvil_ir.symbolic import canonical
-
-    # canonical() may decide a fact outright (a plain bool): as sympy it stays one value
-    c = sympy.sympify(canonical(cond))
-    repl = {c: sympy.true, sympy.sympify(canonical(sympy.Not(c))): sympy.false}
-    out: list[sympy.Basic] = []
-    for a in (*assumptions, c):
-        f = sympy.sympify(canonical(sympy.sympify(a).xreplace(repl)))
-        if f is sympy.true or f is sympy.false or f in out:
-            continue  # false: the branch cannot run, nothing to learn
-        out.append(f)
-    return tuple(out)
 
 
 def _region_free_values(n: Node) -> list[Value]:
@@ -522,65 +464,6 @@ def _region_free_values(n: Node) -> list[Value]:
     for r in n.regions:
         visit(r)
     return [v for k, v in sorted(used.items()) if k not in defined]
-
-
-def specialize(graph: Graph) -> Graph:
-    """``graph`` with every size its assumptions pin down substituted in types and attributes.
-
-    The guards check these facts before a call, so lowering may use them: a dim
-    known to be 1 broadcasts, two dims known equal index alike.
-    """
-    from dataclasses import replace as dc_replace
-
-    from cuvil_ir.graph_ir.nodes import KV
-
-    known = known_sizes(graph.assumptions)
-    if not known:
-        return graph
-    values: dict[str, Value] = {}
-
-    def val(v: Value) -> Value:
-        if v.name not in values:
-            t = v.type
-            if isinstance(t, TensorType):
-                t = dc_replace(t, shape=tuple(_dim(sympy.sympify(d).xreplace(known)) for d in t.shape))
-            values[v.name] = Value(v.name, t)
-        return values[v.name]
-
-    def attr(a: Any) -> Any:
-        if isinstance(a, sympy.Basic):
-            return a.xreplace(known)
-        if isinstance(a, tuple):
-            return tuple(attr(x) for x in a)
-        if isinstance(a, KV):
-            return KV(tuple((k, attr(x)) for k, x in a.items))
-        return a
-
-    def block(b: Block) -> Block:
-        return Block(
-            tuple(val(a) for a in b.args), tuple(node(n) for n in b.nodes), tuple(val(r) for r in b.results)
-        )
-
-    def node(n: Node) -> Node:
-        return Node(
-            n.op,
-            tuple(val(v) for v in n.inputs),
-            tuple(val(v) for v in n.outputs),
-            tuple((k, attr(a)) for k, a in n.attrs),
-            tuple(block(r) for r in n.regions),
-            n.loc,
-        )
-
-    inputs = tuple(val(v) for v in graph.inputs)
-    nodes = tuple(node(n) for n in graph.nodes)
-    # the facts themselves in the new names (``Eq(w1_0, x_1)`` becomes true and goes), so
-    # the specialized graph names no symbol its inputs no longer bind; a fact about an
-    # expression (``Eq(Mod(x_0*x_1, 2), 0)``) stays as it is
-    renamed = {k: v for k, v in known.items() if isinstance(k, sympy.Symbol)}
-    facts = tuple(
-        f for f in (sympy.sympify(a).xreplace(renamed) for a in graph.assumptions) if f is not sympy.true
-    )
-    return Graph(graph.name, inputs, nodes, tuple(val(v) for v in graph.outputs), facts)
 
 
 def _specialize_pass() -> Pass[Graph]:

@@ -6,13 +6,12 @@ than the one scalar function an op may declare (``Op.scalar``, whose rules
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import sympy
 
 from cuvil_ir.graph_ir.nodes import Node
 from cuvil_ir.graph_ir.types import DType
 from cuvil_ir.tensor_ir import expr as E
+from cuvil_ir.tensor_ir.lowering_context import LoweringContext
 from cuvil_ir.tensor_ir.rules.helpers import (
     call,
     cast,
@@ -25,10 +24,6 @@ from cuvil_ir.tensor_ir.rules.scalar import scalar_rule
 from cuvil_ir.tensor_ir.rules.table import rule
 from cuvil_ir.tensor_ir.values import Lazy, NotLowered, Val, idx
 
-if TYPE_CHECKING:  # annotations only: lower imports the rules
-    from cuvil_ir.tensor_ir.lower import Lowering
-
-
 # -- elementwise --------------------------------------------------------------------
 # An op that declares its scalar function (``Op.scalar``: exp, add, maximum, eq ...) has
 # its rule from it (:mod:`.scalar`, filled in by :mod:`.table`); the rules below are
@@ -37,14 +32,14 @@ _ROUND = scalar_rule("round")
 
 
 @rule("round")
-def _round(lw: Lowering, n: Node, x: Val) -> Lazy:
+def _round(lw: LoweringContext, n: Node, x: Val) -> Lazy:
     if n.attr("decimals", 0) != 0:
         raise NotLowered("round with decimals")
     return _ROUND(lw, n, x)
 
 
 @rule("where")
-def _where(lw: Lowering, n: Node, c: Val, a: Val, b: Val) -> Lazy:
+def _where(lw: LoweringContext, n: Node, c: Val, a: Val, b: Val) -> Lazy:
     t = out_type(n)
     return Lazy(
         t.shape,
@@ -62,7 +57,7 @@ def _where(lw: Lowering, n: Node, c: Val, a: Val, b: Val) -> Lazy:
 
 
 @rule("pow")
-def _pow(lw: Lowering, n: Node, a: Val, b: Val) -> Lazy:
+def _pow(lw: LoweringContext, n: Node, a: Val, b: Val) -> Lazy:
     t = out_type(n)
     if isinstance(b, E.Const) and t.dtype.is_floating:
         e = b.value
@@ -82,17 +77,17 @@ def _pow(lw: Lowering, n: Node, a: Val, b: Val) -> Lazy:
 
 
 @rule("square")
-def _square(lw: Lowering, n: Node, x: Val) -> Lazy:
+def _square(lw: LoweringContext, n: Node, x: Val) -> Lazy:
     return pointwise(n, lambda a: call("mul", a, a), x, compute=out_type(n).dtype)
 
 
 @rule("cast")
-def _cast(lw: Lowering, n: Node, x: Val) -> Lazy:
+def _cast(lw: LoweringContext, n: Node, x: Val) -> Lazy:
     return pointwise(n, lambda a: a, x)
 
 
 @rule("clamp")
-def _clamp(lw: Lowering, n: Node, x: Val) -> Lazy:
+def _clamp(lw: LoweringContext, n: Node, x: Val) -> Lazy:
     t = out_type(n)
     lo, hi = n.attr("min"), n.attr("max")
 
@@ -108,14 +103,14 @@ def _clamp(lw: Lowering, n: Node, x: Val) -> Lazy:
 
 # -- activations: relu is a primitive; the others lower from their decompositions ----------
 @rule("relu")
-def _relu(lw: Lowering, n: Node, x: Val) -> Lazy:
+def _relu(lw: LoweringContext, n: Node, x: Val) -> Lazy:
     t = out_type(n)
     # max propagates NaN, as torch's relu does
     return pointwise(n, lambda a: call("max", a, const(0, t.dtype)), x, compute=t.dtype)
 
 
 @rule("tril", "triu")
-def _triangle(lw: Lowering, n: Node, x: Val) -> Lazy:
+def _triangle(lw: LoweringContext, n: Node, x: Val) -> Lazy:
     t = out_type(n)
     diag = n.attr("diagonal")
     i, j = idx(t.rank)[-2:]

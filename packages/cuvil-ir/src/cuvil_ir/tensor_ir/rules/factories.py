@@ -3,13 +3,12 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import sympy
 
 from cuvil_ir.graph_ir.nodes import Node
 from cuvil_ir.graph_ir.types import SCALAR_DTYPES, DType, ScalarType, TensorType
 from cuvil_ir.tensor_ir import expr as E
+from cuvil_ir.tensor_ir.lowering_context import LoweringContext
 from cuvil_ir.tensor_ir.rules.helpers import (
     call,
     cast,
@@ -19,13 +18,10 @@ from cuvil_ir.tensor_ir.rules.helpers import (
 from cuvil_ir.tensor_ir.rules.table import rule
 from cuvil_ir.tensor_ir.values import Lazy, NotLowered, idx
 
-if TYPE_CHECKING:  # annotations only: lower imports the rules
-    from cuvil_ir.tensor_ir.lower import Lowering
-
 
 # -- factories and constants ----------------------------------------------------------
 @rule("const")
-def _const(lw: Lowering, n: Node) -> E.Expr:
+def _const(lw: LoweringContext, n: Node) -> E.Expr:
     v = n.attr("value")
     t = n.outputs[0].type
     if isinstance(t, TensorType):
@@ -44,7 +40,7 @@ def _const(lw: Lowering, n: Node) -> E.Expr:
 
 
 @rule("full")
-def _full(lw: Lowering, n: Node) -> Lazy:
+def _full(lw: LoweringContext, n: Node) -> Lazy:
     t = out_type(n)
     v = n.attr("value")
     if not isinstance(v, (bool, int, float)):
@@ -53,7 +49,7 @@ def _full(lw: Lowering, n: Node) -> Lazy:
 
 
 @rule("arange")
-def _arange(lw: Lowering, n: Node) -> Lazy:
+def _arange(lw: LoweringContext, n: Node) -> Lazy:
     t = out_type(n)
     start, step = n.attr("start"), n.attr("step")
     if not all(isinstance(v, (int, float, sympy.Basic)) for v in (start, step)):

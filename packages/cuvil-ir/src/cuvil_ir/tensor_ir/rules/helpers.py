@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import sympy
 
@@ -13,10 +13,8 @@ from cuvil_ir.graph_ir.nodes import Node
 from cuvil_ir.graph_ir.types import DType, TensorType, promote_types
 from cuvil_ir.symbolic import Dim
 from cuvil_ir.tensor_ir import expr as E
+from cuvil_ir.tensor_ir.lowering_context import LoweringContext
 from cuvil_ir.tensor_ir.values import Lazy, NotLowered, Val, idx
-
-if TYPE_CHECKING:  # annotations only: lower imports the rules
-    from cuvil_ir.tensor_ir.lower import Lowering
 
 
 def out_type(n: Node, k: int = 0) -> TensorType:
@@ -95,7 +93,7 @@ def norm_dims(dims: Any, rank: int) -> tuple[int, ...]:
 
 
 def reduce(
-    lw: Lowering,
+    lw: LoweringContext,
     kind: str,
     x: Lazy,
     dims: Sequence[int],

@@ -3,13 +3,14 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import sympy
 
 from cuvil_ir.graph_ir.nodes import Node
 from cuvil_ir.graph_ir.types import DType
 from cuvil_ir.tensor_ir import expr as E
+from cuvil_ir.tensor_ir.lowering_context import LoweringContext
 from cuvil_ir.tensor_ir.rules.helpers import (
     call,
     cast,
@@ -21,12 +22,9 @@ from cuvil_ir.tensor_ir.rules.helpers import (
 from cuvil_ir.tensor_ir.rules.table import rule
 from cuvil_ir.tensor_ir.values import Lazy, NotLowered, Val, idx, linear_offset
 
-if TYPE_CHECKING:  # annotations only: lower imports the rules
-    from cuvil_ir.tensor_ir.lower import Lowering
-
 
 @rule("dropout")
-def _dropout(lw: Lowering, n: Node, x: Val) -> Lazy:
+def _dropout(lw: LoweringContext, n: Node, x: Val) -> Lazy:
     """Train-mode dropout with a counter-based RNG: element ``i`` is kept when
     ``rand(seed, i) >= p``. ``seed`` is drawn from torch's generator once per call,
     so ``torch.manual_seed`` makes runs reproducible, and the mask does not depend
@@ -44,7 +42,7 @@ def _dropout(lw: Lowering, n: Node, x: Val) -> Lazy:
 
 
 @rule("interpolate")
-def _interpolate(lw: Lowering, n: Node, x: Val) -> Lazy:
+def _interpolate(lw: LoweringContext, n: Node, x: Val) -> Lazy:
     """Nearest-neighbour resizing by power-of-two factors, as an index map.
 
     torch picks source ``floor(i * (1 / scale))`` in float; for a power-of-two

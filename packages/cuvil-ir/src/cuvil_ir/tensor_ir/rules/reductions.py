@@ -3,10 +3,9 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from cuvil_ir.graph_ir.nodes import Node
 from cuvil_ir.graph_ir.types import DType
+from cuvil_ir.tensor_ir.lowering_context import LoweringContext
 from cuvil_ir.tensor_ir.rules.helpers import (
     call,
     cast,
@@ -19,16 +18,12 @@ from cuvil_ir.tensor_ir.rules.helpers import (
 from cuvil_ir.tensor_ir.rules.table import rule
 from cuvil_ir.tensor_ir.values import Lazy, Val
 
-if TYPE_CHECKING:  # annotations only: lower imports the rules
-    from cuvil_ir.tensor_ir.lower import Lowering
-
-
 # -- reductions -----------------------------------------------------------------------
 _REDUCE = {"sum": "sum", "prod": "prod", "amax": "max", "amin": "min", "any": "any", "all": "all"}
 
 
 @rule(*_REDUCE)
-def _reduction(lw: Lowering, n: Node, x: Val) -> Lazy:
+def _reduction(lw: LoweringContext, n: Node, x: Val) -> Lazy:
     x = tensor_operand(x)
     t = out_type(n)
     dims = norm_dims(n.attr("dims"), x.rank)
@@ -42,7 +37,7 @@ def _reduction(lw: Lowering, n: Node, x: Val) -> Lazy:
 
 
 @rule("mean")
-def _mean(lw: Lowering, n: Node, x: Val) -> Lazy:
+def _mean(lw: LoweringContext, n: Node, x: Val) -> Lazy:
     x = tensor_operand(x)
     t = out_type(n)
     dims = norm_dims(n.attr("dims"), x.rank)

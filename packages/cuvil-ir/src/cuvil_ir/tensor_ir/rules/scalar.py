@@ -12,16 +12,13 @@ other function computes in the result's dtype.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from cuvil_ir.graph_ir.nodes import Node
 from cuvil_ir.graph_ir.types import DType
 from cuvil_ir.tensor_ir import expr as E
+from cuvil_ir.tensor_ir.lowering_context import LoweringContext
 from cuvil_ir.tensor_ir.rules.helpers import call, compute_dtype, const, out_type, pointwise
 from cuvil_ir.tensor_ir.values import Lazy, Val
-
-if TYPE_CHECKING:  # annotations only: lower imports the rules
-    from cuvil_ir.tensor_ir.lower import Lowering
 
 #: functions computed in their operands' promoted dtype, with a bool result
 COMPARISONS = frozenset("eq ne lt le gt ge".split())
@@ -35,19 +32,19 @@ def scalar_rule(fn: str) -> Callable[..., Lazy]:
     """The rule computing scalar function ``fn`` of the operands' elements."""
     if fn in COMPARISONS:
 
-        def lower_comparison(lw: Lowering, n: Node, *operands: Val) -> Lazy:
+        def lower_comparison(lw: LoweringContext, n: Node, *operands: Val) -> Lazy:
             c = compute_dtype(n)
             return pointwise(n, lambda *xs: call(fn, *xs, dtype=DType.bool), *operands, compute=c)
 
         return lower_comparison
     if fn in LOGICAL:
 
-        def lower_logical(lw: Lowering, n: Node, *operands: Val) -> Lazy:
+        def lower_logical(lw: LoweringContext, n: Node, *operands: Val) -> Lazy:
             return pointwise(n, lambda *xs: call(fn, *xs, dtype=DType.bool), *operands, compute=DType.bool)
 
         return lower_logical
 
-    def lower_scalar(lw: Lowering, n: Node, *operands: Val) -> Lazy:
+    def lower_scalar(lw: LoweringContext, n: Node, *operands: Val) -> Lazy:
         t = out_type(n)
         if fn in ROUNDING and not t.dtype.is_floating:
             return pointwise(n, lambda a: a, *operands, compute=t.dtype)

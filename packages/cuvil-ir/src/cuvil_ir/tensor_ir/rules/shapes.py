@@ -6,7 +6,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import sympy
 
@@ -15,6 +15,7 @@ from cuvil_ir.graph_ir.ops.index import slice_bounds
 from cuvil_ir.graph_ir.types import DType
 from cuvil_ir.symbolic import Dim, ShapeContext, UndecidableError
 from cuvil_ir.tensor_ir import expr as E
+from cuvil_ir.tensor_ir.lowering_context import LoweringContext
 from cuvil_ir.tensor_ir.program import contiguous_strides
 from cuvil_ir.tensor_ir.rules.helpers import (
     cast,
@@ -28,13 +29,10 @@ from cuvil_ir.tensor_ir.rules.helpers import (
 from cuvil_ir.tensor_ir.rules.table import rule
 from cuvil_ir.tensor_ir.values import Lazy, NotLowered, Val, idx, strided_view
 
-if TYPE_CHECKING:  # annotations only: lower imports the rules
-    from cuvil_ir.tensor_ir.lower import Lowering
-
 
 # -- views ----------------------------------------------------------------------------
 @rule("permute")
-def _permute(lw: Lowering, n: Node, x: Val) -> Lazy:
+def _permute(lw: LoweringContext, n: Node, x: Val) -> Lazy:
     x = tensor_operand(x)
     perm = [int(p) for p in ints_attr(n, "perm")]
     t = out_type(n)
@@ -45,13 +43,13 @@ def _permute(lw: Lowering, n: Node, x: Val) -> Lazy:
 
 
 @rule("expand")
-def _expand(lw: Lowering, n: Node, x: Val) -> Lazy:
+def _expand(lw: LoweringContext, n: Node, x: Val) -> Lazy:
     t = out_type(n)
     return Lazy(t.shape, t.dtype, element(x, t.shape))
 
 
 @rule("unsqueeze")
-def _unsqueeze(lw: Lowering, n: Node, x: Val) -> Lazy:
+def _unsqueeze(lw: LoweringContext, n: Node, x: Val) -> Lazy:
     x = tensor_operand(x)
     t = out_type(n)
     d = int(n.attr("dim")) % t.rank  # type: ignore[arg-type]
@@ -60,7 +58,7 @@ def _unsqueeze(lw: Lowering, n: Node, x: Val) -> Lazy:
 
 
 @rule("squeeze")
-def _squeeze(lw: Lowering, n: Node, x: Val) -> Lazy:
+def _squeeze(lw: LoweringContext, n: Node, x: Val) -> Lazy:
     x = tensor_operand(x)
     t = out_type(n)
     dims = norm_dims(n.attr("dims"), x.rank)
@@ -80,7 +78,7 @@ def _norm_index(v: Any, size: Dim, default: Any) -> Any:
 
 
 @rule("slice")
-def _slice(lw: Lowering, n: Node, x: Val) -> Lazy:
+def _slice(lw: LoweringContext, n: Node, x: Val) -> Lazy:
     x = tensor_operand(x)
     t = out_type(n)
     d = int(n.attr("dim")) % x.rank  # type: ignore[arg-type]
@@ -104,7 +102,7 @@ def _slice(lw: Lowering, n: Node, x: Val) -> Lazy:
 
 
 @rule("select")
-def _select(lw: Lowering, n: Node, x: Val) -> Lazy:
+def _select(lw: LoweringContext, n: Node, x: Val) -> Lazy:
     x = tensor_operand(x)
     t = out_type(n)
     d = int(n.attr("dim")) % x.rank  # type: ignore[arg-type]
@@ -114,7 +112,7 @@ def _select(lw: Lowering, n: Node, x: Val) -> Lazy:
 
 
 @rule("flip")
-def _flip(lw: Lowering, n: Node, x: Val) -> Lazy:
+def _flip(lw: LoweringContext, n: Node, x: Val) -> Lazy:
     x = tensor_operand(x)
     t = out_type(n)
     dims = norm_dims(n.attr("dims"), x.rank)
@@ -123,7 +121,7 @@ def _flip(lw: Lowering, n: Node, x: Val) -> Lazy:
 
 
 @rule("reshape")
-def _reshape(lw: Lowering, n: Node, x: Val) -> Lazy:
+def _reshape(lw: LoweringContext, n: Node, x: Val) -> Lazy:
     x = tensor_operand(x)
     t = out_type(n)
     sv = strided_view(x)
@@ -185,7 +183,7 @@ def _is_contiguous(shape: Sequence[Dim], strides: Sequence[Dim]) -> bool:
 
 
 @rule("split")
-def _split(lw: Lowering, n: Node, x: Val) -> list[Lazy]:
+def _split(lw: LoweringContext, n: Node, x: Val) -> list[Lazy]:
     x = tensor_operand(x)
     d = int(n.attr("dim")) % x.rank  # type: ignore[arg-type]
     outs = []
@@ -201,7 +199,7 @@ def _split(lw: Lowering, n: Node, x: Val) -> list[Lazy]:
 
 
 @rule("cat")
-def _cat(lw: Lowering, n: Node, *xs: Val) -> Lazy:
+def _cat(lw: LoweringContext, n: Node, *xs: Val) -> Lazy:
     t = out_type(n)
     d = int(n.attr("dim")) % t.rank  # type: ignore[arg-type]
     parts = [tensor_operand(x) for x in xs]
@@ -232,7 +230,7 @@ def _cat(lw: Lowering, n: Node, *xs: Val) -> Lazy:
 
 
 @rule("pad")
-def _pad(lw: Lowering, n: Node, x: Val) -> Lazy:
+def _pad(lw: LoweringContext, n: Node, x: Val) -> Lazy:
     if n.attr("mode") != "constant":
         raise NotLowered("non-constant padding")
     x = tensor_operand(x)
@@ -266,7 +264,7 @@ def _pad(lw: Lowering, n: Node, x: Val) -> Lazy:
 
 
 @rule("repeat")
-def _repeat(lw: Lowering, n: Node, x: Val) -> Lazy:
+def _repeat(lw: LoweringContext, n: Node, x: Val) -> Lazy:
     x = tensor_operand(x)
     t = out_type(n)
     i = idx(t.rank)

@@ -11,7 +11,7 @@ makes of it, unless a family module writes one out.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import sympy
 
@@ -20,6 +20,7 @@ from cuvil_ir.graph_ir.nodes import Node
 from cuvil_ir.graph_ir.registry import REGISTRY, registrar
 from cuvil_ir.graph_ir.types import TensorType
 from cuvil_ir.tensor_ir import expr as E
+from cuvil_ir.tensor_ir.lowering_context import LoweringContext
 from cuvil_ir.tensor_ir.rules.helpers import (
     const,
     out_type,
@@ -27,10 +28,6 @@ from cuvil_ir.tensor_ir.rules.helpers import (
 )
 from cuvil_ir.tensor_ir.rules.scalar import scalar_rule
 from cuvil_ir.tensor_ir.values import Lazy, NotLowered, Val
-
-if TYPE_CHECKING:  # annotations only: lower imports the rules
-    from cuvil_ir.tensor_ir.lower import Lowering
-
 
 Rule = Callable[..., Any]
 
@@ -48,7 +45,7 @@ class _Rules(dict[str, Rule]):
         return found if found is not None else default
 
     @staticmethod
-    def native(lw: Lowering, n: Node, *operands: Val) -> Lazy:
+    def native(lw: LoweringContext, n: Node, *operands: Val) -> Lazy:
         """A composite op's native lowering for the target (its ``lower_<policy.native>``
         attribute): one call of the expression over the broadcast operands and the
         attributes, in the result's dtype (see [Note: native calls] in
@@ -100,7 +97,7 @@ for _name in REGISTRY.names():
         RULES[_name] = _scalar_rule(_name)
 
 
-def lower_decomposed(lw: Lowering, n: Node, *operands: Val) -> list[Val]:
+def lower_decomposed(lw: LoweringContext, n: Node, *operands: Val) -> list[Val]:
     """A composite op lowered from its decomposition: each primitive's rule composes
     onto its operands' expressions, and nothing in between is realized, so the result
     is one expression -- fused as if one rule had written it (softmax and layer norm
