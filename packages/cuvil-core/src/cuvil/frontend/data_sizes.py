@@ -13,22 +13,20 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import sympy
 import torch
 
 from cuvil.errors import CompileError, SourceLoc
 from cuvil.frontend.proxy import TensorProxy
+from cuvil.frontend.tracer_view import TracerView
 from cuvil_ir.graph_ir.nodes import AttrValue, Node, Value
 from cuvil_ir.graph_ir.ops import ShapeError
 from cuvil_ir.graph_ir.registry import REGISTRY, infer_types
 from cuvil_ir.graph_ir.types import ScalarKind, ScalarType, TensorType, Type
 from cuvil_ir.graph_ir.unbacked import defined_symbols
 from cuvil_ir.symbolic import canonical, expr_str
-
-if TYPE_CHECKING:
-    from cuvil.frontend.tracer import Tracer
 
 #: what to do when something needs a fact about such a size
 HINT = (
@@ -41,7 +39,7 @@ HINT = (
 _PLACEHOLDER = 2
 
 
-def data_size(tracer: Tracer, t: Any, what: str) -> Any:
+def data_size(tracer: TracerView, t: Any, what: str) -> Any:
     """``int(t)``/``t.item()`` of a one-element integer tensor: a new size symbol, bound
     when the compiled code runs (a ``bind_size`` node), as a ``torch.SymInt``."""
     v = tracer.value_of(t)
@@ -65,7 +63,7 @@ def data_size(tracer: Tracer, t: Any, what: str) -> Any:
     return value
 
 
-def example_dim(tracer: Tracer, d: Any) -> int:
+def example_dim(tracer: TracerView, d: Any) -> int:
     """The example value of size ``d``, with a placeholder for sizes computed from data."""
     if isinstance(d, int):
         return d
@@ -74,7 +72,7 @@ def example_dim(tracer: Tracer, d: Any) -> int:
 
 
 @contextlib.contextmanager
-def guards(tracer: Tracer, loc: SourceLoc | None) -> Iterator[None]:
+def guards(tracer: TracerView, loc: SourceLoc | None) -> Iterator[None]:
     """torch refusing to decide on a size computed from tensor data (``float(n)``,
     ``range(n)`` unrolled ...) in the Python code run here is the user's located error."""
     from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
@@ -90,7 +88,7 @@ def guards(tracer: Tracer, loc: SourceLoc | None) -> Iterator[None]:
         ) from None
 
 
-def builtin(tracer: Tracer, fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+def builtin(tracer: TracerView, fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """``int(tensor)``, and ``min``/``max`` of a size computed from tensor data (which no
     example value can decide: ``torch.sym_min``); NotImplemented for any other call."""
     if fn is int and len(args) == 1 and not kwargs and isinstance(args[0], TensorProxy):
@@ -104,7 +102,7 @@ def builtin(tracer: Tracer, fn: Any, args: tuple[Any, ...], kwargs: dict[str, An
     return NotImplemented
 
 
-def assert_sizes(tracer: Tracer, why: str) -> None:
+def assert_sizes(tracer: TracerView, why: str) -> None:
     """Facts torch needed about data-dependent sizes become ``assert_size`` nodes,
     checked when the compiled code runs (never assumed).
 
@@ -129,7 +127,7 @@ def assert_sizes(tracer: Tracer, why: str) -> None:
         tracer.nodes.append(Node("assert_size", (), (), (("fact", fact), ("reason", why)), loc=tracer.loc()))
 
 
-def check_bindable(tracer: Tracer, target: str, out_types: Sequence[Type]) -> None:
+def check_bindable(tracer: TracerView, target: str, out_types: Sequence[Type]) -> None:
     """A new data-dependent size must be a whole dim of the result, where the runtime
     reads it (cuvil_ir.graph_ir.unbacked)."""
     bound = set(tracer.ctx.hints or ()) | set(tracer.ctx.local_symbols) | tracer.seen_data_sizes

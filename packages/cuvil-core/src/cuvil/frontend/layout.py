@@ -30,7 +30,7 @@ layout). See [Note: layout queries].
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -39,13 +39,7 @@ from torch.utils import _pytree as pytree
 from cuvil.errors import CompileError
 from cuvil.frontend import data_sizes
 from cuvil.frontend.proxy import TensorProxy
-
-if TYPE_CHECKING:
-    from cuvil.frontend.tracer import Tracer
-
-#: a layout guard: (argument leaf, dim order outermost first, argument name); the
-#: tracer keeps those answers used (``Tracer.layout_guards``)
-LayoutGuard = tuple[int, tuple[int, ...], str]
+from cuvil.frontend.tracer_view import LayoutGuard, TracerView
 
 HINT = (
     "call .contiguous() first (its result is contiguous, whatever the input), or ask "
@@ -60,7 +54,7 @@ class _Unknown(Exception):
 class _Mode(TorchFunctionMode):
     """The tracer's torch-function mode, remembering which call made each result."""
 
-    def __init__(self, tracer: Tracer) -> None:
+    def __init__(self, tracer: TracerView) -> None:
         super().__init__()
         self.tracer = tracer
 
@@ -71,7 +65,7 @@ class _Mode(TorchFunctionMode):
         return out
 
 
-def mode(tracer: Tracer) -> TorchFunctionMode:
+def mode(tracer: TracerView) -> TorchFunctionMode:
     """The mode user code is traced under (``tracer.mode()`` plus :func:`record`)."""
     return _Mode(tracer)
 
@@ -99,7 +93,7 @@ def note_argument(proxy: TensorProxy, leaf: int, name: str, example: torch.Tenso
     proxy._cuvil_argument = (leaf, name, tuple(example.shape), tuple(example.stride()))
 
 
-def contiguous(tracer: Tracer, p: TensorProxy, memory_format: Any = None) -> TensorProxy:
+def contiguous(tracer: TracerView, p: TensorProxy, memory_format: Any = None) -> TensorProxy:
     """``x.contiguous()``: the same value, as a new proxy (eager returns ``x`` itself or
     a contiguous copy; the new proxy is contiguous in either case, while ``x`` keeps its
     layout). An alias of ``x`` for in-place updates (see [Note: layout queries])."""
@@ -113,7 +107,7 @@ def contiguous(tracer: Tracer, p: TensorProxy, memory_format: Any = None) -> Ten
     return out
 
 
-def is_contiguous(tracer: Tracer, p: TensorProxy, memory_format: Any = torch.contiguous_format) -> bool:
+def is_contiguous(tracer: TracerView, p: TensorProxy, memory_format: Any = torch.contiguous_format) -> bool:
     """Eager's ``p.is_contiguous(memory_format)``; see [Note: layout queries]."""
     if tracer.decomposing:
         # inside a reference run by cuvil/frontend/decompose.py: Graph IR values are contiguous
@@ -136,13 +130,13 @@ def is_contiguous(tracer: Tracer, p: TensorProxy, memory_format: Any = torch.con
     return answer
 
 
-def guards(tracer: Tracer) -> tuple[LayoutGuard, ...]:
+def guards(tracer: TracerView) -> tuple[LayoutGuard, ...]:
     """The layout guards answers needed: (argument leaf, dim order, name), by leaf."""
     found = tracer.layout_guards
     return tuple(found[k] for k in sorted(found))
 
 
-def _fake(tracer: Tracer, p: TensorProxy) -> tuple[Any, dict[int, LayoutGuard]]:
+def _fake(tracer: TracerView, p: TensorProxy) -> tuple[Any, dict[int, LayoutGuard]]:
     """A fake tensor with eager's layout for ``p``, and the argument layouts it used."""
     if p._cuvil_fake is not None:
         return p._cuvil_fake
@@ -165,7 +159,7 @@ def _fake(tracer: Tracer, p: TensorProxy) -> tuple[Any, dict[int, LayoutGuard]]:
 
 
 def _argument_fake(
-    tracer: Tracer, p: TensorProxy, argument: tuple[int, str, tuple[int, ...], tuple[int, ...]]
+    tracer: TracerView, p: TensorProxy, argument: tuple[int, str, tuple[int, ...], tuple[int, ...]]
 ) -> tuple[Any, dict[int, LayoutGuard]]:
     leaf, name, shape, stride = argument
     # the dim order, outermost first (a contiguous example: the identity, whatever the
@@ -192,7 +186,7 @@ def _argument_fake(
 
 
 def _replay(
-    tracer: Tracer, func: Any, args: Any, kwargs: Any, index: int
+    tracer: TracerView, func: Any, args: Any, kwargs: Any, index: int
 ) -> tuple[Any, dict[int, LayoutGuard]]:
     from torch._dispatch.python import enable_python_dispatcher
 

@@ -7,26 +7,24 @@ Sizes come back as ``torch.SymInt`` so arithmetic on them stays symbolic.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from cuvil.errors import CompileError
 from cuvil.frontend import layout
 from cuvil.frontend.proxy import TensorProxy
-
-if TYPE_CHECKING:
-    from cuvil.frontend.tracer import Tracer
+from cuvil.frontend.tracer_view import TracerView
 
 UNHANDLED = object()
 T = torch.Tensor
 
 
-def _shape(tracer: Tracer, p: TensorProxy) -> torch.Size:
+def _shape(tracer: TracerView, p: TensorProxy) -> torch.Size:
     return torch.Size([tracer.size(d) for d in p.ir_type.shape])
 
 
-def _size(tracer: Tracer, p: TensorProxy, dim: Any = None) -> Any:
+def _size(tracer: TracerView, p: TensorProxy, dim: Any = None) -> Any:
     shape = _shape(tracer, p)
     if dim is None:
         return shape
@@ -36,7 +34,7 @@ def _size(tracer: Tracer, p: TensorProxy, dim: Any = None) -> Any:
     return shape[dim]
 
 
-def _numel(tracer: Tracer, p: TensorProxy) -> Any:
+def _numel(tracer: TracerView, p: TensorProxy) -> Any:
     n: Any = 1
     for d in _shape(tracer, p):
         n = n * d
@@ -72,7 +70,7 @@ _METHODS: dict[Any, Any] = {
 
 
 # the torch-level spellings (``torch.is_floating_point(x)``) are other callables than the methods
-def _same_size(tracer: Tracer, p: TensorProxy, other: Any) -> Any:
+def _same_size(tracer: TracerView, p: TensorProxy, other: Any) -> Any:
     # compared as SymInts: torch decides, and what it decides becomes a size assumption
     return _shape(tracer, p) == (_shape(tracer, other) if isinstance(other, TensorProxy) else other.shape)
 
@@ -83,7 +81,7 @@ for _name in (*_QUERIES, "get_device", "is_same_size"):
     _METHODS[getattr(torch, _name)] = _METHODS[getattr(T, _name)]
 
 
-def _result_type(tracer: Tracer, tensor: Any, other: Any) -> torch.dtype:
+def _result_type(tracer: TracerView, tensor: Any, other: Any) -> torch.dtype:
     """``torch.result_type``: promotion reads only dtypes and whether a tensor is 0-d."""
     return torch.result_type(_stand_in(tensor), _stand_in(other))
 
@@ -123,7 +121,7 @@ def _len_error() -> Any:
     raise TypeError("len() of a 0-d tensor")
 
 
-def _stride_error(tracer: Tracer) -> Any:
+def _stride_error(tracer: TracerView) -> Any:
     # eager's strides of a size-1 dim, an argument's exact strides ...: not worth a guard
     raise CompileError(
         "x.stride() is not answered in compiled code: the compiled code picks its own layouts",
@@ -132,7 +130,7 @@ def _stride_error(tracer: Tracer) -> Any:
     )
 
 
-def answer(tracer: Tracer, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+def answer(tracer: TracerView, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     if func is torch.result_type and any(isinstance(a, TensorProxy) for a in args):
         return _result_type(tracer, *args, **kwargs)
     if not args or not isinstance(args[0], TensorProxy):
@@ -156,7 +154,7 @@ def answer(tracer: Tracer, func: Any, args: tuple[Any, ...], kwargs: dict[str, A
     return fn(tracer, self, *args[1:], **kwargs)
 
 
-def _transpose_attr(tracer: Tracer, p: TensorProxy, attr: str) -> Any:
+def _transpose_attr(tracer: TracerView, p: TensorProxy, attr: str) -> Any:
     rank = p.ir_type.rank
     if attr in ("T", "H"):
         return p.permute(*reversed(range(rank))) if rank >= 2 else p

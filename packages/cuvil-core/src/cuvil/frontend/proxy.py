@@ -9,19 +9,17 @@ dispatcher (``__torch_dispatch__`` guards that invariant).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
+from cuvil.frontend.tracer_view import TracerView
 from cuvil_ir.graph_ir.nodes import Value
 from cuvil_ir.graph_ir.types import TensorType
 
-if TYPE_CHECKING:
-    from cuvil.frontend.tracer import Tracer
-
 
 class TensorProxy(torch.Tensor):
-    _cuvil_tracer: Tracer
+    _cuvil_tracer: TracerView
     _cuvil_value: Value
     #: the proxy this one is a view of (in-place updates of aliases are refused)
     _cuvil_base: TensorProxy | None
@@ -37,7 +35,7 @@ class TensorProxy(torch.Tensor):
     _cuvil_fake: tuple[Any, dict[int, Any]] | None = None
 
     @staticmethod
-    def __new__(cls, tracer: Tracer, value: Value) -> TensorProxy:
+    def __new__(cls, tracer: TracerView, value: Value) -> TensorProxy:
         t = value.type
         assert isinstance(t, TensorType)
         hint = [tracer.example_dim(d) for d in t.shape]
@@ -72,7 +70,7 @@ class TensorProxy(torch.Tensor):
         return f"TensorProxy(%{self._cuvil_value.name}: {self._cuvil_value.type})"
 
 
-def _owner(args: Any, kwargs: Any) -> Tracer:
+def _owner(args: Any, kwargs: Any) -> TracerView:
     from torch.utils import _pytree as pytree
 
     for leaf in pytree.tree_leaves((args, kwargs)):

@@ -35,10 +35,10 @@ from cuvil.frontend.attributes import INDEXING, UnrecordableArgument, argument_t
 from cuvil.frontend.checkpoint import Checkpoint, restore
 from cuvil.frontend.convert import is_user_frame
 from cuvil.frontend.dead_code import eliminate_dead_code
-from cuvil.frontend.layout import LayoutGuard
 from cuvil.frontend.proxy import TensorProxy
 from cuvil.frontend.reads import LiftSource, Reads, global_place
 from cuvil.frontend.torch_calls import SYM
+from cuvil.frontend.tracer_view import LayoutGuard
 from cuvil_ir.graph_ir.fake import FakeInferenceError, SymMirror, fake_call
 from cuvil_ir.graph_ir.nodes import AttrValue, Block, Graph, Loc, Node, Value
 from cuvil_ir.graph_ir.ops import ShapeError
