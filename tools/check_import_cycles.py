@@ -14,7 +14,10 @@ What counts as an import:
 * every ``import``/``from ... import`` statement, at module level **or inside a
   function**: a lazy import written to dodge a cycle is still a cycle (the modules
   still cannot be understood, tested or layered apart);
-* not the imports under ``if TYPE_CHECKING:`` (annotations only, never executed);
+* the imports under ``if TYPE_CHECKING:`` too: an annotation that names a module
+  above still ties the two together (neither can be read or type-checked without the
+  other); what the lower module needs of the upper one belongs in a module below both
+  (a ``typing.Protocol``, as ``cuvil.frontend.tracer_view`` is for the tracer);
 * not the implicit import of a parent package (``import a.b.c`` runs ``a/__init__``
   and ``a/b/__init__``): an edge to a package's ``__init__`` is counted only when the
   code names the package itself (``from a.b import name``).
@@ -74,10 +77,10 @@ def module_file(module: str, packages: Mapping[str, Path]) -> Path:
 
 
 def import_graph(packages: Mapping[str, Path]) -> grimp.ImportGraph:
-    """The imports among the modules of ``packages``, TYPE_CHECKING imports left out."""
+    """The imports among the modules of ``packages``, TYPE_CHECKING imports included."""
     for src in dict.fromkeys(packages.values()):
         sys.path.insert(0, str(src))
-    return grimp.build_graph(*packages, exclude_type_checking_imports=True, cache_dir=None)
+    return grimp.build_graph(*packages, exclude_type_checking_imports=False, cache_dir=None)
 
 
 def strongly_connected(edges: Mapping[str, set[str]]) -> list[list[str]]:

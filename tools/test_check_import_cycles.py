@@ -70,7 +70,30 @@ def test_a_longer_cycle_across_packages_fails(tmp_path: Path) -> None:
     assert "cyc_one.a -> cyc_two.b -> cyc_two.c -> cyc_one.a" in result.stdout
 
 
-def test_type_checking_imports_and_one_way_imports_pass(tmp_path: Path) -> None:
+def test_a_cycle_through_a_type_checking_import_fails(tmp_path: Path) -> None:
+    src = write(
+        tmp_path / "src",
+        {
+            "cyc_pkg/__init__.py": "",
+            "cyc_pkg/low.py": """\
+                from typing import TYPE_CHECKING
+
+                if TYPE_CHECKING:  # annotations only: still a cycle
+                    from cyc_pkg.high import Thing
+
+
+                def helper(t: Thing) -> None: ...
+            """,
+            "cyc_pkg/high.py": "from cyc_pkg.low import helper\n\n\nclass Thing: ...\n",
+        },
+    )
+    result = check(src)
+    assert result.returncode == 1, result
+    assert "cyc_pkg.high -> cyc_pkg.low -> cyc_pkg.high" in result.stdout
+    assert "cyc_pkg/low.py:4: from cyc_pkg.high import Thing" in result.stdout
+
+
+def test_one_way_imports_pass(tmp_path: Path) -> None:
     src = write(
         tmp_path / "src",
         {
@@ -78,19 +101,20 @@ def test_type_checking_imports_and_one_way_imports_pass(tmp_path: Path) -> None:
             "acyc_pkg/low.py": """\
                 from typing import TYPE_CHECKING
 
-                if TYPE_CHECKING:  # annotations only: ignored
-                    from acyc_pkg.high import thing
+                if TYPE_CHECKING:  # annotations only, and downward: no cycle
+                    from acyc_pkg.view import View
 
 
-                def helper(t: thing) -> None:
+                def helper(t: View) -> None:
                     import acyc_pkg.low as me  # a module naming itself is no cycle
             """,
+            "acyc_pkg/view.py": "from typing import Protocol\n\n\nclass View(Protocol): ...\n",
             "acyc_pkg/high.py": "from acyc_pkg.low import helper\n\nthing = 1\n",
         },
     )
     result = check(src)
     assert result.returncode == 0, result
-    assert "no import cycles among 3 modules" in result.stdout
+    assert "no import cycles among 4 modules" in result.stdout
 
 
 def test_a_folder_that_is_not_a_source_folder_is_refused(tmp_path: Path) -> None:
