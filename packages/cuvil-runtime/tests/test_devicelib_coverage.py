@@ -17,7 +17,9 @@ calls of the device library a target binds as ``cu`` (``cu.exp``, ``cu.floordiv`
 The libraries import triton (absent from the test environment without a GPU), so
 their definitions are read from their source: top-level ``def``s and assignments,
 plus :data:`~cuvil_runtime.triton_kernels.devicelib.common.SHARED` where a module
-binds the shared helpers (``globals().update(common.decorated(...))``). The values
+binds the shared helpers (``globals().update(common.decorated(...))``), plus the
+table's libdevice functions where a compiled library binds those it does not write
+itself (:data:`~cuvil_ir.scalar_functions.LIBDEVICE`). The values
 of the forms are tested per target (``test_triton_functions.py`` of the cuda backend).
 """
 
@@ -32,6 +34,7 @@ from pathlib import Path
 import pytest
 
 from cuvil_ir.graph_ir.types import DType
+from cuvil_ir.scalar_functions import LIBDEVICE
 from cuvil_ir.tensor_ir.expr import FUNCTIONS
 from cuvil_ir.triton_source import functions
 from cuvil_runtime.triton_kernels.devicelib import NAMES
@@ -47,6 +50,8 @@ LIBRARIES = {
     "ascend": _ROOT / "packages/cuvil-backend-ascend/src/cuvil_backend_ascend/devicelib.py",
 }
 _COMMON = _ROOT / "packages/cuvil-runtime/src/cuvil_runtime/triton_kernels/devicelib/common.py"
+#: the line by which a compiled library binds the libdevice functions it does not write
+_LIBDEVICE_BINDING = "for n in LIBDEVICE if n not in globals()"
 _CU_CALL = re.compile(r"\bcu\.([A-Za-z_]\w*)")
 
 
@@ -108,6 +113,8 @@ def defined(path: Path) -> set[str]:
             out.update(t.id for t in node.targets if isinstance(t, ast.Name))
     if "globals().update(common.decorated(" in source:
         out |= _shared()
+    if _LIBDEVICE_BINDING in source:
+        out |= set(LIBDEVICE)
     return out
 
 
@@ -180,3 +187,13 @@ def test_the_device_libraries_are_where_their_packages_put_them() -> None:
             continue
         if spec is not None and spec.origin is not None:
             assert Path(spec.origin).resolve() == LIBRARIES[lib].resolve(), lib
+
+
+def test_a_library_without_its_libdevice_binding_misses_those_names(tmp_path: Path) -> None:
+    """The compiled libraries define the table's libdevice functions only through their
+    binding line: without it, each of them is reported."""
+    lib = tmp_path / "compiled.py"
+    lib.write_text(LIBRARIES["cuda"].read_text().replace(_LIBDEVICE_BINDING, "for n in ()"))
+    assert problems(NAMES, {"cuda": defined(lib)}) == [
+        f"cu.{n}: not defined by the cuda library" for n in sorted(LIBDEVICE)
+    ]

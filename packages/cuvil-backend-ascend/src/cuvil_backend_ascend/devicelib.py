@@ -13,6 +13,7 @@ from __future__ import annotations
 import triton.language as tl
 from triton.language.extra.ascend import libdevice
 
+from cuvil_ir.scalar_functions import LIBDEVICE
 from cuvil_runtime.triton_kernels.devicelib import common
 
 _jit = common.jit(False)
@@ -27,18 +28,8 @@ def exp(x):
 
 
 @_jit
-def expm1(x):
-    return libdevice.expm1(x)
-
-
-@_jit
 def log(x):
     return tl.log(x)
-
-
-@_jit
-def log1p(x):
-    return libdevice.log1p(x)
 
 
 @_jit
@@ -57,44 +48,14 @@ def cos(x):
 
 
 @_jit
-def tan(x):
-    return libdevice.tan(x)
-
-
-@_jit
-def atan(x):
-    return libdevice.atan(x)
-
-
-@_jit
-def asinh(x):
-    return libdevice.asinh(x)
-
-
-@_jit
 def atan2(y, x):
     # tl.math's (y, x) order: triton-ascend's libdevice.atan2 passes its operands swapped
     return tl.math.atan2(y, x)
 
 
 @_jit
-def tanh(x):
-    return libdevice.tanh(x)
-
-
-@_jit
 def erf(x):
     return tl.erf(x)
-
-
-@_jit
-def pow(a, b):
-    return libdevice.pow(a, b)
-
-
-@_jit
-def trunc(x):
-    return libdevice.trunc(x)
 
 
 @_jit
@@ -104,10 +65,10 @@ def round(x):
 
 
 @_jit
-def fmod(a, b):
-    return libdevice.fmod(a, b)
-
-
-@_jit
 def remainder(a, b):
     return _remainder_of(libdevice.fmod(a, b), b)
+
+
+#: the device functions that are libdevice's own, bound directly (an extern call inlines
+#: as a jit-ed wrapper's would); those written above keep their own form
+globals().update({n: getattr(libdevice, n) for n in LIBDEVICE if n not in globals()})

@@ -6,7 +6,9 @@ shared integer, Philox and NaN-propagating helpers of :mod:`.common`."""
 from __future__ import annotations
 
 from triton.language.extra import libdevice
+from triton.language.extra.cuda import libdevice as cuda_libdevice
 
+from cuvil_ir.scalar_functions import LIBDEVICE
 from cuvil_runtime.triton_kernels.devicelib import common
 
 _jit = common.jit(False)
@@ -16,91 +18,18 @@ _remainder_of = _jit(common.remainder_of)
 
 
 @_jit
-def exp(x):
-    return libdevice.exp(x)
-
-
-@_jit
-def expm1(x):
-    return libdevice.expm1(x)
-
-
-@_jit
-def log(x):
-    return libdevice.log(x)
-
-
-@_jit
-def log1p(x):
-    return libdevice.log1p(x)
-
-
-@_jit
-def log2(x):
-    return libdevice.log2(x)
-
-
-@_jit
-def sin(x):
-    return libdevice.sin(x)
-
-
-@_jit
-def cos(x):
-    return libdevice.cos(x)
-
-
-@_jit
-def tan(x):
-    return libdevice.tan(x)
-
-
-@_jit
-def atan(x):
-    return libdevice.atan(x)
-
-
-@_jit
-def asinh(x):
-    return libdevice.asinh(x)
-
-
-@_jit
-def atan2(y, x):
-    return libdevice.atan2(y, x)
-
-
-@_jit
-def tanh(x):
-    return libdevice.tanh(x)
-
-
-@_jit
-def erf(x):
-    return libdevice.erf(x)
-
-
-@_jit
-def pow(a, b):
-    return libdevice.pow(a, b)
-
-
-@_jit
-def trunc(x):
-    return libdevice.trunc(x)
-
-
-@_jit
 def round(x):
     """Round half to even (C's nearbyint, torch.round)."""
     return libdevice.nearbyint(x)
 
 
 @_jit
-def fmod(a, b):
-    return libdevice.fmod(a, b)
-
-
-@_jit
 def remainder(a, b):
     return _remainder_of(libdevice.fmod(a, b), b)
+
+
+#: the device functions that are libdevice's own, bound directly (an extern call inlines
+#: as a jit-ed wrapper's would); those written above keep their own form. From the CUDA
+#: module itself: ``triton.language.extra.libdevice`` holds stubs that the compiler maps
+#: to it only when they are reached through that module, not as attributes of ``cu``
+globals().update({n: getattr(cuda_libdevice, n) for n in LIBDEVICE if n not in globals()})

@@ -16,6 +16,7 @@ from typing import Union
 import sympy
 
 from cuvil_ir.graph_ir.types import DType
+from cuvil_ir.scalar_functions import TABLE as SCALAR_FUNCTIONS
 from cuvil_ir.symbolic import expr_str as sexpr
 
 
@@ -95,28 +96,15 @@ class Var:
 
 Expr = Union[Const, Arg, Load, Index, Call, Reduce, Var]
 
-#: scalar functions and their arity; the code generators implement exactly these.
+#: scalar functions and their arity; the code generators implement exactly these (the
+#: table of what each one is: :data:`cuvil_ir.scalar_functions.TABLE`).
 #: ``rand(seed, counter)`` is a uniform float in [0, 1) from the counter-based
 #: Philox4x32-10 generator: the same seed and element give the same number on
 #: every backend, thread count and schedule.
-FUNCTIONS: dict[str, int] = {
-    **dict.fromkeys(
-        "neg abs exp expm1 log log1p log2 sqrt rsqrt sin cos tan atan asinh tanh erf sigmoid floor ceil"
-        " trunc round sign not bitnot reciprocal cast".split(),
-        1,
-    ),
-    **dict.fromkeys(
-        "add sub mul div floordiv mod fmod pow max min atan2 and or xor bitand bitor bitxor"
-        " eq ne lt le gt ge rand".split(),
-        2,
-    ),
-    "where": 3,
-}
+FUNCTIONS: dict[str, int] = {f.name: f.arity for f in SCALAR_FUNCTIONS.values()}
 
 #: functions whose cost dominates a pointwise chain (the fusion policy counts them)
-TRANSCENDENTAL = frozenset(
-    "exp expm1 log log1p log2 sqrt rsqrt sin cos tan atan asinh tanh erf sigmoid pow atan2 div rand".split()
-)
+TRANSCENDENTAL = frozenset(f.name for f in SCALAR_FUNCTIONS.values() if f.transcendental)
 
 REDUCE_KINDS = ("sum", "prod", "max", "min", "any", "all")
 

@@ -15,8 +15,9 @@ Contract with the generated module: the text names only two globals,
 * ``tl`` -- ``triton.language``;
 * ``cu`` -- the device library the target binds (:mod:`cuvil_runtime.triton_kernels.devicelib`):
   the functions ``tl`` lacks under ``TRITON_INTERPRET=1`` (libdevice does not run
-  there) and the helpers: ``cu.exp expm1 log log1p log2 sin cos tan atan atan2 tanh erf
-  pow trunc round fmod remainder`` (floats) and ``cu.floordiv mod fmod_int truncdiv
+  there) and the helpers: the float functions the table marks ``device``
+  (:data:`cuvil_ir.scalar_functions.DEVICE_FLOAT`: ``cu.exp``, ``cu.atan2`` ...),
+  ``cu.remainder`` (floats) and ``cu.floordiv mod fmod_int truncdiv
   iabs sign fmax fmin rand`` (``floordiv`` and ``mod`` also serve index arithmetic on
   int32/int64); the library also has ``cu.prod_combine`` for ``tl.reduce``.
 
@@ -33,6 +34,7 @@ import math
 from collections.abc import Sequence
 
 from cuvil_ir.graph_ir.types import DType
+from cuvil_ir.scalar_functions import DEVICE_FLOAT
 from cuvil_ir.tensor_ir.expr import FUNCTIONS
 
 
@@ -67,9 +69,7 @@ SIGNATURE_TYPES: dict[DType, str] = {
 _BITS = {DType.i64: 64, DType.i32: 32, DType.i16: 16, DType.i8: 8}
 
 #: float functions the device library provides (``cu.<name>``), all of one dtype in and out
-_CU_FLOAT = frozenset(
-    "exp expm1 log log1p log2 sin cos tan atan asinh atan2 tanh erf pow trunc round fmod".split()
-)
+_CU_FLOAT = DEVICE_FLOAT
 _COMPARE = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
 _BITWISE = {"bitand": "&", "bitor": "|", "bitxor": "^"}
 #: bool arithmetic as the C form's ``(a op b) != 0`` on 0/1 values

@@ -11,14 +11,21 @@ Every Triton target binds one module with the names in :data:`NAMES` as ``cu``
 
 All of them re-export the pure-``tl`` helpers of :mod:`.common` (integer division
 with Python semantics, NaN-propagating min/max, Philox, reduction combiners).
+
+The float functions come from the table of scalar functions
+(:data:`cuvil_ir.scalar_functions.DEVICE_FLOAT`); the compiled libraries bind those
+that are libdevice's own directly (:data:`~cuvil_ir.scalar_functions.LIBDEVICE`).
 """
 
 from __future__ import annotations
 
-#: every name a generated kernel may call on ``cu``
-NAMES = (
-    "exp expm1 log log1p log2 sin cos tan atan asinh atan2 tanh erf pow trunc round fmod remainder"
-    " floordiv mod fmod_int truncdiv iabs sign fmax fmin rand prod_combine welford_combine"
-).split()
+from cuvil_ir.scalar_functions import TABLE
+
+#: every name a generated kernel may call on ``cu``: the table's device functions, then
+#: the helpers (``remainder`` each library writes; the rest are ``common.SHARED``)
+NAMES = [
+    *(f.name for f in TABLE.values() if f.device),
+    *"remainder floordiv mod fmod_int truncdiv iabs sign fmax fmin rand prod_combine welford_combine".split(),
+]
 
 __all__ = ["NAMES"]
