@@ -38,8 +38,36 @@ A consumer keeps what it owns: the leaves' spelling, the expressions it takes wh
 (``take_whole``: the C and Triton generators pass a size expression without a loop index
 as a derived argument; exact Python prints polynomials and non-integer values with
 sympy's printer), how it caches and orders what it emits (override ``visit_size``,
-``order_operands``, ``fold_size``, ``visit_divisor``), and ``ctx``, passed untouched to
-``on_symbol`` (the Triton generator's lanes).
+``visit_float``, ``order_operands``, ``fold_size``, ``fold_float``, ``visit_divisor``), and
+``ctx``, passed untouched to ``on_symbol`` (the Triton generator's lanes).
+
+Float-valued size expressions (``x_2**(-0.5)``, the default attention scale; a size over a
+size as a float; ``floor(x/3)/2``) have a second walk, :meth:`SizeVisitor.visit_float`,
+with hooks of their own:
+
+==========================================  ===============================================
+sympy node (float-valued)                   hook(s)
+==========================================  ===============================================
+a number (``Integer``, ``Rational``,        ``on_float`` (the nearest double: ``1/3`` is
+``Float``)                                  ``float(Rational(1, 3))``)
+a non-number sympy proves is an integer     ``on_to_float`` of its value from the integer
+(a size symbol, ``floor``, ``Mod``, ...)    walk above
+``Add``, ``Mul``                            ``fold_float`` "add"/"mul" (``on_fadd``, ``on_fmul``)
+``Pow`` (any exponent)                      ``on_fpow`` of the base and the exponent
+anything else                               ``on_unsupported_float`` (an error)
+==========================================  ===============================================
+
+[Note: float size semantics] A float-valued size expression means its real value. A
+double-precision consumer (MLIR ``f64``, ONNX ``DOUBLE``) computes it in this walk: every
+integer-valued part exactly, in the integer walk (so ``floor`` and ``Mod`` keep [Note: size
+division semantics] on negative operands), converted once; numbers as their nearest
+double; ``+``, ``*`` and ``**`` in double, the operands of a sum or product in
+``order_operands`` order (a negative exponent is ``pow(b, -n)``, not a division). The
+result is within a few ulps of the real value. Exact Python (``exact_code``, which also
+computes the C and Triton generators' float-valued derived arguments: they print no float
+size themselves) takes such an expression whole and evaluates it with fractions, rounding
+once. ``test_size_visitor`` runs negative exponents, rationals, fractional powers and floor
+divisions inside float expressions through every consumer against Python.
 """
 
 from __future__ import annotations
@@ -184,6 +212,37 @@ class SizeVisitor(ABC, Generic[T]):
         """The divisor of floordiv, ceildiv and mod."""
         return self.visit_size(den, ctx)
 
+    # -- the float walk (see [Note: float size semantics]) ------------------------------
+    def visit_float(self, e: Any, ctx: Any = None) -> T:
+        """The double-precision value of ``e``; children are visited through here (override
+        to cache)."""
+        return self.decompose_float(sympy.sympify(e), ctx)
+
+    def decompose_float(self, e: Any, ctx: Any) -> T:
+        if not isinstance(e, sympy.Expr):  # a predicate, true, false
+            return self.on_unsupported_float(e, ctx)
+        if e.is_Number:
+            return self.on_float(float(e))
+        if e.is_integer is True:
+            return self.on_to_float(self.visit_size(e, ctx))
+        if isinstance(e, sympy.Add):
+            return self.fold_float("add", self.order_operands(e.args), ctx)
+        if isinstance(e, sympy.Mul):
+            return self.fold_float("mul", self.order_operands(e.args), ctx)
+        if isinstance(e, sympy.Pow):
+            base = self.visit_float(e.base, ctx)
+            return self.on_fpow(base, self.visit_float(e.exp, ctx))
+        return self.on_unsupported_float(e, ctx)
+
+    def fold_float(self, op: str, args: Sequence[sympy.Basic], ctx: Any) -> T:
+        """``op`` (add, mul) in double over ``args``, left to right, each operand visited
+        just before it is combined."""
+        hook = self.on_fadd if op == "add" else self.on_fmul
+        acc = self.visit_float(args[0], ctx)
+        for a in args[1:]:
+            acc = hook(acc, self.visit_float(a, ctx))
+        return acc
+
     # -- what a language may take whole or refuse ----------------------------------
     def take_whole(self, e: sympy.Basic, ctx: Any) -> T | None:
         """A value for ``e`` without decomposing it, or None (decompose)."""
@@ -195,6 +254,9 @@ class SizeVisitor(ABC, Generic[T]):
 
     def on_unsupported(self, e: sympy.Basic, ctx: Any) -> T:
         raise self.size_error(f"size expression {e} has no {self.language} form")
+
+    def on_unsupported_float(self, e: sympy.Basic, ctx: Any) -> T:
+        raise self.size_error(f"float size expression {e} has no {self.language} form")
 
     # -- leaves --------------------------------------------------------------------
     @abstractmethod
@@ -249,6 +311,25 @@ class SizeVisitor(ABC, Generic[T]):
 
     def on_select(self, cond: T, then: T, other: T) -> T:
         raise self.size_error(f"a conditional size has no {self.language} form")
+
+    # -- float operations (the double-precision walk) --------------------------------
+    def on_float(self, value: float) -> T:
+        """A number in a float-valued expression, already rounded to the nearest double."""
+        raise self.size_error(f"{self.language} has no float sizes")
+
+    def on_to_float(self, a: T) -> T:
+        """An integer-valued part (computed by the integer walk) as a double."""
+        raise self.size_error(f"{self.language} has no float sizes")
+
+    def on_fadd(self, a: T, b: T) -> T:
+        raise self.size_error(f"{self.language} has no float addition")
+
+    def on_fmul(self, a: T, b: T) -> T:
+        raise self.size_error(f"{self.language} has no float multiplication")
+
+    def on_fpow(self, base: T, exp: T) -> T:
+        """``base ** exp`` in double (``exp`` may be negative or fractional)."""
+        raise self.size_error(f"{self.language} has no float power")
 
 
 __all__ = ["RELATIONS", "Quotient", "SizeVisitor", "has_rational_form", "quotient"]

@@ -5,7 +5,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
 from typing import Any
 
 import sympy
@@ -128,37 +127,44 @@ class SizeEmitter(ModuleBuilder, SizeVisitor[str]):
     def on_unsupported(self, e: sympy.Basic, ctx: Any) -> str:
         raise self.error(f"cannot emit size expression {expr_str(e)}")
 
-    def _fold(self, op: str, args: Sequence[sympy.Basic], each: Callable[[sympy.Basic], str], ty: str) -> str:
-        """``op`` over the values of ``args`` in canonical order, left to right."""
-        ordered = sorted(args, key=sympy.default_sort_key)
-        r = each(ordered[0])
-        for a in ordered[1:]:
-            r = self._bin(op, r, each(a), ty)
-        return r
-
     def flt(self, e: sympy.Basic) -> str:
-        """An ``f64`` value for a float-valued size expression (``x_2**(-0.5)``)."""
+        """An ``f64`` value for a float-valued size expression (``x_2**(-0.5)``): the
+        visitor's float walk (see [Note: float size semantics])."""
+        return self.visit_float(e)
+
+    def visit_float(self, e: Any, ctx: Any = None) -> str:
         e = sympy.sympify(e)
         if e.is_Number:
-            return self.const(float(e), DType.f64)
+            return self.on_float(float(e))
         key = ("flt", e)
         got = self.lookup(key)
         if got is not None:
             return got
-        r: str
-        if e.is_integer:
-            i = self.i64_of_index(self.idx(e))
-            r = self.fresh()
-            self.emit(f"{r} = arith.sitofp {i} : i64 to f64")
-        elif isinstance(e, (sympy.Add, sympy.Mul)):
-            op = "addf" if isinstance(e, sympy.Add) else "mulf"
-            r = self._fold(op, e.args, self.flt, "f64")
-        elif isinstance(e, sympy.Pow):
-            r = self.fresh()
-            self.emit(f"{r} = math.powf {self.flt(e.base)}, {self.flt(e.exp)} : f64")
-        else:
-            raise self.error(f"cannot emit float expression {expr_str(e)}")
-        return self.remember(key, r)
+        return self.remember(key, self.decompose_float(e, None))
+
+    # -- the float walk's hooks (f64) --------------------------------------------------
+    def on_float(self, value: float) -> str:
+        return self.const(value, DType.f64)
+
+    def on_to_float(self, a: str) -> str:
+        i = self.i64_of_index(a)
+        r = self.fresh()
+        self.emit(f"{r} = arith.sitofp {i} : i64 to f64")
+        return r
+
+    def on_fadd(self, a: str, b: str) -> str:
+        return self._bin("addf", a, b, "f64")
+
+    def on_fmul(self, a: str, b: str) -> str:
+        return self._bin("mulf", a, b, "f64")
+
+    def on_fpow(self, base: str, exp: str) -> str:
+        r = self.fresh()
+        self.emit(f"{r} = math.powf {base}, {exp} : f64")
+        return r
+
+    def on_unsupported_float(self, e: sympy.Basic, ctx: Any) -> str:
+        raise self.error(f"cannot emit float expression {expr_str(e)}")
 
     def i64_of_index(self, v: str) -> str:
         r = self.fresh()

@@ -4,7 +4,8 @@ Size symbols are read once from the graph inputs (``Shape(x, start=i, end=i+1)``
 prologue at the top of the model, only for symbols something needs); expressions over
 them (reshape targets, slice bounds, ``const`` values, trip counts) are computed with
 int64 ONNX nodes, shape ``[1]``, cached per scope. Non-integer expressions
-(``x_2**(-0.5)``) are computed in double precision.
+(``x_2**(-0.5)``) are computed in double precision by the visitor's float walk (see [Note:
+float size semantics]).
 """
 
 from __future__ import annotations
@@ -62,7 +63,9 @@ class SizeExprs(GraphBuilder, SizeVisitor[str]):
         if isinstance(e, sympy.Symbol):
             return self.on_symbol(e, None)
         if e.is_integer is not True and not _is_bool(e):
-            return self._float_expr(e)
+            out = self.visit_float(e)
+            self.floats.add(out)
+            return out
         return self.decompose_size(e, None)
 
     # -- the visitor's hooks (int64, or bool for predicates) -------------------------
@@ -157,31 +160,32 @@ class SizeExprs(GraphBuilder, SizeVisitor[str]):
     def _as_f64(self, name: str) -> str:
         return name if name in self.floats else self.cast(name, DType.i64, DType.f64)
 
-    def _float_expr(self, e: Any) -> str:
-        """A non-integer size expression (``x_2**(-0.5)``), in double precision."""
-
-        def f(a: Any) -> str:
-            if a.is_Number:
-                return self.const([float(a)], DType.f64, [1])
-            if isinstance(a, sympy.Add):
-                parts = [f(x) for x in a.args]
-                op_type = "Add"
-            elif isinstance(a, sympy.Mul):
-                parts = [f(x) for x in a.args]
-                op_type = "Mul"
-            elif isinstance(a, sympy.Pow):
-                return self.op("Pow", [f(a.base), f(a.exp)])
-            else:
-                name = self.decompose_size(a, None) if not isinstance(a, sympy.Symbol) else self.expr(a)
-                return name if name in self.floats else self.cast(name, DType.i64, DType.f64)
-            out = parts[0]
-            for p in parts[1:]:
-                out = self.op(op_type, [out, p])
-            return out
-
-        out = f(e)
-        self.floats.add(out)
+    # -- the float walk's hooks (double; see [Note: float size semantics]) -------------
+    def fold_float(self, op: str, args: Sequence[Any], ctx: Any) -> str:
+        parts = [self.visit_float(a, ctx) for a in args]  # every operand first, as fold_size
+        hook = self.on_fadd if op == "add" else self.on_fmul
+        out = parts[0]
+        for p in parts[1:]:
+            out = hook(out, p)
         return out
+
+    def on_fadd(self, a: str, b: str) -> str:
+        return self.op("Add", [a, b])
+
+    def on_fmul(self, a: str, b: str) -> str:
+        return self.op("Mul", [a, b])
+
+    def on_float(self, value: float) -> str:
+        return self.const([value], DType.f64, [1])
+
+    def on_to_float(self, a: str) -> str:
+        return self._as_f64(a)
+
+    def on_fpow(self, base: str, exp: str) -> str:
+        return self.op("Pow", [base, exp])
+
+    def on_unsupported_float(self, e: Any, ctx: Any) -> str:
+        raise ExportError(f"float size expression {expr_str(e)} has no ONNX translation")
 
     def scalar_expr(self, e: Any, dt: DType = DType.i64) -> str:
         """A 0-d tensor of dtype ``dt`` holding the size expression ``e``."""
