@@ -11,10 +11,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from cuvil.api import CompiledFunction, CuvilFallbackWarning, Stats, compile, explain
+from cuvil.api import CompiledFunction, CuvilFallbackWarning, Stats, compile
 from cuvil.audit import audit
 from cuvil.custom_ops import CustomOp, custom_op
 from cuvil.errors import CompileError, SourceLoc
+from cuvil.inspection import explain
 from cuvil.mlir import run_mlir, to_mlir
 from cuvil.onnx.api import compile_onnx, export_onnx
 from cuvil.plugins import reload_plugins

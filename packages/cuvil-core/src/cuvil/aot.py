@@ -91,8 +91,9 @@ def save(
     from globals, closures and attributes are frozen in: the artifact is a
     snapshot (``cuvil aot inspect`` lists them). Returns the path written.
     """
-    from cuvil.api import CompiledFunction, graph_inputs
+    from cuvil.api import CompiledFunction
     from cuvil.api import compile as cu_compile
+    from cuvil.artifacts import graph_inputs
 
     cf = f if isinstance(f, CompiledFunction) else cu_compile(f, fallback="error")
     with torch.no_grad():  # an artifact is for inference: no grad-mode warning, no autograd key

@@ -1,4 +1,12 @@
-"""``cuvil.compile``: the user-facing entry point, guards, artifacts and stats."""
+"""``cuvil.compile``: the user-facing entry point and the callable it returns.
+
+:class:`CompiledFunction` keys each call (argument tree, tensor metadata, module state,
+autocast), finds the compiled variant whose guards hold or compiles one (a warm start,
+or capture, then the target), runs it, and falls back to eager with a reason; its
+:class:`Stats` say what happened. The variants and how one runs are in
+:mod:`cuvil.artifacts`, the checks of ``compile``'s own arguments in
+:mod:`cuvil.compile_args`, and :func:`~cuvil.inspection.explain` in :mod:`cuvil.inspection`.
+"""
 
 from __future__ import annotations
 
@@ -16,19 +24,17 @@ from torch.utils import _pytree as pytree
 
 from cuvil import autocast, fast_path, warm
 from cuvil.arguments import PLAIN_TENSORS, check_tensors
-from cuvil.call_plan import output_leaf
+from cuvil.artifacts import Artifact, ModuleSnapshot, lifted_keys, lifted_ok, run_artifact
 from cuvil.capabilities import check_capabilities
+from cuvil.compile_args import OptionError, check_dims, check_options, leaf_name
 from cuvil.errors import CompileError
 from cuvil.frontend import arg_objects, hooks
-from cuvil.frontend.capture import Captured, capture, module_state
-from cuvil.guards import describe_leaf, explain_structure, leaf_key
-from cuvil.results import unflatten
+from cuvil.frontend.capture import capture, module_state
+from cuvil.guards import explain_structure, leaf_key
 from cuvil.submit import SerialQueue
-from cuvil_ir.symbolic import expr_str, symbol
 from cuvil_runtime.cache import CompileCache
-from cuvil_runtime.grad import without_grad
 from cuvil_runtime.registry import TargetMisconfiguredError
-from cuvil_runtime.target import CompileOptions, Executable, TargetError
+from cuvil_runtime.target import CompileOptions, TargetError
 
 FALLBACKS = ("eager", "error")
 #: compiled variants one function keeps (the oldest go first); past MANY_RECOMPILES a
@@ -68,24 +74,6 @@ class Stats:
     notes: list[str] = field(default_factory=list)
 
 
-@dataclass
-class _Artifact:
-    key: tuple[Any, ...]
-    extra: tuple[Any, ...]
-    captured: Captured | None  # None: this structure falls back to eager
-    executable: Executable | None
-    target: str | None
-    reason: str | None = None
-    #: metadata of the lifted (global/closure/attribute) tensors when compiled
-    lifted_keys: tuple[Any, ...] = ()
-    #: the argument leaves' names (for recompile reasons)
-    names: tuple[str, ...] = ()
-    #: the call's autocast state (cuvil/autocast.py); part of the structure key
-    amp: tuple[Any, ...] = ()
-    #: its fast path (cuvil/fast_path.py), made at its first hit
-    fast: Any = None
-
-
 class CompiledFunction:
     """The callable ``cuvil.compile`` returns: same signature, compiled on first call."""
 
@@ -108,7 +96,7 @@ class CompiledFunction:
             from cuvil_runtime.registry import get_target
 
             # unknown or unavailable targets fail here, loudly
-            _check_options(options or {}, get_target(target).capabilities, target)
+            check_options(options or {}, get_target(target).capabilities, target)
         #: the target's own options, sorted (they are part of CompileOptions, so of cache keys)
         self.options: tuple[tuple[str, Any], ...] = tuple(sorted((options or {}).items()))
         self.module: torch.nn.Module | None = fn if isinstance(fn, torch.nn.Module) else None
@@ -117,13 +105,13 @@ class CompiledFunction:
         self.opt_level = opt_level
         self.dynamic = dynamic
         self.fallback = fallback
-        self.dims = _check_dims(dims)
+        self.dims = check_dims(dims)
         self.stats = Stats()
-        self.artifacts: list[_Artifact] = []
+        self.artifacts: list[Artifact] = []
         self._warned: set[str] = set()
         #: number of positional tensors -> the tree spec of ``(args, {})`` (see __call__)
         self._flat_specs: dict[int, Any] = {}
-        self._snapshot: _ModuleSnapshot | None = None
+        self._snapshot: ModuleSnapshot | None = None
         sig_fn = type(self.module).forward if self.module is not None else fn
         try:
             sig = inspect.signature(sig_fn)
@@ -140,7 +128,7 @@ class CompiledFunction:
                     f"dims names {unknown}, which are not parameters of {getattr(fn, '__qualname__', fn)} "
                     f"(parameters: {list(sig.parameters)})"
                 )
-        self._last: _Artifact | None = None
+        self._last: Artifact | None = None
         #: the fast path of the variant served last ([Note: the fast path of a hit])
         self._fast: Callable[[tuple[Any, ...]], Any] | None = None
         #: serializes compiles (re-entrant: capture may call this function again)
@@ -222,7 +210,7 @@ class CompiledFunction:
                 inner = pytree.tree_leaves(arg)
                 out += [name] if pytree.tree_is_leaf(arg) else [f"{name}_{j}" for j in range(len(inner))]
             return out
-        return [_leaf_name(path, names) for path, _ in with_path]
+        return [leaf_name(path, names) for path, _ in with_path]
 
     def _arg_name(self, path: tuple[int, ...], tree: tuple[tuple[Any, ...], dict[str, Any]]) -> str:
         """The name of the argument that holds the object at ``path`` of ``(args, kwargs)``."""
@@ -235,14 +223,14 @@ class CompiledFunction:
 
     def _extra_key(self) -> tuple[Any, ...]:
         """The module's part of the structure key; recomputed only when the cheap
-        :class:`_ModuleSnapshot` check says the module may have changed."""
+        :class:`ModuleSnapshot` check says the module may have changed."""
         if self.module is None:
             return ()
         snap = self._snapshot
         if snap is not None and snap.holds():
             return snap.key
         key = self._module_key()
-        self._snapshot = _ModuleSnapshot(self.module, key)
+        self._snapshot = ModuleSnapshot(self.module, key)
         return key
 
     def _module_key(self) -> tuple[Any, ...]:
@@ -275,7 +263,7 @@ class CompiledFunction:
         art, leaves, hit = self._prepare(args, kwargs)
         return self._queue.submit(functools.partial(self._serve, art, leaves, args, kwargs, hit))
 
-    def _prepare(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[_Artifact, list[Any], bool]:
+    def _prepare(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Artifact, list[Any], bool]:
         """The artifact for this call (found, or compiled now), its argument leaves, and
         whether it was a cache hit."""
         # Fast path: plain positional tensors, checked and flattened like this before
@@ -337,22 +325,22 @@ class CompiledFunction:
         extra: tuple[Any, ...],
         amp: tuple[Any, ...],
         leaves: list[Any],
-        artifacts: list[_Artifact],
-    ) -> _Artifact | None:
+        artifacts: list[Artifact],
+    ) -> Artifact | None:
         for art in artifacts:
             if (
                 art.key == key
                 and art.extra == extra
                 and art.amp == amp
                 and (art.captured is None or art.captured.guards.holds())
-                and _lifted_ok(art)
+                and lifted_ok(art)
                 and (art.captured is None or art.captured.check.holds(leaves))
             ):
                 return art
         return None
 
     def _serve(
-        self, art: _Artifact, leaves: list[Any], args: tuple[Any, ...], kwargs: dict[str, Any], hit: bool
+        self, art: Artifact, leaves: list[Any], args: tuple[Any, ...], kwargs: dict[str, Any], hit: bool
     ) -> Any:
         self._last = art
         if art.captured is None:
@@ -360,7 +348,7 @@ class CompiledFunction:
                 return self._eager(art.reason or "", args, kwargs)
         if hit:
             self.stats.cache_hits += 1
-        return _run(art, leaves, (args, kwargs))
+        return run_artifact(art, leaves, (args, kwargs))
 
     def _check_types(self, key: tuple[Any, ...], names: list[str]) -> None:
         """A non-tensor where a tensor was traced is a caller error, not a recompile."""
@@ -391,7 +379,7 @@ class CompiledFunction:
             return explain_structure(names, last.key[1], key[1], last.extra, extra, last.names)
         if last.captured is not None and not last.captured.guards.holds():
             return last.captured.guards.explain()
-        if not _lifted_ok(last):
+        if not lifted_ok(last):
             return "a global, closure or attribute tensor the graph reads changed shape or dtype"
         assert last.captured is not None
         return last.captured.check.explain(leaves)
@@ -405,7 +393,7 @@ class CompiledFunction:
         names: list[str],
         spec: Any,
         tree: tuple[tuple[Any, ...], dict[str, Any]],
-    ) -> _Artifact:
+    ) -> Artifact:
         self.stats.compiles += 1
         target_name = self.target
         try:
@@ -417,7 +405,7 @@ class CompiledFunction:
             check_tensors(leaves, names, target.capabilities.devices, target_name)
             if amp:  # before a warm start too: a variant captured without autocast is wrong here
                 raise autocast.at_call(amp)
-            _check_options(dict(self.options), target.capabilities, target_name)
+            check_options(dict(self.options), target.capabilities, target_name)
             if self.module is not None and torch.is_grad_enabled():
                 self._warn_parameters_need_no_grad()
             if len(key) > 2:  # the function runs on rebuilt objects: they must equal the caller's
@@ -454,14 +442,14 @@ class CompiledFunction:
                 if isinstance(e, CompileError):
                     raise
                 raise CompileError(reason) from e
-            return _Artifact(key, extra, None, None, None, reason, names=tuple(names), amp=amp)
-        return _Artifact(
+            return Artifact(key, extra, None, None, None, reason, names=tuple(names), amp=amp)
+        return Artifact(
             key,
             extra,
             captured,
             executable,
             target_name,
-            lifted_keys=_lifted_keys(captured),
+            lifted_keys=lifted_keys(captured),
             names=tuple(names),
             amp=amp,
         )
@@ -501,103 +489,8 @@ class CompiledFunction:
         return self.fn(*args, **kwargs)
 
 
-class _ModuleSnapshot:
-    """What a module's structure key was computed from, checked by identity per call.
-
-    Walking ``named_parameters()`` on every call costs ~0.2 ms for a BERT layer;
-    comparing the same objects again costs a few microseconds: the submodule links
-    (a replaced submodule), the training flags, and each parameter/buffer slot's
-    tensor, dtype and shape (``.data =`` reassignment keeps the object).
-    """
-
-    __slots__ = ("flags", "key", "links", "slots")
-
-    def __init__(self, module: torch.nn.Module, key: tuple[Any, ...]) -> None:
-        self.key = key
-        mods = list(module.modules())
-        self.links = [(m._modules, name, child) for m in mods for name, child in m._modules.items()]
-        self.flags = [(m, m.training) for m in mods]
-        self.slots = [
-            (owner, k, owner[k], owner[k].dtype, owner[k].shape) for _, owner, k in module_state(module)
-        ]
-
-    def holds(self) -> bool:
-        for d, name, child in self.links:
-            if d.get(name) is not child:
-                return False
-        for m, flag in self.flags:
-            if m.training is not flag:
-                return False
-        for owner, k, t, dtype, shape in self.slots:
-            cur = owner.get(k)
-            if cur is not t or cur.dtype != dtype or cur.shape != shape:
-                return False
-        return True
-
-
 # one called from compiled code is inlined (hooks cannot import this module: a cycle)
 hooks.COMPILED_FUNCTION = (CompiledFunction,)
-
-
-def _lifted_keys(c: Captured) -> tuple[Any, ...]:
-    return tuple(_tensor_meta(lifted.getter()) for lifted in c.lifted)
-
-
-def _tensor_meta(t: Any) -> Any:
-    if not isinstance(t, torch.Tensor):
-        return ("not a tensor", type(t))
-    return (t.dtype, t.device, tuple(t.shape))
-
-
-def _lifted_ok(art: _Artifact) -> bool:
-    if art.captured is None or not art.captured.lifted:
-        return True
-    return _lifted_keys(art.captured) == art.lifted_keys
-
-
-def graph_inputs(c: Captured, leaves: list[Any]) -> list[Any]:
-    """The graph's inputs for one call: argument leaves, module state, lifted tensors."""
-    inputs = []
-    for kind, where in c.inputs:
-        if kind == "leaf":
-            inputs.append(leaves[where])
-        elif kind == "state":
-            inputs.append(where[0][where[1]])
-        else:
-            inputs.append(where())
-    return inputs
-
-
-def captured_call(f: Any, *args: Any, **kwargs: Any) -> tuple[Captured, list[Any]]:
-    """Compile ``f`` (a function, module or ``cu.compile`` result) for these arguments
-    on the reference target, and return the capture and the graph's inputs."""
-    compiled = f if isinstance(f, CompiledFunction) else compile(f, target="reference", fallback="error")
-    compiled(*args, **kwargs)
-    art = compiled.artifacts[-1]
-    if art.captured is None:
-        raise CompileError(art.reason or "did not compile")
-    bargs, bkwargs = compiled._check_call(args, kwargs)
-    leaves, _ = pytree.tree_flatten((bargs, bkwargs))
-    return art.captured, graph_inputs(art.captured, leaves)
-
-
-def _run(art: _Artifact, leaves: list[Any], tree: tuple[tuple[Any, ...], dict[str, Any]]) -> Any:
-    c = art.captured
-    assert c is not None and art.executable is not None
-    # inference on every target: results carry no autograd history
-    results = without_grad(art.executable, graph_inputs(c, leaves))
-    if c.write_backs:  # arguments the function changes in place end as in eager
-        arg_objects.write_back(c.write_backs, results, leaves, tree)
-    out = [_result_leaf(kind, v, results, tree) for kind, v in c.outputs]
-    return unflatten(out, c.out_spec)
-
-
-def _result_leaf(kind: str, v: Any, results: Any, tree: Any) -> Any:
-    if kind == "arg":
-        return arg_objects.at(tree, v)
-    if kind == "object":
-        return arg_objects.rebuild(v, results)
-    return output_leaf(kind, v, results)
 
 
 def _explain_objects(old: tuple[Any, ...], new: tuple[Any, ...]) -> str:
@@ -606,56 +499,6 @@ def _explain_objects(old: tuple[Any, ...], new: tuple[Any, ...]) -> str:
             if was != now:
                 return f"argument object {where}: was {was[-1]!r}, now {now[-1]!r}"
     return "an argument object changed structure"
-
-
-def _leaf_name(path: tuple[Any, ...], names: list[str]) -> str:
-    # path[0] selects args (0) or kwargs (1); path[1] the argument
-    parts: list[str] = []
-    top, key = path[0], path[1]
-    if top.idx == 0:
-        parts.append(names[key.idx] if key.idx < len(names) else f"arg{key.idx}")
-    else:
-        parts.append(str(key.key))
-    for k in path[2:]:
-        parts.append(str(getattr(k, "idx", getattr(k, "key", getattr(k, "name", "x")))))
-    return "_".join(parts)
-
-
-def _check_dims(dims: Any) -> dict[str, dict[int, str | None]]:
-    if dims is None:
-        return {}
-    if not isinstance(dims, dict):
-        raise TypeError('dims must be a dict like {"x": {0: "B"}, "y": {0: "B"}}')
-    out: dict[str, dict[int, str | None]] = {}
-    for arg, axes in dims.items():
-        if not isinstance(axes, dict) or not all(isinstance(a, int) for a in axes):
-            raise TypeError(f"dims[{arg!r}] must map axis numbers to names, e.g. {{0: 'B'}}")
-        for name in axes.values():
-            if name is None:  # a static size: see the docstring of `compile`
-                continue
-            try:
-                symbol(name)
-            except ValueError:
-                raise ValueError(
-                    f"dims[{arg!r}]: {name!r} is not a valid size name (an identifier)"
-                ) from None
-        out[str(arg)] = dict(axes)
-    return out
-
-
-class OptionError(TypeError):
-    """A ``cu.compile`` keyword the target does not take (never hidden by the eager fallback)."""
-
-
-def _check_options(options: dict[str, Any], capabilities: Any, target: str) -> None:
-    """A keyword of ``cu.compile`` that ``target`` does not take is a TypeError (a typo
-    must not be silently ignored)."""
-    unknown = sorted(set(options) - set(capabilities.options))
-    if unknown:
-        takes = ", ".join(sorted(capabilities.options)) or "none"
-        raise OptionError(
-            f"cuvil.compile got option(s) {unknown} that target {target!r} does not take (it takes: {takes})"
-        )
 
 
 def compile(
@@ -701,39 +544,3 @@ def compile(
     if fn_or_module is None:
         return wrap
     return wrap(fn_or_module)
-
-
-def explain(fn: Any, *args: Any, **kwargs: Any) -> str:
-    """Compile (or reuse) ``fn`` for these arguments and say what was captured and why:
-    the Graph IR, the size symbols and where they come from, the guards a later
-    call must pass (with the reason for each), and every recompile so far."""
-    cf = fn if isinstance(fn, CompiledFunction) else compile(fn)
-    cf(*args, **kwargs)
-    art = cf._last
-    assert art is not None
-    lines = [f"{cf.__qualname__}: {cf.stats}"]
-    if art.captured is None:
-        lines.append(f"runs eagerly: {art.reason}")
-        return "\n".join(lines) + "\n"
-    c = art.captured
-    lines.append(f"target: {art.target}")
-    lines.append("symbols:")
-    for slot in c.check.slots:
-        lines.append(f"  {slot.symbol} = {slot.leaf_name}.shape[{slot.axis}]")
-    lines.append("guards:")
-    names = cf._leaf_names(*cf._check_call(args, kwargs))
-    for name, key in zip(names, art.key[1]):
-        lines.append(
-            f"  {name}: {describe_leaf(key)}" + (" (any sizes)" if key[0] == "tensor" and cf.dynamic else "")
-        )
-    if cf.module is not None:
-        lines.append("  module: training flags and parameter/buffer dtypes and shapes as now")
-    for fact in c.graph.assumptions:
-        why = c.check.reasons.get(fact)
-        lines.append(f"  {expr_str(fact)}" + (f"    <- {why}" if why else ""))
-    if cf.stats.recompile_reasons:
-        lines.append("recompiles:")
-        lines += [f"  {r}" for r in cf.stats.recompile_reasons]
-    lines.append("graph:")
-    lines += ["  " + x for x in str(c.graph).rstrip("\n").split("\n")]
-    return "\n".join(lines) + "\n"

@@ -22,7 +22,7 @@ def to_mlir(f: Any, *example_args: Any, **example_kwargs: Any) -> str:
     """The verified MLIR module (func, arith, math, tensor, linalg, scf) of ``f``'s graph
     for these example arguments; ops without an upstream form are calls to declared
     external functions (listed by ``cuvil_ir.mlir.to_mlir(graph).externs``)."""
-    from cuvil.api import captured_call
+    from cuvil.inspection import captured_call
 
     captured, _ = captured_call(f, *example_args, **example_kwargs)
     return str(_mlir().to_mlir(captured.graph).text)
@@ -31,7 +31,7 @@ def to_mlir(f: Any, *example_args: Any, **example_kwargs: Any) -> str:
 def run_mlir(f: Any, *example_args: Any, **example_kwargs: Any) -> Any:
     """Run ``f``'s graph through MLIR: upstream lowering passes and the ExecutionEngine.
     Returns the graph's outputs (a tuple); raises for a graph with external calls."""
-    from cuvil.api import captured_call
+    from cuvil.inspection import captured_call
 
     captured, inputs = captured_call(f, *example_args, **example_kwargs)
     return _mlir().run_mlir(captured.graph, *inputs)
