@@ -3,16 +3,21 @@ Tensor IR scalar function, and each form it writes compiles with the real C comp
 
 Values are checked against torch for every function and dtype by the Triton
 library's test (packages/cuvil-backend-cuda/tests/test_triton_functions.py), which
-runs the same cases through these C forms."""
+runs the same cases through these C forms. A function without a C form is written
+as its decomposition (cuvil_ir.scalar_functions)."""
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import math
 import subprocess
 
 import pytest
 
 from cuvil_backend_cpu.c_functions import C_FORMS, C_TYPES, CodegenError, c_call
 from cuvil_backend_cpu.codegen import PRELUDE, _Gen
+from cuvil_ir import scalar_functions
 from cuvil_ir.graph_ir.types import DType
 from cuvil_ir.tensor_ir import expr as E
 
@@ -42,8 +47,43 @@ def _signatures(fn: str) -> list[tuple[tuple[DType, ...], DType]]:
     return [((F,) * n, F), ((DType.f64,) * n, DType.f64), ((INT,) * n, INT)]
 
 
-def test_the_table_is_exactly_the_scalar_functions():
-    assert set(C_FORMS) == set(E.FUNCTIONS)
+def missing_c_forms() -> list[str]:
+    """Scalar functions with neither a C form nor a decomposition the C renderer writes."""
+    return [fn for fn in E.FUNCTIONS if fn not in C_FORMS and not scalar_functions.decomposed(fn)]
+
+
+def test_every_scalar_function_has_a_c_form_or_a_decomposition():
+    assert set(C_FORMS) <= set(E.FUNCTIONS)
+    assert not missing_c_forms()
+
+
+def _with_decomposition(monkeypatch, fn: str, text: str) -> None:
+    monkeypatch.setitem(
+        scalar_functions.TABLE, fn, dataclasses.replace(scalar_functions.TABLE[fn], decomposition=text)
+    )
+    scalar_functions._parsed.cache_clear()
+    monkeypatch.setattr(scalar_functions, "_parsed", functools.cache(scalar_functions._parsed.__wrapped__))
+
+
+def test_a_function_without_a_c_form_is_written_as_its_decomposition(monkeypatch, tmp_path):
+    """Without its entry, asinh is reported; with a decomposition it is that decomposition's
+    C (which computes asinh for x >= 0: checked by running it)."""
+    monkeypatch.delitem(C_FORMS, "asinh")
+    assert missing_c_forms() == ["asinh"]
+    gen = _Gen(None, simd_math=False, parallel_threshold=0)  # type: ignore[arg-type]
+    with pytest.raises(CodegenError, match="no C form for asinh"):
+        c_call(gen, "asinh", ["a0"], DType.f64, DType.f64)
+    _with_decomposition(monkeypatch, "asinh", "log(x + sqrt(x * x + 1))")
+    assert missing_c_forms() == []
+    text = c_call(gen, "asinh", ["a0"], DType.f64, DType.f64)
+    assert "log(" in text and "sqrt(" in text and "1.0" in text, text
+    src = tmp_path / "asinh.c"
+    src.write_text(
+        f'{PRELUDE}\n#include <stdio.h>\nint main(void) {{ double a0 = 0.75; printf("%.17g", {text}); return 0; }}\n'
+    )
+    subprocess.run(["gcc", "-O1", "-o", str(tmp_path / "a"), str(src), "-lm"], check=True)
+    out = subprocess.run([str(tmp_path / "a")], capture_output=True, text=True, check=True).stdout
+    assert abs(float(out) - math.asinh(0.75)) < 1e-15
 
 
 def test_an_unknown_function_is_a_codegen_error():

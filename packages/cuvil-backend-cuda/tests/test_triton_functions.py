@@ -578,3 +578,27 @@ def test_compiles_to_ptx_for_sm90(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert ".target sm_90" in done.stdout
+
+
+@pytest.mark.usefixtures("interpret")
+def test_a_device_function_from_its_decomposition(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The interpreted library's float64 form of a scalar decomposition computes it,
+    rounded once (asinh, given a decomposition for the test: x >= 0, within 1 ulp)."""
+    import dataclasses
+    import functools
+
+    from cuvil_ir import scalar_functions
+    from cuvil_runtime.triton_kernels.devicelib import interpreted
+
+    row = dataclasses.replace(scalar_functions.TABLE["asinh"], decomposition="log(x + sqrt(x * x + 1))")
+    monkeypatch.setitem(scalar_functions.TABLE, "asinh", row)
+    monkeypatch.setattr(scalar_functions, "_parsed", functools.cache(scalar_functions._parsed.__wrapped__))
+    monkeypatch.setattr(interpreted, "asinh", interpreted._float64_form("asinh"))
+    x = torch.tensor([0.0, 1e-3, 0.5, 1.0, 3.0, 100.0, 1e6, float("inf"), float("nan")])
+    _compare(_run("cu.asinh(a0)", [x], F32), torch.asinh(x), 1, True, "asinh from its decomposition")
+    y = torch.tensor([1.0, 2.0, 0.5, 4.0, 3.0, 1.0, 2.0, 1.0, 1.0])
+    row = dataclasses.replace(scalar_functions.TABLE["atan2"], decomposition="x / y + 1")
+    monkeypatch.setitem(scalar_functions.TABLE, "atan2", row)  # a binary one: broadcast operands
+    monkeypatch.setattr(interpreted, "atan2", interpreted._float64_form("atan2"))
+    got = _run("cu.atan2(a0, a1)", [x, y], F32)
+    _compare(got, x / y + 1, 0, True, "x / y + 1 from its decomposition")

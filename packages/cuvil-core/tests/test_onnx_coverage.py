@@ -1,6 +1,7 @@
 """Every registered op reaches ONNX export: the exporter maps it natively (``OPS``), or the
 op declares a decomposition the exporter writes instead, or, for a primitive, the exporter
-writes its fallback decomposition (``cuvil_ir.graph_ir.fallbacks``), or its declaration
+writes its fallback decomposition (``cuvil_ir.graph_ir.fallbacks``, or its scalar function's:
+``cuvil_ir.graph_ir.scalar_decompositions``), or its declaration
 says why it is refused (``extern_reasons["onnx"]``). The Tensor IR and MLIR halves of this check are
 in ``packages/cuvil-ir/tests/test_op_coverage.py``.
 
@@ -105,3 +106,33 @@ def test_a_new_elementwise_op_runs_on_cpu_and_exports(tanhshrink: type[Op]) -> N
     sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     (y,) = sess.run(None, {sess.get_inputs()[0].name: x.numpy()})
     torch.testing.assert_close(torch.from_numpy(y), f(x))
+
+
+def test_a_primitive_without_an_onnx_op_is_written_as_its_scalar_decomposition(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """asinh without its ONNX entry is reported; with a decomposition of its scalar
+    function (cuvil_ir.scalar_functions) it exports as that (no Asinh node) and runs."""
+    import dataclasses
+    import functools
+
+    from cuvil.onnx.export import OPS
+    from cuvil_ir import scalar_functions
+
+    monkeypatch.delitem(OPS, "asinh")
+    assert "asinh" in missing_onnx()
+    row = dataclasses.replace(scalar_functions.TABLE["asinh"], decomposition="log(x + sqrt(x * x + 1))")
+    monkeypatch.setitem(scalar_functions.TABLE, "asinh", row)
+    monkeypatch.setattr(scalar_functions, "_parsed", functools.cache(scalar_functions._parsed.__wrapped__))
+    assert "asinh" not in missing_onnx()
+
+    ort = pytest.importorskip("onnxruntime")
+    from cuvil.onnx import export_onnx
+
+    x = torch.rand(3, 5) * 4
+    model = export_onnx(lambda t: torch.asinh(t), x)
+    kinds = {n.op_type for n in model.graph.node}
+    assert "Asinh" not in kinds and {"Log", "Sqrt"} <= kinds, kinds
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    (y,) = sess.run(None, {sess.get_inputs()[0].name: x.numpy()})
+    torch.testing.assert_close(torch.from_numpy(y), torch.asinh(x))

@@ -4,7 +4,8 @@ For each op and each consumer -- Tensor IR lowering, MLIR emission -- one of: th
 consumer has a native form of it (a rule, an emitter), the op declares a decomposition
 (:mod:`cuvil_ir.graph_ir.decompose`) the consumer lowers instead, or the declaration
 states why the consumer runs it as an extern (``Op.extern_reasons``). An op without any
-of these would silently become an extern call. ONNX export is checked the same way in
+of these would silently become an extern call. An elementwise primitive whose scalar
+function has a decomposition (``cuvil_ir.scalar_functions``) is emitted by MLIR from it. ONNX export is checked the same way in
 ``packages/cuvil-core/tests/test_onnx_coverage.py``.
 """
 
@@ -221,3 +222,65 @@ def _functions() -> Mapping[str, int]:
     from cuvil_ir.tensor_ir.expr import FUNCTIONS
 
     return FUNCTIONS
+
+
+def _with_decomposition(monkeypatch: pytest.MonkeyPatch, fn: str, text: str) -> None:
+    """``fn`` given the decomposition ``text`` for one test (the parse cache too)."""
+    import dataclasses
+    import functools
+
+    from cuvil_ir import scalar_functions
+
+    row = dataclasses.replace(scalar_functions.TABLE[fn], decomposition=text)
+    monkeypatch.setitem(scalar_functions.TABLE, fn, row)
+    monkeypatch.setattr(scalar_functions, "_parsed", functools.cache(scalar_functions._parsed.__wrapped__))
+
+
+def test_every_decomposition_calls_functions_of_the_table() -> None:
+    """[Note: scalar decompositions]: each calls functions of the table with their arity,
+    each of them computed by some primitive op (what MLIR and ONNX emit it with)."""
+    from cuvil_ir import scalar_functions
+    from cuvil_ir.graph_ir.scalar_decompositions import op_computing
+
+    for fn in scalar_functions.TABLE:
+        if scalar_functions.decomposed(fn):
+            for name, n in scalar_functions.calls(fn):
+                assert scalar_functions.TABLE[name].arity == n, (fn, name)
+                assert op_computing(name), (fn, name)
+
+
+def test_a_decomposition_names_only_table_functions(monkeypatch: pytest.MonkeyPatch) -> None:
+    from cuvil_ir import scalar_functions
+
+    _with_decomposition(monkeypatch, "asinh", "log(x) ** 2")
+    with pytest.raises(ValueError, match=r"log\(x\) \*\* 2 is not a scalar expression"):
+        scalar_functions.calls("asinh")
+
+
+def test_mlir_emits_a_function_without_a_math_op_from_its_decomposition(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """asinh without its rule is not emitted; with the function's decomposition and the
+    generic rule, one generic computing log(x + sqrt(x*x + 1)) (run: x >= 0)."""
+    pytest.importorskip("torch_mlir")
+    import torch
+
+    from cuvil_ir import parse_graph
+    from cuvil_ir.mlir import MlirError, elementwise, run_mlir
+    from cuvil_ir.mlir.emit import to_mlir_text
+
+    g = parse_graph(
+        "graph @g(%x: Tensor[f32, (4, 3), cpu]) {\n"
+        "  %0 = asinh(%x) : Tensor[f32, (4, 3), cpu]\n"
+        "  return %0\n}"
+    )
+    monkeypatch.delitem(elementwise.ARITH, "asinh")
+    with pytest.raises(MlirError, match="asinh is not emitted"):
+        to_mlir_text(g)
+    _with_decomposition(monkeypatch, "asinh", "log(x + sqrt(x * x + 1))")
+    monkeypatch.setitem(elementwise.ARITH, "asinh", elementwise.from_decomposition)
+    text, externs = to_mlir_text(g)
+    assert not externs and "math.asinh" not in text and "math.sqrt" in text and "math.log" in text
+    x = torch.rand(4, 3) * 4
+    (y,) = run_mlir(g, x)
+    torch.testing.assert_close(y, torch.asinh(x))

@@ -19,7 +19,8 @@ their definitions are read from their source: top-level ``def``s and assignments
 plus :data:`~cuvil_runtime.triton_kernels.devicelib.common.SHARED` where a module
 binds the shared helpers (``globals().update(common.decorated(...))``), plus the
 table's libdevice functions where a compiled library binds those it does not write
-itself (:data:`~cuvil_ir.scalar_functions.LIBDEVICE`). The values
+itself (:data:`~cuvil_ir.scalar_functions.LIBDEVICE`), and the decomposed device
+functions where the interpreted library binds their float64 forms. The values
 of the forms are tested per target (``test_triton_functions.py`` of the cuda backend).
 """
 
@@ -34,7 +35,7 @@ from pathlib import Path
 import pytest
 
 from cuvil_ir.graph_ir.types import DType
-from cuvil_ir.scalar_functions import LIBDEVICE
+from cuvil_ir.scalar_functions import LIBDEVICE, TABLE
 from cuvil_ir.tensor_ir.expr import FUNCTIONS
 from cuvil_ir.triton_source import functions
 from cuvil_runtime.triton_kernels.devicelib import NAMES
@@ -52,6 +53,8 @@ LIBRARIES = {
 _COMMON = _ROOT / "packages/cuvil-runtime/src/cuvil_runtime/triton_kernels/devicelib/common.py"
 #: the line by which a compiled library binds the libdevice functions it does not write
 _LIBDEVICE_BINDING = "for n in LIBDEVICE if n not in globals()"
+#: the line by which the interpreted library binds the decomposed functions it does not write
+_DECOMPOSED_BINDING = "f.name: _float64_form(f.name)"
 _CU_CALL = re.compile(r"\bcu\.([A-Za-z_]\w*)")
 
 
@@ -115,6 +118,8 @@ def defined(path: Path) -> set[str]:
         out |= _shared()
     if _LIBDEVICE_BINDING in source:
         out |= set(LIBDEVICE)
+    if _DECOMPOSED_BINDING in source:
+        out |= {f.name for f in TABLE.values() if f.device and f.decomposition is not None}
     return out
 
 
@@ -196,4 +201,28 @@ def test_a_library_without_its_libdevice_binding_misses_those_names(tmp_path: Pa
     lib.write_text(LIBRARIES["cuda"].read_text().replace(_LIBDEVICE_BINDING, "for n in ()"))
     assert problems(NAMES, {"cuda": defined(lib)}) == [
         f"cu.{n}: not defined by the cuda library" for n in sorted(LIBDEVICE)
+    ]
+
+
+def test_the_interpreted_library_binds_the_decomposed_device_functions(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A device function with a decomposition and no form written in the interpreted
+    library is defined by its binding line only (asinh given one for the test)."""
+    import dataclasses
+
+    lib = tmp_path / "interpreted.py"
+    source = LIBRARIES["interpreted"].read_text()
+    lib.write_text(source.replace("\ndef asinh(", "\ndef _asinh_written_out("))
+    assert problems(NAMES, {"interpreted": defined(lib)}) == [
+        "cu.asinh: not defined by the interpreted library"
+    ]
+    row = dataclasses.replace(TABLE["asinh"], decomposition="log(x + sqrt(x * x + 1))")
+    monkeypatch.setitem(TABLE, "asinh", row)
+    assert problems(NAMES, {"interpreted": defined(lib)}) == []
+    lib.write_text(
+        source.replace("\ndef asinh(", "\ndef _asinh_written_out(").replace(_DECOMPOSED_BINDING, "f")
+    )
+    assert problems(NAMES, {"interpreted": defined(lib)}) == [
+        "cu.asinh: not defined by the interpreted library"
     ]

@@ -7,7 +7,9 @@ expressions, ``dtype`` the call's result dtype and ``src`` its first operand's
 ``gen`` is the kernel generator (:mod:`cuvil_backend_cpu.codegen`), for constants
 and for marking a kernel whose integer division can fail. A function with no C
 form for a dtype raises :class:`~cuvil_backend_cpu.loop_ir.nodes.CodegenError`.
-``test_c_functions.py`` checks that the table covers exactly ``FUNCTIONS``.
+A function without an entry is written as its decomposition
+(:data:`cuvil_ir.scalar_functions.TABLE`); ``test_c_functions.py`` checks that every
+function of ``FUNCTIONS`` has one or the other.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from cuvil_ir import scalar_functions
 from cuvil_ir.graph_ir.types import DType
 from cuvil_ir.tensor_ir import expr as E
 
@@ -163,11 +166,22 @@ C_FORMS: dict[str, CForm] = {
 
 
 def c_call(g: Any, fn: str, args: list[str], dtype: DType, src: DType) -> str:
-    """The C text of ``fn(*args)`` (a name of ``FUNCTIONS``)."""
+    """The C text of ``fn(*args)`` (a name of ``FUNCTIONS``): its form in :data:`C_FORMS`,
+    or, for a function without one, its decomposition ([Note: scalar decompositions]),
+    computed in the result dtype."""
     form = C_FORMS.get(fn)
-    if form is None:
+    if form is not None:
+        return form(g, args, dtype, src)
+    if not scalar_functions.decomposed(fn):
         raise CodegenError(f"no C form for {fn}")
-    return form(g, args, dtype, src)
+    if src != dtype:
+        args = [_cast(g, [a], dtype, src) for a in args]
+    return scalar_functions.expand(
+        fn,
+        [f"({a})" for a in args],
+        lambda name, operands: c_call(g, name, operands, dtype, dtype),
+        lambda value: str(g.const(E.Const(value, dtype))),
+    )
 
 
 __all__ = ["C_FORMS", "C_TYPES", "CForm", "CodegenError", "c_call"]

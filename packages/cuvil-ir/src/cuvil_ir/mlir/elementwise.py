@@ -9,8 +9,11 @@ from typing import Any
 
 import sympy
 
+from cuvil_ir import scalar_functions
+from cuvil_ir.graph_ir.decompose import NotDecomposed
 from cuvil_ir.graph_ir.nodes import Node
 from cuvil_ir.graph_ir.registry import REGISTRY, registrar
+from cuvil_ir.graph_ir.scalar_decompositions import op_computing
 from cuvil_ir.graph_ir.types import SCALAR_DTYPES, DType, ScalarKind, ScalarType, TensorType, promote_types
 from cuvil_ir.mlir.module import BITS, H, dtype_of, elem
 from cuvil_ir.mlir.tensors import TensorBuilder
@@ -176,7 +179,9 @@ class ElementwiseEmitter(TensorBuilder):
 # [Note: MLIR elementwise rules] The ops MLIR emits through :meth:`ElementwiseEmitter.scalar`
 # are the registry's elementwise primitives (the ``elementwise`` trait, no decomposition);
 # an op with a decomposition is emitted from it (``op_decomposed``), so no rule here
-# repeats a decomposition's math. ``test_mlir.py`` checks both directions.
+# repeats a decomposition's math. A primitive whose scalar function has no ``math`` op
+# here but a decomposition in the table of scalar functions is emitted from that
+# (:func:`from_decomposition`). ``test_mlir.py`` checks both directions.
 
 #: ``rule(emitter, op, args, out, attrs)``: an op whose operands keep their own dtypes
 #: (``args`` are (SSA value, dtype) pairs; the result is of dtype ``out``)
@@ -365,8 +370,49 @@ def _sigmoid(em: ElementwiseEmitter, op: str, xs: list[str], d: DType, attrs: di
     return em.sigmoid(xs[0], d)
 
 
+def from_decomposition(
+    em: ElementwiseEmitter, op: str, xs: list[str], d: DType, attrs: dict[str, Any]
+) -> str:
+    """An op whose scalar function has no ``math`` form here: that function's decomposition
+    ([Note: scalar decompositions]), each function it calls emitted by the rule of the
+    primitive computing it, in the compute dtype ``d``."""
+    fn = REGISTRY.get(op).scalar
+    if fn is None or not scalar_functions.decomposed(fn):
+        raise em.error(f"elementwise op {op} is not emitted")
+
+    def call(name: str, operands: list[str]) -> str:
+        try:
+            prim = op_computing(name)
+        except NotDecomposed as e:
+            raise em.error(str(e)) from None
+        return em.scalar(prim, [(v, d) for v in operands], d, {})
+
+    return scalar_functions.expand(fn, xs, call, lambda value: em.const(value, d))
+
+
+#: the primitives with neither rule whose scalar function has a decomposition
+_DECOMPOSED = frozenset(
+    n
+    for n in REGISTRY.names()
+    if n not in TYPED
+    and n not in ARITH
+    and "elementwise" in REGISTRY.get(n).traits
+    and REGISTRY.get(n).decompose is None
+    and scalar_functions.decomposed(REGISTRY.get(n).scalar or "")
+)
+ARITH.update(dict.fromkeys(_DECOMPOSED, from_decomposition))
+
 #: ops with no integer form (of an integer, an error unless in :data:`INTEGER_IDENTITY`)
-FLOAT_ONLY = frozenset({*_MATH, "atan2", "round", "reciprocal", "sigmoid"})
+FLOAT_ONLY = frozenset(
+    {
+        *_MATH,
+        "atan2",
+        "round",
+        "reciprocal",
+        "sigmoid",
+        *(n for n in _DECOMPOSED if scalar_functions.TABLE[REGISTRY.get(n).scalar or ""].float_only),
+    }
+)
 
 
 def elementwise_primitives() -> frozenset[str]:
@@ -385,6 +431,7 @@ __all__ = [
     "INTEGER_IDENTITY",
     "TYPED",
     "ArithRule",
+    "from_decomposition",
     "ElementwiseEmitter",
     "TypedRule",
     "elementwise_primitives",

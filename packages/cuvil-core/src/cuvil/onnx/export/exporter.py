@@ -23,6 +23,7 @@ from cuvil_ir.graph_ir.decompose import Decomposition, NotDecomposed, expand, us
 from cuvil_ir.graph_ir.fallbacks import fallback
 from cuvil_ir.graph_ir.nodes import Node, Value
 from cuvil_ir.graph_ir.registry import REGISTRY, registrar
+from cuvil_ir.graph_ir.scalar_decompositions import scalar_decomposition
 from cuvil_ir.graph_ir.types import DType, ScalarType, TensorType, Type
 from cuvil_ir.symbolic import expr_str
 
@@ -158,13 +159,14 @@ register = registrar(OPS)
 
 
 def onnx_fallback(op: str) -> Decomposition | None:
-    """The fallback decomposition (:mod:`cuvil_ir.graph_ir.fallbacks`) the exporter writes
+    """The fallback decomposition (:mod:`cuvil_ir.graph_ir.fallbacks`, else that of the
+    op's scalar function: :mod:`cuvil_ir.graph_ir.scalar_decompositions`) the exporter writes
     for the primitive ``op`` when :data:`OPS` has no entry for it (or the entry declines):
     none for an op with a decomposition of its own or one whose declaration refuses ONNX."""
     decl = REGISTRY.get(op) if op in REGISTRY else None
     if decl is None or decl.decompose is not None or "onnx" in decl.extern_reasons:
         return None
-    return fallback(op)
+    return fallback(op) or scalar_decomposition(op)
 
 
 def attr(n: Node, name: str) -> Any:

@@ -10,11 +10,22 @@ atan2 (Newton on ``sin``/``cos``) and ``pow`` (``exp(b * log|a|)`` with the
 logarithm and the product in double-double) within a few ulps (pow: up to ~15 ulps
 for huge ``|b * log|a||``, the log's tail being single double). floor, ceil, trunc,
 round, fmod and remainder are exact.
+
+A device function of the table (:data:`cuvil_ir.scalar_functions.TABLE`) with no form
+written here comes from its decomposition, evaluated in float64 from the functions
+here and rounded once (:func:`_float64_form`): a few float64 ulps where the
+decomposition is accurate (see its row).
 """
 
 from __future__ import annotations
 
+import operator
+from collections.abc import Callable
+from typing import Any
+
 import triton.language as tl
+
+from cuvil_ir import scalar_functions
 
 from . import common
 
@@ -245,3 +256,51 @@ def fmod(a, b):
 @_jit
 def remainder(a, b):
     return _remainder_of(a % b, b)
+
+
+#: scalar functions a float64 decomposition may call that are ``tl`` operators or
+#: builtins (looked up when called: the interpreter patches ``tl`` while it runs)
+_TL64: dict[str, Callable[..., Any]] = {
+    "add": operator.add,
+    "sub": operator.sub,
+    "mul": operator.mul,
+    "div": operator.truediv,
+    "neg": operator.neg,
+    "abs": lambda a: tl.abs(a),
+    "sqrt": lambda a: tl.sqrt(a),
+    "floor": lambda a: tl.floor(a),
+    "ceil": lambda a: tl.ceil(a),
+    "where": lambda c, a, b: tl.where(c, a, b),
+    **{f: getattr(operator, f) for f in ("eq", "ne", "lt", "le", "gt", "ge")},
+}
+
+
+def _call64(fn: str, operands: list[Any]) -> Any:
+    form = _TL64.get(fn)
+    if form is None:  # a device function of this library (its float64 form is its own)
+        form = globals()[fn]
+    return form(*operands)
+
+
+def _float64_form(fn: str) -> Callable[..., Any]:
+    """``cu.<fn>`` from ``fn``'s decomposition: its operands in float64, the result rounded
+    once to the first operand's dtype. A plain function, not jit-ed: the interpreter
+    calls it as Python (it has no source for Triton to rewrite)."""
+
+    def device(*xs: Any) -> Any:
+        vs = [x.to(tl.float64) for x in xs]
+        if len(vs) == 2:
+            vs = list(tl.broadcast(vs[0], vs[1]))
+        return scalar_functions.expand(fn, vs, _call64, lambda v: v).to(xs[0].dtype)
+
+    device.__name__ = device.__qualname__ = fn
+    return device
+
+
+globals().update(
+    {
+        f.name: _float64_form(f.name)
+        for f in scalar_functions.TABLE.values()
+        if f.device and f.decomposition is not None and f.name not in globals()
+    }
+)
