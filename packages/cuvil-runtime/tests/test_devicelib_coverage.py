@@ -223,6 +223,7 @@ def test_the_interpreted_library_binds_the_decomposed_device_functions(
     lib.write_text(
         source.replace("\ndef asinh(", "\ndef _asinh_written_out(").replace(_DECOMPOSED_BINDING, "f")
     )
+    bound = sorted(f.name for f in TABLE.values() if f.device and f.decomposition is not None)
     assert problems(NAMES, {"interpreted": defined(lib)}) == [
-        "cu.asinh: not defined by the interpreted library"
+        f"cu.{n}: not defined by the interpreted library" for n in bound
     ]
