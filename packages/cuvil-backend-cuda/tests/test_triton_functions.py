@@ -55,7 +55,7 @@ INTS = [I64, I32, I16, I8, U8]
 ALL = [*FLOATS, *INTS, BOOL]
 
 # -- the cases: (function, argument dtypes, result dtype) ------------------------------
-_FLOAT_UNARY = "exp expm1 log log1p log2 sqrt rsqrt sin cos tan atan asinh tanh erf sigmoid floor ceil trunc round reciprocal"
+_FLOAT_UNARY = "exp expm1 log log1p log2 sqrt rsqrt sin cos tan atan asinh atanh tanh erf sigmoid floor ceil trunc round reciprocal"
 CASES: list[tuple[str, tuple[DType, ...], DType]] = [
     *((f, (d,), d) for f in _FLOAT_UNARY.split() for d in FLOATS),
     *((f, (d,), d) for f in ("neg", "abs") for d in FLOATS + INTS),
@@ -80,11 +80,11 @@ CASES: list[tuple[str, tuple[DType, ...], DType]] = [
 _ULPS: dict[tuple[str, DType], int] = {
     **{
         (f, F32): 2
-        for f in "exp expm1 log log1p log2 sin cos tan atan asinh tanh erf sigmoid pow atan2".split()
+        for f in "exp expm1 log log1p log2 sin cos tan atan asinh atanh tanh erf sigmoid pow atan2".split()
     },
     **{
         (f, F64): 4
-        for f in "exp expm1 log log1p log2 sin cos tan atan asinh tanh erf sigmoid atan2 pow".split()
+        for f in "exp expm1 log log1p log2 sin cos tan atan asinh atanh tanh erf sigmoid atan2 pow".split()
     },
 }
 #: max/min: C's form picks ``b`` when a == b, torch may pick the other zero

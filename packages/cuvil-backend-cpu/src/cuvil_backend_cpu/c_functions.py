@@ -63,7 +63,7 @@ _INFIX = {
 _MATH = {
     **{
         f: f
-        for f in "exp expm1 log log1p log2 sqrt sin cos tan atan asinh tanh floor ceil trunc pow atan2".split()
+        for f in "exp expm1 log log1p log2 sqrt sin cos tan atan asinh atanh tanh floor ceil trunc pow atan2".split()
     },
     "round": "nearbyint",  # round half to even, as torch.round
 }

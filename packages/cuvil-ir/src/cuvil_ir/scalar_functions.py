@@ -73,6 +73,8 @@ TABLE: dict[str, ScalarFunction] = {
         *_rows("exp expm1 log log1p log2", 1, **_LIB),
         *_rows("sqrt rsqrt", 1, **_FLOAT),
         *_rows("sin cos tan atan asinh tanh erf", 1, **_LIB),
+        # a few ulps (log1p's); -0.0 kept, ±1 -> ±inf, NaN past ±1
+        ScalarFunction("atanh", 1, **_LIB, decomposition="0.5 * log1p(2 * x / (1 - x))"),
         *_rows("sigmoid", 1, **_FLOAT),
         *_rows("floor ceil", 1, float_only=True),
         ScalarFunction("trunc", 1, float_only=True, device=True, libdevice=True),
