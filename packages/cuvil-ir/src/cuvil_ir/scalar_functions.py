@@ -33,7 +33,7 @@ import ast
 import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import TypedDict, TypeVar, Unpack
 
 T = TypeVar("T")
 
@@ -57,13 +57,20 @@ class ScalarFunction:
     decomposition: str | None = None
 
 
-def _rows(names: str, arity: int, **flags: bool) -> list[ScalarFunction]:
+class _Flags(TypedDict, total=False):
+    float_only: bool
+    transcendental: bool
+    device: bool
+    libdevice: bool
+
+
+def _rows(names: str, arity: int, **flags: Unpack[_Flags]) -> list[ScalarFunction]:
     return [ScalarFunction(n, arity, **flags) for n in names.split()]
 
 
-_FLOAT = {"float_only": True, "transcendental": True}
-_CU = {**_FLOAT, "device": True}
-_LIB = {**_CU, "libdevice": True}
+_FLOAT: _Flags = {"float_only": True, "transcendental": True}
+_CU: _Flags = {**_FLOAT, "device": True}
+_LIB: _Flags = {**_CU, "libdevice": True}
 
 #: every scalar function, in the order of ``expr.FUNCTIONS``
 TABLE: dict[str, ScalarFunction] = {
