@@ -227,3 +227,20 @@ def test_the_interpreted_library_binds_the_decomposed_device_functions(
     assert problems(NAMES, {"interpreted": defined(lib)}) == [
         f"cu.{n}: not defined by the interpreted library" for n in bound
     ]
+
+
+def test_the_float_only_flag_is_what_the_triton_renderer_does() -> None:
+    """A function the table marks ``float_only`` has no integer Triton form; every other
+    one (but ``rand``, whose result is a float) has one on int32."""
+    for fn, row in TABLE.items():
+        if fn == "rand":
+            continue
+        args = (DType.i32,) * row.arity
+        if fn == "where":
+            args = (DType.bool, DType.i32, DType.i32)
+        try:
+            functions.call(fn, [f"a{k}" for k in range(row.arity)], args, DType.i32)
+            rendered = True
+        except functions.TritonSourceError:
+            rendered = False
+        assert rendered != row.float_only, fn
