@@ -97,7 +97,7 @@ static inline double cu_rem(double a, double b) {
 }
 """
 
-#: the most bytes of a row a Prefetch statement touches (see loop_ir.schedule._prefetches)
+#: the most bytes of a row a Prefetch statement touches (see loop_ir.statements.prefetches)
 PREFETCH_BYTES = 8192
 _OMP_REDUCTION = {"sum": "+", "prod": "*", "max": "max", "min": "min", "any": "|", "all": "&"}
 
