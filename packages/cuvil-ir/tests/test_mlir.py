@@ -316,3 +316,80 @@ def test_sdpa_softmax_is_the_registry_decomposition(monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(REGISTRY.get("softmax"), "decompose", declined)
     r = to_mlir(g)
     assert r.externs == ["sdpa"] and "softmax declined" in r.reasons["sdpa"]
+
+
+# -- sdpa, emitted from its fallback decomposition (cuvil_ir.graph_ir.fallbacks.sdpa) --------
+_SDPA = torch.nn.functional.scaled_dot_product_attention
+
+
+def _sdpa_graph(inputs: list[tuple[int, ...]], args: int, mask_dtype: torch.dtype | None = None, **kw: object) -> Graph:
+    """sdpa captured (every size a symbol) from a torch call on ``inputs``' shapes: the
+    first ``args`` inputs are q, k, v (k = v for 2), a last one the mask when given."""
+    from cuvil_ir.testing import In, OpCase, capture, spec
+
+    specs = [spec(*s) for s in inputs]
+    if mask_dtype is not None:
+        specs[-1] = spec(*inputs[-1], dtype=mask_dtype)
+    order = (In(0), In(1), In(1)) if args == 2 else (In(0), In(1), In(2))
+    if mask_dtype is not None:
+        kw = {**kw, "attn_mask": In(len(inputs) - 1)}
+    em, values, _, result = capture(OpCase("sdpa", _SDPA, order, tuple(specs), dict(kw)))
+    assert [n.op for n in em.nodes if n.op != "const"] == ["sdpa"]
+    return Graph("sdpa", tuple(values), tuple(em.nodes), (result.value,), tuple(em.ctx.assumptions))
+
+
+_SDPA_MLIR = {
+    # name: (capture shapes, q/k/v inputs, mask dtype, kwargs, shapes run as well)
+    "bool-mask": ([(2, 2, 3, 4), (2, 2, 5, 4), (1, 1, 3, 5)], 2, torch.bool, {}, [(2, 2, 6, 4), (2, 2, 2, 4), (1, 1, 6, 2)]),
+    "float-mask": ([(1, 4, 4), (1, 6, 4), (4, 6)], 2, torch.float32, {}, [(1, 3, 4), (1, 7, 4), (3, 7)]),
+    "causal": ([(1, 2, 4, 8), (1, 2, 6, 8)], 2, None, {"is_causal": True}, [(1, 2, 9, 8), (1, 2, 5, 8)]),
+    "scale": ([(2, 3, 4, 8), (2, 3, 5, 8), (2, 3, 5, 6)], 3, None, {"scale": 0.3}, [(2, 3, 7, 8), (2, 3, 2, 8), (2, 3, 2, 6)]),
+    "gqa": ([(2, 6, 3, 8), (2, 2, 5, 8), (2, 3, 5, 4)], 3, None, {"enable_gqa": True}, [(2, 6, 4, 8), (2, 2, 7, 8), (2, 3, 7, 4)]),
+}
+
+
+def _sdpa_inputs(shapes: list[tuple[int, ...]], mask_dtype: torch.dtype | None, seed: int) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    xs = [torch.randn(*s, generator=g) for s in shapes]
+    if mask_dtype == torch.bool:
+        xs[-1] = torch.rand(*shapes[-1], generator=g) > 0.3
+    return xs
+
+
+@pytest.mark.parametrize("name", sorted(_SDPA_MLIR))
+def test_sdpa_from_its_fallback_matches_eager(name: str) -> None:
+    """Mask kinds, causal, explicit scale and grouped-query heads, each at the captured
+    sizes and at other sequence lengths (the sizes are symbols in the module)."""
+    shapes, args, mask_dtype, kw, other = _SDPA_MLIR[name]
+    g = _sdpa_graph(shapes, args, mask_dtype, **kw)
+    r = to_mlir(g)
+    assert r.lowerable, r.reasons
+    assert "linalg.matmul" in r.text or "linalg.batch_matmul" in r.text or "linalg.generic" in r.text
+    for seed, sizes in enumerate([shapes, other]):
+        xs = _sdpa_inputs(sizes, mask_dtype, seed)
+        q, k = xs[0], xs[1]
+        v = xs[2] if args == 3 else k
+        mask = xs[-1] if mask_dtype is not None else None
+        (got,) = run_mlir(g, *xs)
+        assert _close(got, _SDPA(q, k, v, attn_mask=mask, **kw)), (name, sizes)
+
+
+def test_sdpa_row_masked_entirely_gives_zeros() -> None:
+    """As eager (torch's _safe_softmax), not the NaN of a softmax over -inf."""
+    g = _sdpa_graph([(1, 2, 3, 4), (1, 2, 5, 4), (3, 5)], 2, torch.bool)
+    q, k = torch.randn(1, 2, 3, 4), torch.randn(1, 2, 5, 4)
+    keep = torch.ones(3, 5, dtype=torch.bool)
+    keep[1] = False
+    (got,) = run_mlir(g, q, k, keep)
+    assert (got[:, :, 1] == 0).all() and _close(got, _SDPA(q, k, k, attn_mask=keep))
+
+
+def test_sdpa_without_its_fallback_is_an_external_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """MLIR has no sdpa of its own: the fallback table is what emits it."""
+    from cuvil_ir.graph_ir import fallbacks
+
+    g = parse_graph((GOLDEN / "sdpa_basic.txt").read_text())
+    assert to_mlir(g).lowerable
+    monkeypatch.delitem(fallbacks.FALLBACKS, "sdpa")
+    r = to_mlir(g)
+    assert r.externs == ["sdpa"]

@@ -242,6 +242,22 @@ case(
     enable_gqa=True,
     ops={"sdpa"},
 )
+case(
+    # batch dims broadcast between q, k and v (of three ranks), as torch's do
+    "sdpa-broadcast-batch",
+    F.scaled_dot_product_attention,
+    (X, Y, Z),
+    [S(1, 3, 4, 8), S(2, 1, 5, 8), S(5, 6)],
+    ops={"sdpa"},
+)
+case(
+    "sdpa-gqa-kv-heads-differ",
+    F.scaled_dot_product_attention,
+    (X, Y, Z),
+    [S(1, 6, 3, 8), S(2, 2, 5, 8), S(3, 5, 4)],
+    enable_gqa=True,
+    ops={"sdpa"},
+)
 
 
 @pytest.mark.parametrize("c", CASES, ids=lambda c: c.id)

@@ -333,26 +333,36 @@ def _substitute(node: Node, mapping: dict[Value, Value]) -> Node:
 
 class _Context(ShapeContext):
     """A context that also proves facts that follow from the divisibility assumptions
-    (``Eq(Mod(c, G), 0)``, which group_norm's rule records): ``c`` is then ``G*q``, and
-    ``G*floor(c/G) == c`` holds, so a per-group reshape's element count checks."""
+    (``Eq(Mod(c, G), 0)``, which group_norm's rule records, G a number; sdpa's with
+    ``enable_gqa``, G the key or the value heads): ``c`` is then ``G*q``, and
+    ``G*floor(c/G) == c`` holds, so a per-group reshape's element count checks. A size
+    that is a multiple of several (q heads of k's and of v's) is tried as each."""
 
-    __slots__ = ("_multiples", "derived")
+    __slots__ = ("_substitutions", "derived")
 
     def __init__(self, assumptions: Sequence[sympy.Basic]) -> None:
         super().__init__(assumptions=assumptions)
-        self._multiples: dict[sympy.Basic, sympy.Basic] = {}
+        multiples: list[tuple[sympy.Basic, sympy.Basic]] = []
         #: the facts proved that way (a verifier needs them stated)
         self.derived: list[sympy.Basic] = []
         for a in assumptions:
             if isinstance(a, sympy.Eq) and a.rhs == 0 and isinstance(a.lhs, sympy.Mod):
                 s, k = a.lhs.args
-                if isinstance(s, sympy.Symbol) and k.is_Integer and s not in self._multiples:
-                    self._multiples[s] = k * sympy.Dummy(f"{s.name}_q", integer=True, positive=True)
+                if isinstance(s, sympy.Symbol) and (k.is_Integer or k.is_Symbol):
+                    multiples.append((s, k * sympy.Dummy(f"{s.name}_q", integer=True, positive=True)))
+        first: dict[sympy.Basic, sympy.Basic] = {}
+        for s, m in multiples:
+            first.setdefault(s, m)
+        #: each size written as the first multiple found of it, then each other one in turn
+        self._substitutions = [first] if first else []
+        self._substitutions += [{**first, s: m} for s, m in multiples if first[s] is not m]
 
     def prove(self, cond: sympy.Basic) -> bool | None:
         proved = super().prove(cond)
-        if proved is None and self._multiples:
-            proved = prove(sympy.sympify(cond.xreplace(self._multiples)))
+        for sub in self._substitutions:
+            if proved is not None:
+                break
+            proved = prove(sympy.sympify(cond.xreplace(sub)))
             if proved is not None:
                 self.derived.append(canonical(cond if proved else sympy.Not(cond)))
         return proved

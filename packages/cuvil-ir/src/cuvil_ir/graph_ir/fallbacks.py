@@ -3,7 +3,8 @@ no native form of it.
 
 A primitive (an op declared without ``decompose``) is one that every renderer implements
 natively: Tensor IR lowering has a scalar function for each (``rsqrt`` is one call, not a
-``reciprocal`` of a ``sqrt``), and never reads this table. A consumer whose target lacks
+``reciprocal`` of a ``sqrt``) or runs it as one library call (``sdpa``: the cpu target's
+flash kernel), and never reads this table. A consumer whose target lacks
 one -- ONNX has no ``Rsqrt``, ``Log1p``, ``Expm1``, ``Log2``, ``Square`` or ``Trunc`` --
 may expand it with :func:`fallback` instead of spelling the math by hand, through the path
 it already uses for composites (:func:`cuvil_ir.graph_ir.decompose.expand` with
@@ -16,15 +17,20 @@ relative accuracy a native form keeps (``log(1 + x)`` rounds ``1 + x`` first, so
 ``|x|`` below the dtype's epsilon the result is 0 or off by up to ``eps / |x|``
 relative; ``exp(x) - 1`` cancels likewise), and ``log2`` is ``log(x) / ln 2``, one more
 rounding than a native ``log2``. Low-precision inputs compute in f32, as for every
-decomposition.
+decomposition. ``sdpa`` is torch's math form of attention (below), which MLIR and ONNX
+write so instead of a hand-written copy each.
 """
 
 from __future__ import annotations
 
 import math
 
+import sympy
+
 from cuvil_ir.graph_ir.decompose import Builder, Decomposition, NotDecomposed, Sym, where
-from cuvil_ir.graph_ir.types import TensorType
+from cuvil_ir.graph_ir.ops._rules import floordiv
+from cuvil_ir.graph_ir.types import DType, TensorType
+from cuvil_ir.symbolic import Dim
 
 
 def _operand(b: Builder, x: Sym) -> Sym:
@@ -68,6 +74,70 @@ def _trunc(b: Builder, x: Sym) -> Sym:
     return where(x < 0.0, b.op("ceil", x), b.op("floor", x))
 
 
+def _repeat_heads(x: Sym, heads: Dim) -> Sym:
+    """``x.repeat_interleave(heads // x.shape[-3], dim=-3)``: each head ``g`` times in a
+    row, as unsqueeze, expand and reshape (the op's rule assumed the division exact)."""
+    h = x.shape[-3]
+    if h == heads:
+        return x
+    g = floordiv(heads, h)
+    lead, rest = x.shape[:-3], x.shape[-2:]
+    wide = x.b.op("expand", x.unsqueeze(x.rank - 2), shape=(*lead, h, g, *rest))
+    return wide.reshape((*lead, heads, *rest))
+
+
+def sdpa(
+    b: Builder,
+    q: Sym,
+    k: Sym,
+    v: Sym,
+    *mask: Sym,
+    is_causal: bool,
+    scale: float | None,
+    enable_gqa: bool,
+    has_mask: bool,
+) -> Sym:
+    """torch's math form of attention (``_scaled_dot_product_attention_math``, and the
+    reference in ``F.scaled_dot_product_attention``'s documentation): ``q @ kᵀ * scale``,
+    ``-inf`` where a bool mask or the causal lower triangle (of ``L x S``, top left) is
+    false, a float mask added, a softmax over the keys, ``@ v``; ``scale`` defaults to
+    ``1/sqrt(E)``, with ``enable_gqa`` k's and v's heads repeat to q's. A row whose scores
+    are all ``-inf`` (masked out entirely) gives zeros, as torch's ``_safe_softmax`` does,
+    not a softmax's NaN.
+
+    torch multiplies q and k by ``sqrt(scale)`` each rather than the scores by ``scale``;
+    the two differ by a rounding of the scores, within every tolerance the tests use (and
+    eager on cpu runs its flash kernel, which scales the scores).
+    """
+    if enable_gqa:
+        heads = q.shape[-3]
+        k, v = _repeat_heads(k, heads), _repeat_heads(v, heads)
+    rank = k.rank
+    kt = b.op("permute", k, perm=(*range(rank - 2), rank - 1, rank - 2))
+    s = b.op("matmul", q, kt)
+    e = q.shape[-1]
+    if scale is not None:
+        factor: Sym | float = float(scale)
+    elif isinstance(e, int):
+        factor = 1.0 / math.sqrt(e)
+    else:
+        factor = b.const(sympy.sympify(e) ** sympy.Rational(-1, 2))
+    s = s * factor
+    if is_causal:
+        length, keys = q.shape[-2], k.shape[-2]
+        ones = b.op("full", shape=(length, keys), value=True, dtype=DType.bool, device=s.tensor.device)
+        s = where(b.op("tril", ones, diagonal=0), s, -math.inf)
+    if has_mask:
+        (m,) = mask
+        # a bool mask as torch converts it, to 0 and -inf added (the scores' sizes named first)
+        s = s + (where(m, 0.0, -math.inf) if m.dtype == DType.bool else m)
+    p = b.op("softmax", s, dim=s.rank - 1, dtype=None)
+    if has_mask:
+        empty = s.amax([s.rank - 1], keepdim=True).eq(-math.inf)
+        p = where(empty, 0.0, p)
+    return b.op("matmul", p, v)
+
+
 #: primitive op -> its decomposition into other registered ops, for consumers without it
 FALLBACKS: dict[str, Decomposition] = {
     "rsqrt": _rsqrt,
@@ -76,6 +146,7 @@ FALLBACKS: dict[str, Decomposition] = {
     "log2": _log2,
     "square": _square,
     "trunc": _trunc,
+    "sdpa": sdpa,
 }
 
 
@@ -85,4 +156,4 @@ def fallback(op_name: str) -> Decomposition | None:
     return FALLBACKS.get(op_name)
 
 
-__all__ = ["FALLBACKS", "fallback"]
+__all__ = ["FALLBACKS", "fallback", "sdpa"]

@@ -9,7 +9,6 @@ See ``docs/cuvil-ir-and-mlir.md``.
 
 from __future__ import annotations
 
-import itertools
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -17,12 +16,13 @@ from typing import Any
 
 import sympy
 
-from cuvil_ir.graph_ir.decompose import NotDecomposed, expand, uses_decomposition
-from cuvil_ir.graph_ir.nodes import AttrValue, Block, Graph, Node, Value
+from cuvil_ir.graph_ir.decompose import Decomposition, NotDecomposed, expand, uses_decomposition
+from cuvil_ir.graph_ir.fallbacks import fallback
+from cuvil_ir.graph_ir.nodes import Block, Graph, Node, Value
 from cuvil_ir.graph_ir.registry import REGISTRY
 from cuvil_ir.graph_ir.types import SCALAR_DTYPES, DType, ScalarKind, ScalarType, TensorType, Type
-from cuvil_ir.mlir.attention import AttentionEmitter
 from cuvil_ir.mlir.elementwise import ARITH, TYPED, elementwise_primitives
+from cuvil_ir.mlir.linalg import LinalgEmitter
 from cuvil_ir.mlir.module import H, MlirError, Unsupported, attr_text, dtype_of, mlir_type, node_attr, quote
 from cuvil_ir.mlir.reductions import _REDUCTIONS
 from cuvil_ir.symbolic import symbol
@@ -39,13 +39,8 @@ class MlirResult:
         return not self.externs
 
 
-class _Emitter(AttentionEmitter):
+class _Emitter(LinalgEmitter):
     """Emits nodes (one ``op_<name>`` method per op family), regions and the function."""
-
-    def __init__(self, graph: Graph) -> None:
-        super().__init__(graph)
-        #: names of the values :meth:`emit_op` makes (never a graph value's: those have no ':')
-        self.made = (f"mlir:{i}" for i in itertools.count())
 
     # -- nodes ----------------------------------------------------------------------------
     def extern(self, node: Node, reason: str) -> None:
@@ -71,13 +66,14 @@ class _Emitter(AttentionEmitter):
 
     def emitter_for(self, op: str) -> Callable[[Node], Any] | None:
         """The method emitting ``op``: its own ``op_<name>``, the elementwise or reduction
-        family, or (for a composite op without one) :meth:`op_decomposed`."""
+        family, or (for a composite op without one, or a primitive with a fallback
+        decomposition: sdpa) :meth:`op_decomposed`."""
         fn: Callable[[Node], Any] | None = getattr(self, "op_" + op, None)
         if fn is None and op in _ELEMENTWISE:
             fn = self.op_elementwise
         if fn is None and op in _REDUCTIONS:
             fn = self.op_reduction
-        if fn is None and uses_decomposition(op, "mlir", native=False):
+        if fn is None and (uses_decomposition(op, "mlir", native=False) or mlir_fallback(op) is not None):
             fn = self.op_decomposed
         return fn
 
@@ -112,10 +108,11 @@ class _Emitter(AttentionEmitter):
 
     def op_decomposed(self, node: Node) -> list[H]:
         """A composite op emitted as its decomposition's primitives (one ``linalg``
-        op each; the oracle needs no fusion). A primitive without an emitter makes
-        the whole node one external call."""
+        op each; the oracle needs no fusion), a primitive MLIR lacks as its fallback
+        decomposition's. A primitive without an emitter makes the whole node one
+        external call."""
         try:
-            ex = expand(node, self.graph.assumptions)
+            ex = expand(node, self.graph.assumptions, mlir_fallback(node.op))
         except NotDecomposed as e:
             raise Unsupported(str(e)) from None
         for m in ex.nodes:
@@ -126,23 +123,6 @@ class _Emitter(AttentionEmitter):
             self.bind(m, fn(m))
         self.node = node
         return [self.values[v.name] for v in ex.outputs]
-
-    def emit_op(self, op: str, operands: Sequence[H], out: Type, **attrs: AttrValue) -> H:
-        inputs = []
-        for v, ty in operands:
-            value = Value(next(self.made), ty)
-            self.values[value.name] = (v, ty)
-            inputs.append(value)
-        outer = self.node
-        loc = outer.loc if outer is not None else None
-        node = Node(op, tuple(inputs), (Value(next(self.made), out),), tuple(sorted(attrs.items())), loc=loc)
-        fn = self.emitter_for(op)
-        if fn is None:
-            raise Unsupported(f"{op} is not emitted")
-        self.node = node
-        self.bind(node, fn(node))
-        self.node = outer
-        return self.values[node.output.name]
 
     def op_const(self, node: Node) -> H:
         out = node.output.type
@@ -323,6 +303,17 @@ class _Emitter(AttentionEmitter):
 #: registry's elementwise primitives that have one (see [Note: MLIR elementwise rules]); an
 #: elementwise op with a decomposition (gelu, silu ...) is emitted from it
 _ELEMENTWISE = frozenset(op for op in elementwise_primitives() if op in TYPED or op in ARITH)
+
+
+def mlir_fallback(op: str) -> Decomposition | None:
+    """The fallback decomposition (:mod:`cuvil_ir.graph_ir.fallbacks`) emitted for the
+    primitive ``op`` MLIR has no emitter of its own for (sdpa): none for an op with a
+    decomposition of its own or one whose declaration refuses MLIR. The primitives MLIR
+    does emit (rsqrt, log1p ... as ``math`` ops) never reach it."""
+    decl = REGISTRY.get(op) if op in REGISTRY else None
+    if decl is None or decl.decompose is not None or "mlir" in decl.extern_reasons:
+        return None
+    return fallback(op)
 
 
 def to_mlir_text(graph: Graph) -> tuple[str, dict[str, str]]:

@@ -6,20 +6,19 @@ The emitter is one class built in layers, one module each, in the order they dep
 on each other: :mod:`~cuvil_ir.mlir.module` (this one), :mod:`~cuvil_ir.mlir.sizes`,
 :mod:`~cuvil_ir.mlir.tensors`, :mod:`~cuvil_ir.mlir.elementwise`,
 :mod:`~cuvil_ir.mlir.reductions`, :mod:`~cuvil_ir.mlir.shapes`,
-:mod:`~cuvil_ir.mlir.linalg`, :mod:`~cuvil_ir.mlir.attention`, and the driver,
-:mod:`~cuvil_ir.mlir.emit` (dispatch, decompositions, control flow, the function).
+:mod:`~cuvil_ir.mlir.linalg`, and the driver, :mod:`~cuvil_ir.mlir.emit` (dispatch,
+decompositions and fallback decompositions, control flow, the function).
 """
 
 from __future__ import annotations
 
 import math
 import struct
-from collections.abc import Sequence
 from typing import Any
 
 import sympy
 
-from cuvil_ir.graph_ir.nodes import KV, AttrValue, Graph, Node, Ref
+from cuvil_ir.graph_ir.nodes import KV, Graph, Node, Ref
 from cuvil_ir.graph_ir.types import SCALAR_DTYPES, DType, ScalarType, Type, element_dtype
 from cuvil_ir.symbolic import Dim, dim_str, expr_str
 
@@ -159,12 +158,6 @@ class ModuleBuilder:
 
     def ins(self, node: Node) -> list[H]:
         return [self.values[v.name] for v in node.inputs]
-
-    def emit_op(self, op: str, operands: Sequence[H], out: Type, **attrs: AttrValue) -> H:
-        """The registry's ``op`` applied to values already emitted, emitted as a node of it
-        is (natively, or from its decomposition): how one op's emission reuses another's
-        math instead of writing it again. Implemented by the driver, :mod:`cuvil_ir.mlir.emit`."""
-        raise NotImplementedError
 
     def cast_to(self, v: str, src: Type, dst: Type) -> str:
         if mlir_type(src) == mlir_type(dst):

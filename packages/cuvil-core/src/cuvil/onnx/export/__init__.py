@@ -14,12 +14,13 @@ The output is deterministic: value and node names are numbered in program order.
 The modules, in the order a node goes through them: :mod:`.builder` (ONNX nodes,
 scopes, constants), :mod:`.sizes` (size expressions), :mod:`.exporter` (the Graph IR
 walk and the op table), the op families :mod:`.elementwise`, :mod:`.reduction`,
-:mod:`.shape`, :mod:`.nn`, :mod:`.attention`, :mod:`.control_flow`, and :mod:`.model`
-(the model around the graph).
+:mod:`.shape`, :mod:`.nn`, :mod:`.control_flow`, and :mod:`.model` (the model around
+the graph). A primitive ONNX has no op for (rsqrt ..., sdpa) has no entry: it is written as
+its fallback decomposition (:mod:`cuvil_ir.graph_ir.fallbacks`).
 """
 
 # the op-family modules fill OPS when imported
-from cuvil.onnx.export import attention, control_flow, elementwise, nn, reduction, shape  # noqa: F401
+from cuvil.onnx.export import control_flow, elementwise, nn, reduction, shape  # noqa: F401
 from cuvil.onnx.export.builder import OPSET, ExportError, onnx_dtype
 from cuvil.onnx.export.exporter import OPS, Exporter
 from cuvil.onnx.export.model import export_graph

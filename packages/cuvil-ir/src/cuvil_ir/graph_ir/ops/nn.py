@@ -231,15 +231,18 @@ class Interpolate(Op):
 
 
 class ScaledDotProductAttention(Op):
-    """softmax(q kᵀ · scale + mask) v over (..., L, E), (..., S, E), (..., S, Ev); inference only."""
+    """softmax(q kᵀ · scale + mask) v over (..., L, E), (..., S, E), (..., S, Ev); inference only.
+
+    The batch dims of q, k and v broadcast as torch's do (with ``enable_gqa``, those
+    before the heads dim -3, whose q count is a multiple of k's and v's). A primitive:
+    the targets compiling through Tensor IR run it as one library call (cpu: its own
+    flash kernel); a consumer without it (MLIR, ONNX) writes its fallback
+    decomposition, :func:`cuvil_ir.graph_ir.fallbacks.sdpa`.
+    """
 
     name = "sdpa"
     traits = frozenset({"extern_kernel", "pure"})
     extern_reasons = {"tensor_ir": LIBRARY_KERNEL}
-    # No decomposition yet: the shape rule below does not relate the batch dims of q, k
-    # and v (captured graphs hold q_0 and k_0 unrelated), so a matmul-based decomposition
-    # cannot decide how they broadcast. MLIR and ONNX keep their own math form until the
-    # rule records those facts (a change of the captured graphs).
 
     @staticmethod
     def torch() -> tuple[Any, ...]:
@@ -293,14 +296,21 @@ class ScaledDotProductAttention(Op):
             raise ShapeError(f"sdpa of {dtype.value} tensors")
         check_equal(ctx, tq.shape[-1], tk.shape[-1], "sdpa query/key embedding size")
         check_equal(ctx, tk.shape[-2], tv.shape[-2], "sdpa key/value sequence length")
-        if enable_gqa and tq.rank >= 3 and tk.rank >= 3:
-            check_divisible(ctx, tq.shape[-3], tk.shape[-3], "sdpa query heads divisible by key/value heads")
+        if enable_gqa:
+            # k and v heads are repeated to q's (repeat_interleave over dim -3), as torch does
+            if min(tq.rank, tk.rank, tv.rank) < 3:
+                raise ShapeError("sdpa with enable_gqa needs a heads dim (-3) on q, k and v")
+            check_divisible(ctx, tq.shape[-3], tk.shape[-3], "sdpa query heads divisible by key heads")
+            check_divisible(ctx, tq.shape[-3], tv.shape[-3], "sdpa query heads divisible by value heads")
+            batch = (*broadcast_shapes(ctx, tq.shape[:-3], tk.shape[:-3], tv.shape[:-3]), tq.shape[-3])
+        else:
+            batch = broadcast_shapes(ctx, tq.shape[:-2], tk.shape[:-2], tv.shape[:-2])
         if mask:
             tm = tensor_of(mask[0])
             if tm.dtype != DType.bool and tm.dtype != dtype:
                 raise ShapeError(f"sdpa mask of dtype {tm.dtype.value}")
-            broadcast_shapes(ctx, tm.shape, (*tq.shape[:-1], tk.shape[-2]))
-        return TensorType(dtype, (*tq.shape[:-1], tv.shape[-1]), device_of(tq, tk, tv))
+            broadcast_shapes(ctx, tm.shape, (*batch, tq.shape[-2], tk.shape[-2]))
+        return TensorType(dtype, (*batch, tq.shape[-2], tv.shape[-1]), device_of(tq, tk, tv))
 
     @staticmethod
     def reference(
