@@ -12,6 +12,11 @@ derived kernel arguments, extern attributes) is computed once per size binding
 and kept in a small per-thread table, so two threads never share an arena. The
 generated source is kept on the runner (``ProgramRunner.source``) and is the
 ``wrapper`` stage.
+
+This module generates the wrapper; what one size binding fixes is made by
+:mod:`cuvil_runtime.size_plan`, and the helpers the generated code calls (owned
+extern results, seeds, the region runners of ``if``/``for``/``while``) are in
+:mod:`cuvil_runtime.wrapper_calls`.
 """
 
 from __future__ import annotations
@@ -19,7 +24,6 @@ from __future__ import annotations
 import re
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import sympy
@@ -28,28 +32,26 @@ import torch
 from cuvil_ir.graph_ir.aliases import output_aliases
 from cuvil_ir.graph_ir.registry import REGISTRY
 from cuvil_ir.graph_ir.types import DType, TensorType
-from cuvil_ir.symbolic import EXACT_NAMESPACE, evaluate, exact_code, symbol
+from cuvil_ir.symbolic import EXACT_NAMESPACE, exact_code, symbol
 from cuvil_ir.tensor_ir import expr as E
-from cuvil_ir.tensor_ir.memory import ALIGN, data_sizes
+from cuvil_ir.tensor_ir.memory import data_sizes
 from cuvil_ir.tensor_ir.program import Control, Extern, Kernel, ScalarRef, TensorProgram, View
 from cuvil_runtime.executor import evaluate_attr
+from cuvil_runtime.size_plan import SizePlan, add_symbols, is_late, kernel_value, make_plan, program_symbols
 from cuvil_runtime.target import Launch, ProgramHooks
+from cuvil_runtime.wrapper_calls import (
+    draw_seed,
+    expanded,
+    late_attr,
+    late_attrs,
+    one,
+    own,
+    region_call,
+    zero_division,
+)
 
 #: size bindings whose plans are kept per thread and program
 _PLANS_KEPT = 32
-
-
-@dataclass
-class _Plan:
-    """What one size binding needs: arena buffers and per-step prepared arguments."""
-
-    arena: torch.Tensor
-    temps: dict[str, torch.Tensor]
-    ptrs: dict[str, int]
-    derived: dict[str, tuple[int, ...]]
-    attrs: dict[str, dict[str, Any]]
-    #: outputs whose sizes or strides are expressions: (shape, strides) per buffer
-    alloc: dict[str, tuple[tuple[int, ...], tuple[int, ...]]]
 
 
 class ProgramRunner:
@@ -84,7 +86,7 @@ class ProgramRunner:
         #: from data] below); the plan of a call is keyed by the other symbols
         self.data_sizes = data_sizes(program)
         self.late = {b.symbol for binds in self.data_sizes.values() for b in binds}
-        self.symbols = tuple(s for s in _symbols(program) if s not in self.late)
+        self.symbols = tuple(s for s in program_symbols(program) if s not in self.late)
         #: outputs allocated with sizes the plan computes (see ``_generate``)
         self._alloc_in_plan: list[str] = []
         #: whether the generated code reads the bindings passed in (``_b``): a symbol no
@@ -114,79 +116,38 @@ class ProgramRunner:
         return runner._run(bindings, *inputs)  # type: ignore[no-any-return]
 
     # -- per binding ------------------------------------------------------------------
-    def plan(self, key: tuple[int, ...]) -> _Plan:
+    def plan(self, key: tuple[int, ...]) -> SizePlan:
         # the hit is one attribute read and one dict lookup (try costs nothing in 3.11)
         try:
             return self._local.plans[key]  # type: ignore[no-any-return]
         except (AttributeError, KeyError):
             pass
-        plans: dict[tuple[int, ...], _Plan] = self._local.__dict__.setdefault("plans", {})
+        plans: dict[tuple[int, ...], SizePlan] = self._local.__dict__.setdefault("plans", {})
         if len(plans) >= _PLANS_KEPT:
             plans.pop(next(iter(plans)))
         p = plans[key] = self._make_plan(dict(zip(self.symbols, key)))
         return p
 
-    def _make_plan(self, b: dict[sympy.Symbol, int]) -> _Plan:
-        prog = self.program
-        plan = prog.plan
-        offsets = []
-        total = 0
-        for s in plan.slots:
-            offsets.append(total)
-            size = max(int(evaluate(x, b)) for x in s.sizes)
-            total += (size + ALIGN - 1) // ALIGN * ALIGN
-        arena = torch.empty(max(total, 1), dtype=torch.uint8, device=prog.device)
-        temps: dict[str, torch.Tensor] = {}
-        ptrs: dict[str, int] = {}
-        for name, slot in plan.slot_of.items():
-            buf = prog.buffers[name]
-            shape = tuple(int(evaluate(d, b)) for d in buf.shape)
-            n = int(evaluate(buf.nbytes, b))
-            t = arena[offsets[slot] : offsets[slot] + n].view(buf.dtype.torch)
-            if buf.order is None:
-                t = t.view(shape)
-            else:
-                t = t.as_strided(shape, tuple(int(evaluate(d, b)) for d in buf.strides))
-            temps[name] = t
-            ptrs[name] = t.data_ptr()
-        derived = {
-            k: tuple(_value(evaluate(e, b), t) for e, t in launch.derived)
-            for k, launch in self.kernels.items()
-            if launch.derived and not self._is_late(tuple(e for e, _ in launch.derived))
-        }
-        attrs = {}
-        for s in prog.steps:
-            if isinstance(s, Extern) and not self._is_late(s.node.attrs):
-                attrs[s.name] = {k: evaluate_attr(v, b) for k, v in s.node.attrs}
-        alloc = {
-            name: (
-                tuple(int(evaluate(d, b)) for d in buf.shape),
-                tuple(int(evaluate(d, b)) for d in buf.strides),
-            )
-            for name in self._alloc_in_plan
-            for buf in (prog.buffers[name],)
-        }
-        return _Plan(arena, temps, ptrs, derived, attrs, alloc)
+    def _make_plan(self, b: dict[sympy.Symbol, int]) -> SizePlan:
+        return make_plan(self.program, self.kernels, self.late, self._alloc_in_plan, b)
 
     def _is_late(self, x: Any) -> bool:
         """``x`` (an expression or attribute tree) uses a size computed from tensor data."""
-        syms: set[sympy.Symbol] = set()
-        _add_symbols(syms, x)
-        return bool(syms & self.late)
+        return is_late(x, self.late)
 
     # -- code generation ----------------------------------------------------------------
     def _generate(self) -> tuple[str, Callable[..., Any]]:
         prog = self.program
         ns: dict[str, Any] = {
             "torch": torch,
-            "_own": _own,
-            "_draw_seed": _draw_seed,
+            "_own": own,
+            "_draw_seed": draw_seed,
             **EXACT_NAMESPACE,  # math, Fraction: what exact_code's sizes use
             "_self": self,
             "_as_strided": torch.as_strided,
-            "_value": _value,
-            "_late_attrs": _late_attrs,
-            "_late_attr": _late_attr,
+            "_value": kernel_value,
+            "_late_attrs": late_attrs,
+            "_late_attr": late_attr,
             "_sym": symbol,
             "_empty_cpu": _empty_cpu,
         }
@@ -201,7 +162,7 @@ class ProgramRunner:
         if dense and self._strided_factory is not None:
             # see [Note: strided inputs]: an expanded input runs the strided program,
             # another non-contiguous one is copied for the dense kernels
-            ns["_expanded"] = _expanded
+            ns["_expanded"] = expanded
             test = " and ".join(f"v_{n}.is_contiguous()" for n in dense)
             body.append(f"if not ({test}):")
             either = " or ".join(f"_expanded(v_{n})" for n in dense)
@@ -324,7 +285,7 @@ class ProgramRunner:
                 call_args += [self._scalar_code(E.Arg(n, d)) for n, d in launch.scalars]
                 call = f"_k_{step.name}({', '.join(call_args)})"
                 if launch.may_fail:
-                    ns["_zero_division"] = _zero_division
+                    ns["_zero_division"] = zero_division
                     body.append(f"if {call}: _zero_division()")
                 else:
                     body.append(call)
@@ -354,7 +315,7 @@ class ProgramRunner:
                     known.append(b.symbol)
             else:
                 assert isinstance(step, Control)
-                ns[f"_c_{step.name}"] = self._control(step)
+                ns[f"_c_{step.name}"] = region_call(step, self.regions[step.name])
                 ops = ", ".join(operand(o) for o in step.inputs)
                 if any(r.reads_bindings for r in self.regions[step.name]) or step.node.op == "for":
                     # the regions read sizes (or the loop index) from the bindings
@@ -416,7 +377,7 @@ class ProgramRunner:
                 if len(node.outputs) > 1:
                     code = f"{code}[{which}]"
                 else:  # a one-piece split (``chunk(2)`` of a size-1 dim) is still a tuple
-                    ns["_one"] = _one
+                    ns["_one"] = one
                     code = f"_one({code})"
             body.append(f"_v{i} = {code}")
             outs[i] = f"_v{i}"
@@ -431,7 +392,7 @@ class ProgramRunner:
         for a in self.aliases:
             for node, _ in () if a is None else a.chain:
                 for _, v in node.attrs:
-                    _add_symbols(needed, v)
+                    add_symbols(needed, v)
         missing = sorted(needed - set(known), key=lambda s: s.name)
         graph = self.program.graph
         for sym in missing:
@@ -466,7 +427,7 @@ class ProgramRunner:
     @staticmethod
     def _uses_symbols(x: Any) -> bool:
         syms: set[sympy.Symbol] = set()
-        _add_symbols(syms, x)
+        add_symbols(syms, x)
         return bool(syms)
 
     def _bind_results(
@@ -512,41 +473,6 @@ class ProgramRunner:
             return self._size_code(e.expr)
         raise TypeError(f"scalar operand {e}")
 
-    def _control(self, step: Control) -> Callable[..., tuple[Any, ...]]:
-        regions = self.regions[step.name]
-        node = step.node
-        n_free = len(step.inputs) - len(node.inputs)
-
-        def truth(v: Any) -> bool:
-            return bool(v.item()) if isinstance(v, torch.Tensor) else bool(v)
-
-        if node.op == "if":
-
-            def run_if(b: dict[str, int], pred: Any, *free: Any) -> tuple[Any, ...]:
-                return regions[0 if truth(pred) else 1].run(b, *free)
-
-            return run_if
-        if node.op == "for":
-            var = str(node.attr("var"))
-
-            def run_for(b: dict[str, int], start: Any, stop: Any, step_: Any, *rest: Any) -> tuple[Any, ...]:
-                carried = rest[: len(rest) - n_free]
-                free = rest[len(rest) - n_free :]
-                for i in range(int(start), int(stop), int(step_)):
-                    carried = regions[0].run({**b, var: i}, *carried, *free)
-                return tuple(carried)
-
-            return run_for
-
-        def run_while(b: dict[str, int], *rest: Any) -> tuple[Any, ...]:
-            carried = rest[: len(rest) - n_free]
-            free = rest[len(rest) - n_free :]
-            while truth(regions[0].run(b, *carried, *free)[0]):
-                carried = regions[1].run(b, *carried, *free)
-            return tuple(carried)
-
-        return run_while
-
 
 #: generated code that reads the call's plan
 _USES_PLAN = re.compile(r"\b_p\.")
@@ -562,29 +488,6 @@ def _empty_cpu_fallback(size: tuple[int, ...], stride: tuple[int, ...], dtype: t
 _empty_cpu: Callable[[tuple[int, ...], tuple[int, ...], torch.dtype], torch.Tensor] = getattr(
     getattr(getattr(torch._C, "_dynamo", None), "guards", None), "_empty_strided_cpu", _empty_cpu_fallback
 )
-
-
-def _own(t: torch.Tensor, arena: torch.Tensor, channels_last: bool = False) -> torch.Tensor:
-    """``t`` in the layout its buffer has (row-major, or channels-last) and not sharing
-    the arena's storage."""
-    fmt = torch.channels_last if channels_last else torch.contiguous_format
-    if t.untyped_storage().data_ptr() == arena.untyped_storage().data_ptr():
-        return t.clone(memory_format=fmt)
-    return t.contiguous(memory_format=fmt)
-
-
-def _expanded(t: torch.Tensor) -> bool:
-    """``t`` has a zero stride on a dim of size > 1 (an ``expand``: its copy would be
-    larger than its storage)."""
-    return any(st == 0 and n > 1 for st, n in zip(t.stride(), t.shape))
-
-
-def _draw_seed() -> int:
-    return int(torch.randint(-(2**63), 2**63 - 1, (), dtype=torch.int64))
-
-
-def _zero_division() -> None:
-    raise ZeroDivisionError("ZeroDivisionError: integer division or modulo by zero")
 
 
 # [Note: sizes from data]
@@ -619,11 +522,6 @@ def _zero_division() -> None:
 # capability, and a loaded ``cu.save`` artifact, copy as before.
 
 
-def _one(result: Any) -> Any:
-    """The single result of a view op, which may return it as a one-element tuple."""
-    return result[0] if isinstance(result, (tuple, list)) else result
-
-
 def _aliases(program: TensorProgram) -> tuple[Any, ...] | None:
     """The output aliases of a top-level program lowered from its graph's computed
     outputs (``cuvil_runtime.pipeline``); None for a region, a program that computes
@@ -640,76 +538,12 @@ def _aliases(program: TensorProgram) -> tuple[Any, ...] | None:
     return aliases
 
 
-def _late_attr(value: Any, bindings: dict[sympy.Symbol, int]) -> Any:
-    return evaluate_attr(value, bindings)
-
-
-def _late_attrs(attrs: Any, bindings: dict[sympy.Symbol, int]) -> dict[str, Any]:
-    return {k: evaluate_attr(v, bindings) for k, v in attrs}
-
-
 def _names(e: Any) -> dict[sympy.Symbol, str]:
     return {s: f"s_{s.name}" for s in sympy.sympify(e).free_symbols}
 
 
-def _add_symbols(syms: set[sympy.Symbol], x: Any) -> None:
-    if isinstance(x, sympy.Basic):
-        syms.update(s for s in x.free_symbols if isinstance(s, sympy.Symbol))
-    elif isinstance(x, tuple):
-        for y in x:
-            _add_symbols(syms, y)
-    elif hasattr(x, "items") and not isinstance(x, dict):
-        for _, y in x.items:
-            _add_symbols(syms, y)
-
-
-def _value(v: Any, kind: str) -> Any:
-    return float(v) if kind == "float" else int(v)
-
-
 def _tname(d: DType) -> str:
     return str(d.torch).removeprefix("torch.")
-
-
-def _symbols(program: TensorProgram) -> tuple[sympy.Symbol, ...]:
-    """Every size symbol the program's sizes, kernels and attributes use, sorted by name."""
-    syms: set[sympy.Symbol] = set()
-
-    def add(x: Any) -> None:
-        if isinstance(x, sympy.Basic):
-            syms.update(s for s in x.free_symbols if isinstance(s, sympy.Symbol) and not E.is_loop_symbol(s))
-        elif isinstance(x, tuple):
-            for y in x:
-                add(y)
-        elif hasattr(x, "items") and not isinstance(x, dict):
-            for _, y in x.items:
-                add(y)
-
-    for b in program.buffers.values():
-        add(tuple(b.shape))
-    for s in program.steps:
-        if isinstance(s, Kernel):
-            add(tuple(s.domain))
-            for x in E.walk(s.body):
-                if isinstance(x, E.Load):
-                    add(x.offset)
-                elif isinstance(x, E.Index):
-                    add(x.expr)
-                elif isinstance(x, E.Reduce):
-                    add(tuple(n for _, n in x.ranges))
-        else:
-            for o in s.inputs:
-                if isinstance(o, View):
-                    add((*o.shape, *o.strides, o.offset))
-                elif isinstance(o, ScalarRef) and isinstance(o.value, E.Index):
-                    add(o.value.expr)
-            for _, v in s.node.attrs:
-                add(v)
-    for out in program.outputs:
-        if isinstance(out, E.Index):
-            add(out.expr)
-    add(tuple(program.outer_symbols))
-    return tuple(sorted(syms, key=lambda s: s.name))
 
 
 def wrappers(runner: ProgramRunner) -> str:
