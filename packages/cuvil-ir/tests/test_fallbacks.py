@@ -224,6 +224,17 @@ def test_sdpa_fallback_gives_zeros_for_rows_masked_entirely(masked: str) -> None
     torch.testing.assert_close(got, want)
 
 
+@pytest.mark.parametrize("c", [SDPA_CASES[5], SDPA_CASES[6]], ids=["bool", "float"])
+def test_sdpa_finds_rows_masked_entirely_on_the_mask(c: OpCase) -> None:
+    """The rows to zero are found by one reduction over the mask (3 x 5, or 4 x 4), not
+    over the L x S scores of every batch and head: the expansion reads the scores no more
+    often than attention must (ONNX: no slower than the hand-written export it replaced)."""
+    g, node, _, _, _ = _sdpa_graph(c)
+    ex = expand(node, g.assumptions, fallback("sdpa"))
+    reductions = [n for n in ex.nodes if n.op in ("any", "amax")]
+    assert len(reductions) == 1 and reductions[0].inputs[0] == node.inputs[3]
+
+
 def test_sdpa_symbolic_embedding_size_scales_by_a_size_expression() -> None:
     _, _, ex, _ = _sdpa_expanded(SDPA_CASES[0])
     consts = [n.attr("value") for n in ex.nodes if n.op == "const"]

@@ -101,9 +101,10 @@ def sdpa(
     reference in ``F.scaled_dot_product_attention``'s documentation): ``q @ kᵀ * scale``,
     ``-inf`` where a bool mask or the causal lower triangle (of ``L x S``, top left) is
     false, a float mask added, a softmax over the keys, ``@ v``; ``scale`` defaults to
-    ``1/sqrt(E)``, with ``enable_gqa`` k's and v's heads repeat to q's. A row whose scores
-    are all ``-inf`` (masked out entirely) gives zeros, as torch's ``_safe_softmax`` does,
-    not a softmax's NaN.
+    ``1/sqrt(E)``, with ``enable_gqa`` k's and v's heads repeat to q's. A row the mask
+    leaves no key in gives zeros, as torch's ``_safe_softmax`` does, not a softmax's NaN
+    (found on the mask, which is smaller than the scores; torch also zeroes a row whose
+    scores are all ``-inf`` through infinite inputs, which gives NaN here).
 
     torch multiplies q and k by ``sqrt(scale)`` each rather than the scores by ``scale``;
     the two differ by a rounding of the scores, within every tolerance the tests use (and
@@ -127,14 +128,24 @@ def sdpa(
         length, keys = q.shape[-2], k.shape[-2]
         ones = b.op("full", shape=(length, keys), value=True, dtype=DType.bool, device=s.tensor.device)
         s = where(b.op("tril", ones, diagonal=0), s, -math.inf)
+    kept: Sym | None = None
     if has_mask:
         (m,) = mask
         # a bool mask as torch converts it, to 0 and -inf added (the scores' sizes named first)
-        s = s + (where(m, 0.0, -math.inf) if m.dtype == DType.bool else m)
+        bias = where(m, 0.0, -math.inf) if m.dtype == DType.bool else m
+        if m.rank > 0:
+            # the rows the mask leaves a key in, found on the mask (not on the L x S scores);
+            # a row it masks entirely gets a bias of 0 and is zeroed after the softmax
+            last = [m.rank - 1]
+            if m.dtype == DType.bool:
+                kept = b.op("any", m, dims=tuple(last), keepdim=True)
+            else:
+                kept = m.amax(last, keepdim=True) > -math.inf
+            bias = where(kept, bias, 0.0)
+        s = s + bias
     p = b.op("softmax", s, dim=s.rank - 1, dtype=None)
-    if has_mask:
-        empty = s.amax([s.rank - 1], keepdim=True).eq(-math.inf)
-        p = where(empty, 0.0, p)
+    if kept is not None:
+        p = p * kept.cast(p.dtype)
     return b.op("matmul", p, v)
 
 
