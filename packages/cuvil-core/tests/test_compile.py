@@ -215,7 +215,7 @@ def test_fallback_eager_warns_once_and_counts():
     assert "produce different shapes" in f.stats.fallback_reasons[0]
 
 
-def test_inplace_on_intermediate_is_functionalized_and_on_input_rejected():
+def test_inplace_on_intermediate_is_functionalized_and_on_input_written_back():
     @cu.compile(fallback="error")
     def f(x):
         y = x * 2
@@ -229,13 +229,33 @@ def test_inplace_on_intermediate_is_functionalized_and_on_input_rejected():
     expected[0] = 0.0
     close(f(x), F.relu(expected))
 
-    @cu.compile(fallback="error")
-    def g(x):
+    def g(x, i, v):
         x.add_(1)
-        return x
+        x.index_copy_(0, i, v)
+        return x.sum(0)
 
-    with pytest.raises(cu.CompileError, match="in-place update of the input"):
-        g(torch.randn(2))
+    cg = cu.compile(g, fallback="error")
+    for n in (5, 7):  # one variant: the caller's tensor ends as eager leaves it
+        x, i, v = torch.randn(n, 3), torch.tensor([1, 3]), torch.randn(2, 3)
+        want_x = x.clone()
+        want = g(want_x, i, v)
+        data = x.data_ptr()
+        close(cg(x, i, v), want)
+        assert x.data_ptr() == data  # the same storage, updated in place
+        close(x, want_x)
+    assert cg.stats.compiles == 1
+
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("count", torch.zeros(()))
+
+        def forward(self, x):
+            self.count.add_(1)
+            return x + self.count
+
+    with pytest.raises(cu.CompileError, match=r"in-place update of the input %self.count(.|\n)*read-only"):
+        cu.compile(M(), fallback="error")(torch.randn(2))
 
 
 def test_nested_outputs_and_constants():

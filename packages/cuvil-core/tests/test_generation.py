@@ -75,10 +75,13 @@ def unregistered() -> Any:
         register_dynamic_cache_export_support()
 
 
+@pytest.mark.parametrize("target", TARGETS)
 @torch.no_grad()
-def test_unregistered_cache_is_returned_whole_and_refused_as_argument(unregistered: None) -> None:
+def test_unregistered_cache_is_an_argument_by_its_attributes(unregistered: None, target: str) -> None:
+    """DynamicCache as transformers leaves it (no pytree registration): returned whole, then
+    passed back and flattened by its attributes (rule 0), grown in place like eager."""
     model = _gpt2()
-    f = cu.compile(model, target="reference", fallback="error")
+    f = cu.compile(model, target=target, fallback="error")
     ids = torch.randint(0, V, (1, 4))
     got, want = f(ids, use_cache=True).past_key_values, model(ids, use_cache=True).past_key_values
     # the cache the model built is this call's, holding tensors, never the trace's placeholders
@@ -86,11 +89,20 @@ def test_unregistered_cache_is_returned_whole_and_refused_as_argument(unregister
         assert type(g.keys) is torch.Tensor and type(g.values) is torch.Tensor
         torch.testing.assert_close(g.keys, w.keys, rtol=1e-4, atol=1e-5)
     assert f(ids, use_cache=True).past_key_values is not got
-    keys = got.layers[0].keys
-    with pytest.raises(CompileError, match="register_dynamic_cache_export_support"):
-        f(torch.tensor([[3]]), past_key_values=got, use_cache=True)
-    assert got.layers[0].keys is keys  # the caller's cache is untouched
-    assert f.stats.compiles == 2 and f.stats.fallbacks == 0
+    layers = list(got.layers)
+    for step in range(3):
+        nxt = torch.tensor([[3 + step]])
+        out, ref = (
+            f(nxt, past_key_values=got, use_cache=True),
+            model(nxt, past_key_values=want, use_cache=True),
+        )
+        assert out.past_key_values is got and [id(x) for x in got.layers] == [id(x) for x in layers]
+        torch.testing.assert_close(out.logits, ref.logits, rtol=1e-4, atol=1e-5)
+        for g, w in zip(got.layers, want.layers):
+            assert type(g.keys) is torch.Tensor and g.keys.shape == w.keys.shape == (1, 2, 5 + step, 16)
+            torch.testing.assert_close(g.keys, w.keys, rtol=1e-4, atol=1e-5)
+    # the prompt and the step: one variant each, whatever the cache length
+    assert f.stats.compiles == 2 and f.stats.fallbacks == 0, f.stats.recompile_reasons
 
 
 @pytest.mark.parametrize("target", TARGETS)
@@ -170,13 +182,51 @@ def test_returned_plain_object_holds_this_calls_tensors(target: str) -> None:
     assert cf.stats.compiles == 1
 
 
-def test_plain_object_argument_holding_tensors_is_refused() -> None:
+@pytest.mark.parametrize("target", TARGETS)
+def test_plain_object_argument_is_flattened_by_its_attributes(target: str) -> None:
+    """Rule 0: a plain object's tensors are graph inputs (a new tensor in it is used, never a
+    stale one) and its other attributes part of the structure key (a new value recompiles)."""
+
     def f(box: _Box, x: torch.Tensor) -> torch.Tensor:
+        return box.t * box.n + box.parts[0] + x
+
+    cf = cu.compile(f, target=target, fallback="error")
+    for n, k in ((3, 1), (5, 1), (4, 2)):
+        box, x = _Box(torch.randn(n), k), torch.randn(n)
+        torch.testing.assert_close(cf(box, x), f(box, x))
+    box.t = torch.randn(4)  # the same object, a new tensor
+    torch.testing.assert_close(cf(box, x), f(box, x))
+    assert cf.stats.compiles == 2, cf.stats.recompile_reasons  # n=1 and n=2
+    assert "argument box_n: was int 1, now int 2" in cf.stats.recompile_reasons[0]
+
+
+class _Slotted:
+    __slots__ = ("t",)
+
+    def __init__(self, t: torch.Tensor) -> None:
+        self.t = t
+
+
+def test_object_argument_without_attributes_holding_tensors_is_refused() -> None:
+    def f(box: _Slotted, x: torch.Tensor) -> torch.Tensor:
         return box.t + x
 
     cf = cu.compile(f, target="reference", fallback="error")
-    with pytest.raises(CompileError, match=r"argument box is a _Box that holds tensors \(box\.t\)"):
-        cf(_Box(torch.ones(2), 1), torch.ones(2))
+    with pytest.raises(CompileError, match=r"argument box is a _Slotted that holds tensors \(box\.t\)"):
+        cf(_Slotted(torch.ones(2)), torch.ones(2))
+
+
+def test_shared_object_holding_tensors_is_refused() -> None:
+    """An object reached twice cannot be flattened keeping the sharing: refused, not
+    silently duplicated."""
+
+    def f(pair: tuple[_Box, _Box], x: torch.Tensor) -> torch.Tensor:
+        return pair[0].t + pair[1].t + x
+
+    box = _Box(torch.ones(2), 1)
+    cf = cu.compile(f, target="reference", fallback="error")
+    with pytest.raises(CompileError, match="holds tensors"):
+        cf((box, box), torch.ones(2))
 
 
 @pytest.mark.parametrize("target", TARGETS)

@@ -282,14 +282,12 @@ def test_what_cuvil_cannot_run_fails_dynamos_compile_or_runs_eagerly():
         x.add_(1)
         return x * 2
 
-    with pytest.raises(torch._dynamo.exc.BackendCompilerFailed, match="in-place update of the input"):
-        torch.compile(bump, backend="cuvil")(torch.randn(3))
-    torch._dynamo.reset()
+    # an argument updated in place is written back (cuvil/frontend/input_writes.py)
     x = torch.randn(3)
     x0 = x.clone()
-    with pytest.warns(cu.CuvilFallbackWarning, match="in-place update"):
-        out = torch.compile(bump, backend="cuvil", options={"fallback": "eager"})(x)
+    out = torch.compile(bump, backend="cuvil")(x)
     assert torch.equal(out, (x0 + 1) * 2) and torch.equal(x, x0 + 1)
+    torch._dynamo.reset()
     with pytest.raises(torch._dynamo.exc.BackendCompilerFailed, match="requires grad while grad mode is on"):
         torch.compile(nn.Linear(3, 2), backend="cuvil")(torch.randn(2, 3))
     with pytest.raises(torch._dynamo.exc.BackendCompilerFailed, match="Inductor setting"):

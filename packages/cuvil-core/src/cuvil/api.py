@@ -10,9 +10,11 @@ or capture, then the target), runs it, and falls back to eager with a reason; it
 
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
 import threading
+import types
 import warnings
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -20,7 +22,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch.utils import _pytree as pytree
 
 from cuvil import autocast, fast_path, warm
 from cuvil.arguments import PLAIN_TENSORS, check_tensors
@@ -76,6 +77,10 @@ class Stats:
 
 class CompiledFunction:
     """The callable ``cuvil.compile`` returns: same signature, compiled on first call."""
+
+    #: its artifacts and stats are the compiler's, not state of a program that holds it
+    #: (``model.forward = cu.compile(model.forward)``: cuvil/frontend/object_state.py)
+    __cuvil_bookkeeping__ = True
 
     def __init__(
         self,
@@ -163,6 +168,12 @@ class CompiledFunction:
                 return self
 
             return chained
+        if (
+            isinstance(attr, types.MethodType)
+            and attr.__self__ is module
+            and getattr(torch.nn.Module, name, None) is None
+        ):
+            return _routed(self, module, attr)
         return attr
 
     @property
@@ -202,13 +213,13 @@ class CompiledFunction:
         else:
             names = [f"arg{i}" for i in range(len(args))]
         try:
-            with_path, _ = pytree.tree_flatten_with_path((args, kwargs))
+            with_path, _ = arg_objects.flatten_with_path((args, kwargs))
         except ValueError:  # a type registered without flatten_with_keys_fn: number its leaves
             tops = [(names[i] if i < len(names) else f"arg{i}", a) for i, a in enumerate(args)]
             out = []
             for name, arg in [*tops, *kwargs.items()]:
-                inner = pytree.tree_leaves(arg)
-                out += [name] if pytree.tree_is_leaf(arg) else [f"{name}_{j}" for j in range(len(inner))]
+                inner, inner_spec = arg_objects.flatten(arg)
+                out += [name] if inner_spec.is_leaf() else [f"{name}_{j}" for j in range(len(inner))]
             return out
         return [leaf_name(path, names) for path, _ in with_path]
 
@@ -275,7 +286,7 @@ class CompiledFunction:
             objects = False  # plain tensors only
         else:
             bargs, bkwargs = self._check_call(args, kwargs)
-            leaves, spec = pytree.tree_flatten((bargs, bkwargs))
+            leaves, spec = arg_objects.flatten((bargs, bkwargs))
             if not kwargs and all(type(a) in PLAIN_TENSORS for a in args):
                 self._flat_specs[len(args)] = spec
             objects = arg_objects.has_objects(spec)
@@ -499,6 +510,34 @@ def _explain_objects(old: tuple[Any, ...], new: tuple[Any, ...]) -> str:
             if was != now:
                 return f"argument object {where}: was {was[-1]!r}, now {now[-1]!r}"
     return "an argument object changed structure"
+
+
+def _routed(compiled: CompiledFunction, module: torch.nn.Module, method: types.MethodType) -> Any:
+    """A method of the compiled module's own classes (``generate``, not ``nn.Module``'s)
+    run so that its calls of the module (``self(...)``) are compiled calls.
+
+    [Note: methods of a compiled module] The method runs on a view of the module: a
+    shallow copy (the same parameters, buffers, submodules and hooks) whose ``forward``
+    is the compiled function, so the caller's module is never changed and an eager
+    ``model(x)`` stays eager. Plain attributes the method assigns on ``self`` (a cache
+    it keeps for the next call) are assigned on the module when it returns."""
+
+    @functools.wraps(method)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        view = copy.copy(module)
+        object.__setattr__(view, "forward", compiled)
+        before = dict(vars(view))
+        try:
+            return method.__func__(view, *args, **kwargs)
+        finally:
+            for k, v in vars(view).items():
+                if k != "forward" and before.get(k, _ABSENT) is not v:
+                    object.__setattr__(module, k, v)
+
+    return run
+
+
+_ABSENT = object()
 
 
 def compile(

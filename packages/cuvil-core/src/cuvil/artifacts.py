@@ -111,6 +111,10 @@ def run_artifact(art: Artifact, leaves: list[Any], tree: tuple[tuple[Any, ...], 
     assert c is not None and art.executable is not None
     # inference on every target: results carry no autograd history
     results = without_grad(art.executable, graph_inputs(c, leaves))
+    if c.input_updates:  # argument tensors updated in place (cuvil/frontend/input_writes.py)
+        with torch.no_grad():
+            for i, j in c.input_updates:
+                leaves[i].copy_(results[j])
     if c.write_backs:  # arguments the function changes in place end as in eager
         arg_objects.write_back(c.write_backs, results, leaves, tree)
     out = [_result_leaf(kind, v, results, tree) for kind, v in c.outputs]

@@ -20,6 +20,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from cuvil.errors import CompileError
+from cuvil.frontend import arg_objects
 from cuvil.guards import AssumptionCheck, SymbolSlot, describe_leaf
 
 #: types of a Python leaf checked by value (JSON has the rest)
@@ -45,7 +46,12 @@ def encode_call(
             "cannot save: the call passes or returns Python objects holding tensors (not only "
             "tensors, numbers and containers), which an artifact cannot hold"
         )
-    _, spec = pytree.tree_flatten((bargs, bkwargs))
+    if c.input_updates:
+        raise CompileError(
+            "cannot save: the function updates argument tensors in place, which a saved "
+            "program's call plan does not write back yet"
+        )
+    _, spec = arg_objects.flatten((bargs, bkwargs))
     return {
         "signature": signature_json(cf),
         "arguments": spec_text(spec, "the argument tree"),
@@ -65,8 +71,17 @@ def encode_call(
 
 #: the keys of an artifact's call.json (encode_call's and aot.save's ``inputs``)
 CALL_KEYS = (
-    "signature", "arguments", "leaves", "symbols", "reasons", "layouts", "fixed", "outputs", "result",
-    "frozen", "inputs",
+    "signature",
+    "arguments",
+    "leaves",
+    "symbols",
+    "reasons",
+    "layouts",
+    "fixed",
+    "outputs",
+    "result",
+    "frozen",
+    "inputs",
 )
 _KINDS = ("POSITIONAL_ONLY", "POSITIONAL_OR_KEYWORD", "VAR_POSITIONAL", "KEYWORD_ONLY", "VAR_KEYWORD")
 
@@ -213,8 +228,11 @@ def validate_call(call: Any, graph: Any, members: Sequence[str] | Any) -> None:
     inputs = array(call["inputs"], "inputs")
     wanted = list(graph.inputs)
     if len(inputs) != len(wanted):
-        fail("inputs", f"the program takes {len(wanted)} inputs ({', '.join(v.name for v in wanted)}), "
-             f"and inputs lists {len(inputs)}")
+        fail(
+            "inputs",
+            f"the program takes {len(wanted)} inputs ({', '.join(v.name for v in wanted)}), "
+            f"and inputs lists {len(inputs)}",
+        )
     for i, (e, v) in enumerate(zip(inputs, wanted)):
         f = f"inputs[{i}]"
         if not isinstance(e, dict) or e.get("kind") not in ("leaf", "parameter", "constant"):
@@ -224,8 +242,11 @@ def validate_call(call: Any, graph: Any, members: Sequence[str] | Any) -> None:
             leaf = leaves[index(e["leaf"], f + ".leaf", len(leaves), "leaves")]
             if leaf["kind"] == "tensor" and getattr(v.type, "shape", None) is not None:
                 if len(v.type.shape) != leaf["rank"]:
-                    fail(f + ".leaf", f"leaf {e['leaf']} has rank {leaf['rank']}; the program's input "
-                         f"{v.name} has rank {len(v.type.shape)}")
+                    fail(
+                        f + ".leaf",
+                        f"leaf {e['leaf']} has rank {leaf['rank']}; the program's input "
+                        f"{v.name} has rank {len(v.type.shape)}",
+                    )
             continue
         need = ("kind", "name", "dtype", "shape", "device") + (("file",) if e["kind"] == "constant" else ())
         obj(e, f, need, optional=("file",))
@@ -236,9 +257,9 @@ def validate_call(call: Any, graph: Any, members: Sequence[str] | Any) -> None:
         if not isinstance(shape, list) or not all(is_int(d) and d >= 0 for d in shape):
             fail(f + ".shape", f"expected a list of non-negative ints, got {shape!r:.60}")
         vshape = getattr(v.type, "shape", None)
-        if vshape is not None and (len(vshape) != len(shape) or any(
-            isinstance(d, int) and d != s for d, s in zip(vshape, shape)
-        )):
+        if vshape is not None and (
+            len(vshape) != len(shape) or any(isinstance(d, int) and d != s for d, s in zip(vshape, shape))
+        ):
             fail(f + ".shape", f"{shape} does not fit the program's input {v.name} {list(vshape)}")
         if "file" in e:
             typed(e["file"], f + ".file", str, "a member name")

@@ -75,7 +75,14 @@ def of(cf: Any, art: Any) -> Callable[[tuple[Any, ...]], Any] | None:
 
 def _eligible(cf: Any, art: Any) -> bool:
     c = art.captured
-    if c is None or art.executable is None or art.amp or len(art.key) != 2 or c.write_backs:
+    if (
+        c is None
+        or art.executable is None
+        or art.amp
+        or len(art.key) != 2
+        or c.write_backs
+        or c.input_updates
+    ):
         return False
     leaves = art.key[1]
     if not all(k[0] == "tensor" and len(k) == 6 and not k[5] for k in leaves):

@@ -8,11 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from torch.utils import _pytree as pytree
-
 from cuvil.api import CompiledFunction, compile
 from cuvil.artifacts import graph_inputs
 from cuvil.errors import CompileError
+from cuvil.frontend import arg_objects
 from cuvil.frontend.capture import Captured
 from cuvil.guards import describe_leaf
 from cuvil_ir.symbolic import expr_str
@@ -27,7 +26,7 @@ def captured_call(f: Any, *args: Any, **kwargs: Any) -> tuple[Captured, list[Any
     if art.captured is None:
         raise CompileError(art.reason or "did not compile")
     bargs, bkwargs = compiled._check_call(args, kwargs)
-    leaves, _ = pytree.tree_flatten((bargs, bkwargs))
+    leaves, _ = arg_objects.flatten((bargs, bkwargs))
     return art.captured, graph_inputs(art.captured, leaves)
 
 

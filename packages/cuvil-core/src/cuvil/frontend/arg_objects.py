@@ -33,6 +33,7 @@ and which the function sees rebuilt from proxies by the type's unflatten; or as 
 from __future__ import annotations
 
 import copy
+import enum
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -73,23 +74,150 @@ def is_object_node(x: Any) -> bool:
     return type(x) in pytree.SUPPORTED_NODES and type(x) not in pytree.BUILTIN_TYPES
 
 
+def attribute_object(x: Any) -> bool:
+    """An object flattened by its attributes (rule 0): an instance of a Python class whose
+    whole state is its ``__dict__`` (default ``__new__``, no slots), not registered with
+    pytree, and not a module, tensor, enum member, class or function."""
+    t = type(x)
+    ok = _ATTRIBUTE_TYPES.get(t)
+    if ok is None:
+        ok = (
+            t not in pytree.SUPPORTED_NODES
+            and bool(t.__flags__ & _HEAPTYPE)
+            and t.__new__ is object.__new__
+            and "__dict__" in dir(t)
+            and not issubclass(t, (torch.Tensor, torch.nn.Module, enum.Enum, BaseException, type, *_SYMBOLIC))
+            and not any(getattr(c, "__slots__", ()) for c in t.__mro__ if "__slots__" in vars(c))
+        )
+        _ATTRIBUTE_TYPES[t] = ok
+    return ok and not isinstance(x, _VALUES)
+
+
+#: torch's symbolic numbers: values (a traced size), never objects to flatten
+_SYMBOLIC = (torch.SymInt, torch.SymFloat, torch.SymBool)
+_HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class defined in Python, not a C type
+#: attribute_object's answer per type (types are immortal enough: classes rarely die)
+_ATTRIBUTE_TYPES: dict[type, bool] = {}
+
+
+class ObjectNode:
+    """Stands for an attribute object in a flattened argument tree: its class, its
+    attribute names and values. Unflattening builds an instance of the class again
+    (``cls.__new__`` and the attributes, no ``__init__``), so the function runs on an
+    object of the caller's type whose tensors are graph inputs."""
+
+    __slots__ = ("cls", "keys", "values")
+
+    def __init__(self, cls: type, keys: tuple[str, ...], values: list[Any]) -> None:
+        self.cls, self.keys, self.values = cls, keys, values
+
+
+def _flatten_object(n: ObjectNode) -> tuple[list[Any], Any]:
+    return n.values, (n.cls, n.keys)
+
+
+def _flatten_object_with_keys(n: ObjectNode) -> tuple[list[tuple[Any, Any]], Any]:
+    return [(pytree.GetAttrKey(k), v) for k, v in zip(n.keys, n.values)], (n.cls, n.keys)
+
+
+def _unflatten_object(values: Any, context: Any) -> Any:
+    cls, keys = context
+    obj = cls.__new__(cls)
+    vars(obj).update(zip(keys, values))
+    return obj
+
+
+pytree.register_pytree_node(
+    ObjectNode,
+    _flatten_object,
+    _unflatten_object,
+    serialized_type_name="cuvil.frontend.arg_objects.ObjectNode",
+    flatten_with_keys_fn=_flatten_object_with_keys,
+)
+
+
+def lift(tree: Any) -> Any:
+    """``tree`` with every attribute object in it replaced by an :class:`ObjectNode`
+    (inside builtin containers and other attribute objects); ``tree`` itself when it holds
+    none. An object met twice (shared, or a cycle) stays a leaf: flattening cannot keep
+    the sharing."""
+    seen: dict[int, int] = {}
+    _count(tree, seen, 0)
+    return _lift(tree, seen, 0)
+
+
+def _count(x: Any, seen: dict[int, int], depth: int) -> None:
+    if isinstance(x, (torch.Tensor, *_VALUES)) or depth > _DEPTH:
+        return
+    if attribute_object(x):
+        seen[id(x)] = seen.get(id(x), 0) + 1
+        if seen[id(x)] > 1:
+            return
+        kids: Any = vars(x).values()
+    elif type(x) in pytree.BUILTIN_TYPES or pytree.is_namedtuple_instance(x):
+        kids = _children(x)
+    else:
+        return
+    for k in kids:
+        _count(k, seen, depth + 1)
+
+
+def _lift(x: Any, seen: dict[int, int], depth: int) -> Any:
+    if isinstance(x, (torch.Tensor, *_VALUES)) or depth > _DEPTH:
+        return x
+    if attribute_object(x):
+        if seen.get(id(x), 0) > 1:
+            return x
+        d = vars(x)
+        return ObjectNode(type(x), tuple(d), [_lift(v, seen, depth + 1) for v in d.values()])
+    if type(x) in pytree.BUILTIN_TYPES or pytree.is_namedtuple_instance(x):
+        handler = pytree.SUPPORTED_NODES[pytree._get_node_type(x)]
+        kids, context = handler.flatten_fn(x)
+        new = [_lift(k, seen, depth + 1) for k in kids]
+        if all(a is b for a, b in zip(new, kids)):
+            return x
+        return handler.unflatten_fn(new, context)
+    return x
+
+
+def flatten(tree: Any) -> tuple[list[Any], pytree.TreeSpec]:
+    """``pytree.tree_flatten`` of an argument tree, attribute objects flattened by their
+    attributes (:func:`lift`)."""
+    return pytree.tree_flatten(lift(tree))  # type: ignore[no-any-return]
+
+
+def flatten_with_path(tree: Any) -> tuple[list[tuple[Any, Any]], pytree.TreeSpec]:
+    """``pytree.tree_flatten_with_path`` of an argument tree, as :func:`flatten` flattens it."""
+    return pytree.tree_flatten_with_path(lift(tree))  # type: ignore[no-any-return]
+
+
 def _children(node: Any) -> list[Any]:
+    if attribute_object(node):
+        return list(vars(node).values())
     return list(pytree.SUPPORTED_NODES[pytree._get_node_type(node)].flatten_fn(node)[0])
 
 
 def _is_node(x: Any) -> bool:
-    return not pytree.tree_is_leaf(x)
+    return not pytree.tree_is_leaf(x) or attribute_object(x)
 
 
 def nodes(tree: Any) -> Iterator[tuple[tuple[int, ...], Any]]:
     """Every pytree node below ``tree`` (not ``tree`` itself), with its path, parents first."""
+    seen: dict[int, int] = {}
+    _count(tree, seen, 0)
+
+    def node(c: Any, depth: int) -> bool:  # as lift decides: a shared object is a leaf
+        if attribute_object(c):
+            return depth <= _DEPTH and seen.get(id(c), 0) == 1
+        return _is_node(c)
+
     stack = [((), tree)]
     while stack:
-        path, node = stack.pop()
+        path, n = stack.pop()
         if path:
-            yield path, node
-        kids = _children(node)
-        stack += [((*path, i), c) for i, c in reversed(list(enumerate(kids))) if _is_node(c)]
+            yield path, n
+        kids = _children(n)
+        stack += [((*path, i), c) for i, c in reversed(list(enumerate(kids))) if node(c, len(path) + 1)]
 
 
 def at(tree: Any, path: tuple[int, ...]) -> Any:
@@ -222,9 +350,20 @@ def tensor_path(obj: Any, where: str = "") -> str | None:
         elif _plain_object(x):
             kids = [(v, f"{at_}.{k}") for k, v in vars(x).items()]
         else:
-            continue
+            kids = [(getattr(x, k), f"{at_}.{k}") for k in _slots(type(x)) if hasattr(x, k)]
         stack += [(v, w, depth + 1) for v, w in reversed(kids)]  # first found: first in order
     return None
+
+
+def _slots(t: type) -> list[str]:
+    """The slot attributes of instances of ``t`` (``__slots__`` along its MRO)."""
+    out: list[str] = []
+    for c in t.__mro__:
+        slots = vars(c).get("__slots__", ())
+        out += (
+            [slots] if isinstance(slots, str) else [s for s in slots if s not in ("__dict__", "__weakref__")]
+        )
+    return out
 
 
 def check_leaf(leaf: Any, name: str) -> None:

@@ -22,7 +22,17 @@ import torch
 from torch.utils import _pytree as pytree
 
 from cuvil.errors import CompileError
-from cuvil.frontend import aliasing, arg_objects, compiling, hooks, impure, layout, object_state
+from cuvil.frontend import (
+    aliasing,
+    arg_objects,
+    builtin_args,
+    compiling,
+    hooks,
+    impure,
+    input_writes,
+    layout,
+    object_state,
+)
 from cuvil.frontend.arg_objects import WriteBack
 from cuvil.frontend.convert import ConversionError, convert, is_user_function
 from cuvil.frontend.locations import trace_entry
@@ -61,6 +71,9 @@ class Captured:
     storable: bool = True
     #: arguments the function changed in place, written back after each run
     write_backs: tuple[WriteBack, ...] = ()
+    #: argument tensors updated in place: (leaf index, graph output of the final value),
+    #: copied into the caller's tensor after each run (cuvil/frontend/input_writes.py)
+    input_updates: tuple[tuple[int, int], ...] = ()
 
 
 def module_state(module: torch.nn.Module) -> list[tuple[str, dict[str, Any], str]]:
@@ -233,7 +246,7 @@ def capture(
                 # a bound method's object is the same on every call: what the method reads
                 # from it is guarded (converted code reads self.k through the attribute hook)
                 tracer.reads.long_lived(fn.__self__, "self")
-        with tracer.tracing(), layout.mode(tracer), _compiling():
+        with tracer.tracing(), layout.mode(tracer), _compiling(), builtin_args.decided():
             out = target(*args, **kwargs)
     finally:
         for owner, key, original in reversed(swapped):
@@ -270,6 +283,7 @@ def capture(
             skeleton = None if isinstance(leaf, _SCALARS) else arg_objects.template(leaf, output)
             out_plan.append(("const", leaf) if skeleton is None else ("object", skeleton))
     write_backs = _write_backs(tracer, arg_nodes, before, traced_leaves, outputs, spec, fn, module, returned)
+    updates = input_writes.plan(tracer, traced_leaves, outputs, returned)
     aliasing.settle(tracer, outputs, returned)
     for lifted in tracer.lifted:
         plan.append(("lifted", lifted.getter))
@@ -290,6 +304,7 @@ def capture(
         frozenset(tracer.reads.files),
         tracer.reads.storable,
         tuple(write_backs),
+        updates,
     )
 
 
@@ -336,7 +351,7 @@ def _write_backs(
             continue
         name = _arg_name(path, spec, fn, module)
         arg_objects.check_syncable(node, name)
-        new_leaves, new_spec = pytree.tree_flatten(node)
+        new_leaves, new_spec = arg_objects.flatten(node)
         if arg_objects.has_objects(new_spec):
             after, rebuilt = _rebuilt_state(tracer, node, new_leaves, new_spec)
             arg_objects.check_changed(after, rebuilt, name, type(node).__name__)
@@ -385,7 +400,7 @@ class _Snapshot:
     int and a grown cache a new tensor; state the flatten does not hold changed too)."""
 
     def __init__(self, node: Any) -> None:
-        self.leaves, self.spec = pytree.tree_flatten(node)
+        self.leaves, self.spec = arg_objects.flatten(node)
         self.state = arg_objects.state(node) if arg_objects.has_objects(self.spec) else None
 
     def __eq__(self, other: object) -> bool:

@@ -47,6 +47,7 @@ class Checkpoint:
     data_symbols: frozenset[sympy.Symbol]
     hints: dict[sympy.Symbol, int] | None
     layout_guards: dict[int, LayoutGuard]
+    input_writes: int
 
 
 class Recording(Protocol):

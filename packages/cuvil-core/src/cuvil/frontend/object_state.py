@@ -99,6 +99,10 @@ def _has_state(v: Any) -> bool:
         return False
     if isinstance(v, (torch.Tensor, types.MethodType, functools.partial)):
         return False
+    if getattr(type(v), "__cuvil_bookkeeping__", False):
+        # a compiled function stored on a module (``model.forward = cu.compile(...)``): its
+        # artifacts and stats change with every compile and are no program state
+        return False
     return isinstance(getattr(v, "__dict__", None), dict)
 
 

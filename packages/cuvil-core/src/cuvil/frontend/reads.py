@@ -134,6 +134,9 @@ class Reads:
         finds it ([Note: places])."""
         if isinstance(value, TensorProxy) or _library_module(value):
             return  # parameters and buffers (module snapshot), constant library modules
+        # a builtin wrapped while captures run stands for itself (cuvil/frontend/builtin_args.py)
+        if isinstance(value, types.FunctionType):
+            value = value.__dict__.get("__cuvil_wrapped__", value)
         if (what, id(value)) in self._seen:
             return
         self._seen.add((what, id(value)))

@@ -110,6 +110,9 @@ class Tracer:
         #: the layout guards ``is_contiguous()`` answers needed, by argument leaf
         #: (cuvil/frontend/layout.py)
         self.layout_guards: dict[int, LayoutGuard] = {}
+        #: inputs updated in place, in order: (proxy, its value before, where)
+        #: (cuvil/frontend/input_writes.py)
+        self.input_writes: list[tuple[TensorProxy, Value, SourceLoc | None]] = []
 
     # -- the capture in progress -------------------------------------------------
     @staticmethod
@@ -143,6 +146,7 @@ class Tracer:
             frozenset(self.ctx.data_symbols),
             dict(hints) if hints is not None else None,
             dict(self.layout_guards),
+            len(self.input_writes),
         )
 
     def recorded_since(self, cp: Checkpoint) -> Sequence[Node]:
@@ -165,6 +169,9 @@ class Tracer:
         if self.ctx.hints is not None and cp.hints is not None:
             restore(self.ctx.hints, cp.hints)
         restore(self.layout_guards, cp.layout_guards)
+        for proxy, before, _ in reversed(self.input_writes[cp.input_writes :]):
+            proxy._cuvil_value = before
+        del self.input_writes[cp.input_writes :]
 
     # -- values --------------------------------------------------------------
     def _fresh(self, t: Type) -> Value:
@@ -345,13 +352,6 @@ class Tracer:
     def rebind(self, target: Any, result: Any) -> Any:
         if not isinstance(target, TensorProxy):
             raise CompileError("in-place update of something that is not a traced tensor", self.source_loc())
-        if target._cuvil_is_input:
-            raise CompileError(
-                f"in-place update of the input %{target._cuvil_value.name}",
-                self.source_loc(),
-                "inputs and parameters are read-only in compiled code; use the out-of-place op "
-                "(e.g. `x = x + 1` instead of `x += 1`)",
-            )
         if target._cuvil_base is not None or target._cuvil_has_views:
             raise CompileError(
                 "in-place update of a tensor that shares memory with a view is not supported yet",
@@ -368,6 +368,10 @@ class Tracer:
                 self.source_loc(),
                 "assign a new value instead (`x = x + 1`): assignments are carried out of branches and loops",
             )
+        if target._cuvil_is_input:
+            # an argument tensor updated in place: its final value is written back into the
+            # caller's tensor after each run (cuvil/frontend/input_writes.py)
+            self.input_writes.append((target, target._cuvil_value, self.source_loc()))
         target._cuvil_value = result._cuvil_value
         return target
 
@@ -531,6 +535,12 @@ class Tracer:
             )
         except FakeInferenceError as e:
             raise CompileError(str(e), self.source_loc()) from None
+        if mutates is not None and isinstance(args[0], TensorProxy):
+            # the result of an in-place call is its target, of the target's type: a size
+            # torch specialized meanwhile is an assumption already (sync), not a new type
+            mine = args[0].ir_type
+            if isinstance(mine, TensorType) and out_types[0].replace(shape=mine.shape) == mine:
+                out_types = [mine, *out_types[1:]]
         data_sizes.check_bindable(self, target, out_types)
         outs = tuple(self._fresh(t) for t in out_types)
         attrs = (("args", args_attr), ("kwargs", kwargs_attr), ("mutates", mutates), ("target", target))

@@ -205,6 +205,9 @@ class Registry:
             for op in sorted(self._ops.values(), key=lambda o: o.name):
                 for entry in op.torch():
                     t, rule = entry if isinstance(entry, tuple) else (entry, op.capture)
+                    # a builtin the frontend wraps while it captures is keyed as itself
+                    # (cuvil/frontend/builtin_args.py)
+                    t = getattr(t, "__dict__", {}).get("__cuvil_wrapped__", t)
                     if t in table and table[t][0] is not op:
                         raise ValueError(f"{t} is captured by both {table[t][0].name!r} and {op.name!r}")
                     table[t] = (op, rule)

@@ -1,0 +1,128 @@
+"""transformers' ``generate()`` compiles as users call it: no registration step, the
+default dynamic cache and ``cache_implementation="static"``, through ``cu.compile(model)``
+and ``model.forward = cu.compile(model.forward)``; greedy tokens equal eager's, a
+bounded number of compiles, no fallback (``fallback="error"``). Small Llama-family
+models from configs with random weights; ``transformers`` is a test dependency only.
+The whole matrix (architectures x caches x decoding modes) is ``test_generate_matrix``
+in the slow session."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils import _pytree as pytree
+
+import cuvil as cu
+from cuvil_ir.graph_ir.registry import REGISTRY
+
+T = pytest.importorskip("transformers")
+
+
+def _available(name: str) -> bool:
+    from cuvil_runtime.registry import discover
+
+    return any(i.name == name and i.available for i in discover())
+
+
+TARGETS = ["reference", pytest.param("cpu", marks=pytest.mark.skipif(not _available("cpu"), reason="no cpu"))]
+
+
+def _llama() -> Any:
+    torch.manual_seed(0)
+    cfg = T.LlamaConfig(
+        vocab_size=96,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+    )
+    return T.LlamaForCausalLM(cfg).eval()
+
+
+@pytest.fixture(autouse=True)
+def _no_registration() -> Any:
+    """As transformers leaves its caches: not pytree nodes (another test may register)."""
+    from transformers.cache_utils import DynamicCache
+
+    was = DynamicCache in pytree.SUPPORTED_NODES
+    if was:
+        pytree._deregister_pytree_node(DynamicCache)
+    yield
+    if was:
+        from transformers.integrations.executorch import register_dynamic_cache_export_support
+
+        register_dynamic_cache_export_support()
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+@torch.no_grad()
+def test_generate_on_the_compiled_model_matches_eager(target: str, cache: str) -> None:
+    model = _llama()
+    kw: dict[str, Any] = {"max_new_tokens": 6, "do_sample": False}
+    if cache == "static":
+        kw["cache_implementation"] = "static"
+    m = cu.compile(model, target=target, fallback="error")
+    ids = torch.randint(0, 96, (2, 5))
+    want = model.generate(ids, **kw)
+    got = m.generate(ids, **kw)
+    assert torch.equal(got, want)
+    # the prompt and the step; the caller's model is not changed (eager stays eager)
+    assert m.stats.compiles == 2 and m.stats.fallbacks == 0, m.stats.recompile_reasons
+    assert m.stats.cache_hits == 4
+    assert "forward" not in vars(model)
+    # another generate() of the same shape: no compile; another prompt length
+    assert torch.equal(m.generate(ids, **kw), want)
+    assert m.stats.compiles == 2, m.stats.recompile_reasons
+    ids = torch.randint(0, 96, (2, 3))
+    assert torch.equal(m.generate(ids, **kw), model.generate(ids, **kw))
+    if cache == "dynamic":
+        assert m.stats.compiles == 2, m.stats.recompile_reasons
+    assert m.stats.fallbacks == 0
+
+
+@torch.no_grad()
+def test_generate_with_a_compiled_forward_matches_eager() -> None:
+    model = _llama()
+    ids = torch.randint(0, 96, (1, 6))
+    want = model.generate(ids, max_new_tokens=8, do_sample=False)
+    forward = model.forward
+    model.forward = cu.compile(forward, target="reference", fallback="error")
+    try:
+        got = model.generate(ids, max_new_tokens=8, do_sample=False)
+        again = model.generate(ids, max_new_tokens=8, do_sample=False)
+    finally:
+        compiled = model.forward
+        del model.forward
+    assert torch.equal(got, want) and torch.equal(again, want)
+    # the compiled function stored on the model is not model state: no recompile per call
+    assert compiled.stats.compiles == 2, compiled.stats.recompile_reasons
+    assert compiled.stats.fallbacks == 0
+    assert forward is not None
+
+
+def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    # a size predicate, as transformers' `q_len > 1 and mask is None and ...` yields when
+    # the first operand is false (Python's `and` returns that operand itself)
+    is_causal = q.shape[2] > 1
+    return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_a_size_predicate_passed_as_is_causal_is_decided(target: str) -> None:
+    """[Note: a SymBool where a builtin takes a bool]: one variant per answer, each exact."""
+    f = cu.compile(_attention, target=target, fallback="error")
+    for q_len in (1, 4, 1, 6):
+        q, k = torch.randn(1, 2, q_len, 8), torch.randn(1, 2, 6, 8)
+        torch.testing.assert_close(f(q, k, k), _attention(q, k, k), rtol=1e-5, atol=1e-5)
+    assert f.stats.compiles == 2, f.stats.recompile_reasons
+    assert "is a size predicate" in f.stats.recompile_reasons[0]
+    # the builtin is torch's own again, and still the sdpa op's
+    assert "__cuvil_wrapped__" not in getattr(F.scaled_dot_product_attention, "__dict__", {})
+    found = REGISTRY.for_torch(F.scaled_dot_product_attention)
+    assert found is not None and found[0].name == "sdpa"
