@@ -201,3 +201,19 @@ def math_floor_float(n: int) -> int:
     import math
 
     return math.floor((1 / 3) * n + 2 / 3)
+
+
+def test_a_floor_division_size_reaches_torch_as_floordiv() -> None:
+    """torch's value ranges cannot take ``s*t/u`` (a negative power): a size ``floor(s*t/u)``
+    user code compares (transformers' padding ``kv_length + offset - mask.shape[-1] > 0``)
+    failed with "Exponent must be non-negative"; it reaches torch as ``FloorDiv``."""
+    from cuvil_ir.graph_ir.fake import SymMirror
+    from cuvil_ir.symbolic import ShapeContext, symbol
+
+    s, t, u, v = (symbol(n) for n in ("s", "t", "u", "v"))
+    ctx = ShapeContext(hints={s: 6, t: 4, u: 3, v: 9})
+    m = SymMirror(ctx)
+    size = m.symint(v - sympy.floor(s * t / u))
+    assert bool(size > 0)  # 9 - 8
+    assert int(m.symint(sympy.ceiling(s * t / (u + 2)))) == 5
+    assert int(m.symint(sympy.Mod(v, t))) == 1

@@ -126,6 +126,36 @@ def _plain_sympy(expr: Any) -> Any:
     return expr
 
 
+def _torch_sympy(expr: Any) -> Any:
+    """Our integer divisions in torch's terms: ``floor(p/q)`` -> ``FloorDiv(p, q)``,
+    ``ceiling(p/q)`` -> ``CeilDiv(p, q)``, ``Mod`` -> ``PythonMod`` (the inverse of
+    :func:`_plain_sympy`). torch's value-range analysis cannot take a size with a
+    negative power (``s11*s5/s59``) and failed with "Exponent must be non-negative"."""
+    import torch.utils._sympy.functions as tf
+
+    def division(f: Any, div: Any) -> Any:
+        p, q = sympy.fraction(sympy.together(f.args[0]))
+        if q == 1 or not (p.is_integer and q.is_integer):
+            return None
+        return div(p, q)
+
+    def rewrite(e: Any) -> Any:
+        if not isinstance(e, sympy.Basic) or e.is_Atom:
+            return e
+        e = e.func(*(rewrite(a) for a in e.args)) if e.args else e
+        if isinstance(e, sympy.floor):
+            return division(e, tf.FloorDiv) or e
+        if isinstance(e, sympy.ceiling):
+            return division(e, tf.CeilDiv) or e
+        if isinstance(e, sympy.Mod) and all(a.is_integer for a in e.args):
+            return tf.PythonMod(*e.args)
+        return e
+
+    if not expr.has(sympy.floor, sympy.ceiling, sympy.Mod):
+        return expr
+    return rewrite(expr)
+
+
 def _is_unbacked(s: sympy.Symbol) -> bool:
     from torch.utils._sympy.symbol import SymT, symbol_is_type
 
@@ -214,7 +244,7 @@ class SymMirror:
             return d
         for s in sorted(d.free_symbols - set(self.ours_to_theirs), key=lambda x: x.name):
             self._add(s)
-        theirs = d.xreplace(self.ours_to_theirs)
+        theirs = _torch_sympy(d.xreplace(self.ours_to_theirs))
         if d.is_Relational or isinstance(d, sympy.logic.boolalg.BooleanFunction):
             return self.env.create_symboolnode(theirs)
         # a data-dependent size has no example value
