@@ -206,21 +206,7 @@ def _run(model: Any, xs: list[torch.Tensor]) -> torch.Tensor:
     return torch.from_numpy(y)
 
 
-def _case(name: str) -> Any:
-    if name != "gqa":
-        return name
-    # floor(q_heads / k_heads) (expand's size) has sympy's is_integer None, sizes being
-    # nonnegative rather than positive: SizeExprs writes it as a float expression
-    return pytest.param(
-        name,
-        marks=pytest.mark.xfail(
-            strict=True,
-            reason="onnx/export/sizes.py classes floor(a1/b1) as a float size expression",
-        ),
-    )
-
-
-@pytest.mark.parametrize("name", [_case(n) for n in sorted(_SDPA_CASES)])
+@pytest.mark.parametrize("name", sorted(_SDPA_CASES))
 def test_sdpa_exports_as_its_fallback_and_matches_eager(name: str) -> None:
     shapes, args, mask_dtype, kw, other = _SDPA_CASES[name]
     model = export_graph(_sdpa_graph(shapes, args, mask_dtype, kw))

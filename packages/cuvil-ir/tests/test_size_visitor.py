@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 import sympy
 
-from cuvil_ir.size_visitor import SizeVisitor, quotient
+from cuvil_ir.size_visitor import SizeVisitor, integer_valued, quotient
 from cuvil_ir.symbolic import EXACT_NAMESPACE, exact_code, expr_str, symbol
 from cuvil_ir.tensor_ir import expr as E
 
@@ -327,10 +327,26 @@ def test_the_float_walk_decomposes_into_its_hooks() -> None:
         == "fadd(0.3333333333333333, fmul(0.3333333333333333, float(x_0)))"
     )
     assert v.visit_float(2) == "2.0"
+    # sympy leaves floor(x_0/x_1) undecided (x_1 may be 0): it is still an integer part
+    y = symbol("x_1")
+    assert sympy.floor(X / y).is_integer is None
+    assert v.visit_float(sympy.floor(X / y) / 2) == "fmul(0.5, float(floordiv(x_0, x_1)))"
+    assert v.visit_float(sympy.Mod(X, y) * sympy.Float(0.5)) == "fmul(0.5, float(mod(x_0, x_1)))"
     with pytest.raises(NotImplementedError, match="float size expression"):
         v.visit_float(sympy.Piecewise((X / 2, X < 3), (1, True)))
     with pytest.raises(NotImplementedError, match="float size expression"):
         v.visit_float(X < 3)
+
+
+def test_floor_ceiling_and_mod_of_anything_are_integer_valued() -> None:
+    """Division by a nonnegative (possibly zero) size leaves sympy's is_integer None;
+    :func:`integer_valued` decides it (the ONNX exporter's int/float split uses it)."""
+    y = symbol("x_1")
+    for e in (sympy.floor(X / y), sympy.ceiling(X / y), sympy.Mod(X, y)):
+        assert e.is_integer is None and integer_valued(e), expr_str(e)
+        assert integer_valued(e * X + 3) and integer_valued(sympy.Max(e, 1) ** 2)
+        assert not integer_valued(e / 2) and not integer_valued(e ** -1)
+    assert integer_valued(X) and not integer_valued(X ** sympy.Float(-0.5))
 
 
 def test_float_consumers_share_the_walk(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -50,8 +50,9 @@ sympy node (float-valued)                   hook(s)
 ==========================================  ===============================================
 a number (``Integer``, ``Rational``,        ``on_float`` (the nearest double: ``1/3`` is
 ``Float``)                                  ``float(Rational(1, 3))``)
-a non-number sympy proves is an integer     ``on_to_float`` of its value from the integer
-(a size symbol, ``floor``, ``Mod``, ...)    walk above
+a non-number that is integer-valued         ``on_to_float`` of its value from the integer
+(:func:`integer_valued`: a size symbol,     walk above
+``floor``, ``Mod``, ...)
 ``Add``, ``Mul``                            ``fold_float`` "add"/"mul" (``on_fadd``, ``on_fmul``)
 ``Pow`` (any exponent)                      ``on_fpow`` of the base and the exponent
 anything else                               ``on_unsupported_float`` (an error)
@@ -113,6 +114,23 @@ def quotient(e: sympy.Expr) -> Quotient:
 def has_rational_form(e: sympy.Basic) -> bool:
     """``e`` is a sum, product or power whose one-fraction form has a denominator."""
     return _has_division(e) and bool(quotient(e).den != 1)
+
+
+def integer_valued(e: sympy.Basic) -> bool:
+    """``e`` is integer-valued as a size expression: sympy proves it, or it is built from
+    integers by ``floor``, ``ceiling``, ``Mod``, ``Min``/``Max``, ``+``, ``*`` and positive
+    integer powers. sympy leaves ``floor(a/b)`` undecided for nonnegative (not positive)
+    symbols, ``a/b`` being ``zoo`` at ``b = 0``; a size division by zero is an error
+    anyway, so ``floor``, ``ceiling`` and ``Mod`` of anything are integers here."""
+    if e.is_integer is True:
+        return True
+    if isinstance(e, (sympy.floor, sympy.ceiling, sympy.Mod)):
+        return True
+    if isinstance(e, (sympy.Add, sympy.Mul, sympy.Min, sympy.Max)):
+        return all(integer_valued(a) for a in e.args)
+    if isinstance(e, sympy.Pow):
+        return bool(e.exp.is_Integer and int(e.exp) > 0 and integer_valued(e.base))
+    return False
 
 
 def _has_division(e: sympy.Basic) -> bool:
@@ -223,7 +241,7 @@ class SizeVisitor(ABC, Generic[T]):
             return self.on_unsupported_float(e, ctx)
         if e.is_Number:
             return self.on_float(float(e))
-        if e.is_integer is True:
+        if integer_valued(e):
             return self.on_to_float(self.visit_size(e, ctx))
         if isinstance(e, sympy.Add):
             return self.fold_float("add", self.order_operands(e.args), ctx)
@@ -332,4 +350,4 @@ class SizeVisitor(ABC, Generic[T]):
         raise self.size_error(f"{self.language} has no float power")
 
 
-__all__ = ["RELATIONS", "Quotient", "SizeVisitor", "has_rational_form", "quotient"]
+__all__ = ["RELATIONS", "Quotient", "SizeVisitor", "has_rational_form", "integer_valued", "quotient"]

@@ -17,7 +17,7 @@ import sympy
 
 from cuvil.onnx.export.builder import OPSET, ExportError, GraphBuilder, Scope
 from cuvil_ir.graph_ir.types import DType, ScalarKind
-from cuvil_ir.size_visitor import Quotient, SizeVisitor
+from cuvil_ir.size_visitor import Quotient, SizeVisitor, integer_valued
 from cuvil_ir.symbolic import expr_str
 
 
@@ -62,7 +62,7 @@ class SizeExprs(GraphBuilder, SizeVisitor[str]):
     def _expr(self, e: Any) -> str:
         if isinstance(e, sympy.Symbol):
             return self.on_symbol(e, None)
-        if e.is_integer is not True and not _is_bool(e):
+        if not integer_valued(e) and not _is_bool(e):
             out = self.visit_float(e)
             self.floats.add(out)
             return out
