@@ -7,15 +7,8 @@ import importlib.util
 import os
 from typing import Any
 
-from cuvil_runtime.target import GRAPH_STAGE, TENSOR_STAGE, WRAPPER_STAGE, BackendSpec, Capabilities, Stage
-
-CAPABILITIES = Capabilities(devices=frozenset({"cpu"}), control_flow=True, extern_calls=True)
-STAGES = (
-    GRAPH_STAGE,
-    TENSOR_STAGE,
-    Stage("triton", "each kernel's Triton source", "py", per_kernel=True),
-    WRAPPER_STAGE,
-)
+from cuvil_backend_example.capabilities import CAPABILITIES, STAGES
+from cuvil_runtime.target import BackendSpec
 
 
 def _check() -> str | None:

@@ -15,7 +15,7 @@ from typing import Any
 import cuvil_backend_example
 import cuvil_ir
 import cuvil_runtime
-from cuvil_backend_example.backend import CAPABILITIES, STAGES
+from cuvil_backend_example.capabilities import CAPABILITIES, STAGES
 from cuvil_ir.graph_ir.nodes import Graph
 from cuvil_ir.graph_ir.types import DType
 from cuvil_ir.tensor_ir.hoist import must_realize
