@@ -1,6 +1,7 @@
-"""Fail when modules of ``packages/*/src`` import each other, directly or indirectly.
+"""Fail when modules of ``packages/*/src`` and ``examples/*/src`` import each other, directly
+or indirectly.
 
-    python tools/check_import_cycles.py [SRC_DIR ...]     (default: packages/*/src)
+    python tools/check_import_cycles.py [SRC_DIR ...]     (default: packages/*/src examples/*/src)
 
 Each SRC_DIR must be a folder of top-level packages; a project folder (the
 repository's root, a distribution's) or one without a package is refused (exit 2).
@@ -38,6 +39,8 @@ from pathlib import Path
 import grimp
 
 ROOT = Path(__file__).resolve().parent.parent
+#: the source folders checked when none is given: the packages and the example plugins
+DEFAULT_SRC = sorted(ROOT.glob("packages/*/src")) + sorted(ROOT.glob("examples/*/src"))
 
 
 def top_level_packages(src_dirs: Iterable[Path]) -> dict[str, Path]:
@@ -172,9 +175,9 @@ def describe(cycle: list[str], packages: Mapping[str, Path], graph: grimp.Import
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("src", nargs="*", type=Path, help="source folders (default: packages/*/src)")
+    parser.add_argument("src", nargs="*", type=Path, help="source folders (default: packages/*/src examples/*/src)")
     args = parser.parse_args(argv)
-    src_dirs = [p.resolve() for p in args.src] or sorted(ROOT.glob("packages/*/src"))
+    src_dirs = [p.resolve() for p in args.src] or DEFAULT_SRC
     for src in src_dirs:
         problem = not_a_source_folder(src)
         if problem:

@@ -130,3 +130,10 @@ def test_a_folder_that_is_not_a_source_folder_is_refused(tmp_path: Path) -> None
     result = check(empty)
     assert result.returncode == 2 and "holds no package" in result.stderr
     assert check(root / "packages" / "a" / "src").returncode == 0
+
+
+def test_the_default_covers_the_packages_and_the_examples() -> None:
+    result = check()
+    assert result.returncode == 0, result
+    for name in ("cuvil_ir", "cuvil_runtime", "cuvil_backend_example", "cuvil_ops_example"):
+        assert name in result.stdout, result.stdout
