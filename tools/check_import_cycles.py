@@ -175,7 +175,9 @@ def describe(cycle: list[str], packages: Mapping[str, Path], graph: grimp.Import
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("src", nargs="*", type=Path, help="source folders (default: packages/*/src examples/*/src)")
+    parser.add_argument(
+        "src", nargs="*", type=Path, help="source folders (default: packages/*/src examples/*/src)"
+    )
     args = parser.parse_args(argv)
     src_dirs = [p.resolve() for p in args.src] or DEFAULT_SRC
     for src in src_dirs:

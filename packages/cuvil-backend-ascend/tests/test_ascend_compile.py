@@ -100,7 +100,17 @@ def test_simulation_beside_triton_ascend_is_unavailable_and_says_why():
 
 @pytest.mark.parametrize(
     "fn",
-    [torch.asinh, torch.atanh, torch.atan, torch.log1p, torch.expm1, torch.tanh, torch.erf, torch.log2, torch.sin],
+    [
+        torch.asinh,
+        torch.atanh,
+        torch.atan,
+        torch.log1p,
+        torch.expm1,
+        torch.tanh,
+        torch.erf,
+        torch.log2,
+        torch.sin,
+    ],
     ids=lambda f: f.__name__,
 )
 def test_float_functions_of_the_device_library_pass_both_stages(fn):

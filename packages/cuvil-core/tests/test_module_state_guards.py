@@ -190,7 +190,13 @@ def _child(tmp_path, spec):
 
 @pytest.mark.parametrize(
     "first,second",
-    [("leaky01", "leaky05"), ("softmax0", "softmax1"), ("gelu", "gelu_tanh"), ("hook", "nohook"), ("nohook", "hook")],
+    [
+        ("leaky01", "leaky05"),
+        ("softmax0", "softmax1"),
+        ("gelu", "gelu_tanh"),
+        ("hook", "nohook"),
+        ("nohook", "hook"),
+    ],
 )
 def test_across_processes_a_different_setting_is_not_reused(tmp_path, first, second):
     a = _child(tmp_path, first)

@@ -229,4 +229,3 @@ def test_a_done_callback_waiting_on_a_nested_submit_of_the_same_function_does_no
         workers,
     )
     assert out.split("\n")[:2] == ["first 3.0 later 15.0", "nested [6.0]"]
-

@@ -136,7 +136,9 @@ SDPA_CASES = [
     OpCase("broadcast", sdpa_call, (Q, K, V), (spec(1, 3, 4, 8), spec(2, 1, 5, 8), spec(5, 6))),
     OpCase("causal", sdpa_call, (Q, K, K), (spec(1, 2, 4, 8), spec(1, 2, 6, 8)), {"is_causal": True}),
     OpCase("causal-L>S", sdpa_call, (Q, K, K), (spec(2, 7, 8), spec(2, 3, 8)), {"is_causal": True}),
-    OpCase("scale", sdpa_call, (Q, K, K), (spec(2, 4, 8, dtype=f64), spec(2, 5, 8, dtype=f64)), {"scale": 0.3}),
+    OpCase(
+        "scale", sdpa_call, (Q, K, K), (spec(2, 4, 8, dtype=f64), spec(2, 5, 8, dtype=f64)), {"scale": 0.3}
+    ),
     OpCase(
         "bool-mask",
         sdpa_call,
@@ -144,8 +146,16 @@ SDPA_CASES = [
         (spec(2, 2, 3, 4), spec(2, 2, 5, 4), spec(1, 1, 3, 5, dtype=torch.bool)),
     ),
     OpCase("float-mask", sdpa_call, (Q, Q, Q), (spec(1, 4, 4), spec(4, 4)), {"attn_mask": K}),
-    OpCase("gqa", sdpa_call, (Q, K, V), (spec(2, 6, 3, 8), spec(2, 2, 5, 8), spec(2, 3, 5, 4)), {"enable_gqa": True}),
-    OpCase("f16", sdpa_call, (Q, K, K), (spec(2, 4, 8, dtype=f16), spec(2, 6, 8, dtype=f16)), {"is_causal": True}),
+    OpCase(
+        "gqa",
+        sdpa_call,
+        (Q, K, V),
+        (spec(2, 6, 3, 8), spec(2, 2, 5, 8), spec(2, 3, 5, 4)),
+        {"enable_gqa": True},
+    ),
+    OpCase(
+        "f16", sdpa_call, (Q, K, K), (spec(2, 4, 8, dtype=f16), spec(2, 6, 8, dtype=f16)), {"is_causal": True}
+    ),
 ]
 
 
@@ -180,7 +190,10 @@ def _sdpa_expanded(c: OpCase) -> tuple[torch.Tensor, torch.Tensor, Expansion, Gr
     env: dict[str, Any] = {v.name: x for v, x in zip(g.inputs, examples)}
     before = tuple(n for n in g.nodes if n is not node)  # the mask's nodes, if any
     _evaluate(before + ex.nodes, env, hints)
-    eager = sdpa_call(*[examples[a.i] for a in c.args], **{k: examples[v.i] if isinstance(v, In) else v for k, v in c.kwargs.items()})
+    eager = sdpa_call(
+        *[examples[a.i] for a in c.args],
+        **{k: examples[v.i] if isinstance(v, In) else v for k, v in c.kwargs.items()},
+    )
     expanded = Graph("e", g.inputs, before + ex.nodes, ex.outputs, g.assumptions + ex.facts)
     return env[ex.outputs[0].name], eager, ex, expanded
 

@@ -322,7 +322,9 @@ def test_sdpa_softmax_is_the_registry_decomposition(monkeypatch: pytest.MonkeyPa
 _SDPA = torch.nn.functional.scaled_dot_product_attention
 
 
-def _sdpa_graph(inputs: list[tuple[int, ...]], args: int, mask_dtype: torch.dtype | None = None, **kw: object) -> Graph:
+def _sdpa_graph(
+    inputs: list[tuple[int, ...]], args: int, mask_dtype: torch.dtype | None = None, **kw: object
+) -> Graph:
     """sdpa captured (every size a symbol) from a torch call on ``inputs``' shapes: the
     first ``args`` inputs are q, k, v (k = v for 2), a last one the mask when given."""
     from cuvil_ir.testing import In, OpCase, capture, spec
@@ -340,15 +342,35 @@ def _sdpa_graph(inputs: list[tuple[int, ...]], args: int, mask_dtype: torch.dtyp
 
 _SDPA_MLIR = {
     # name: (capture shapes, q/k/v inputs, mask dtype, kwargs, shapes run as well)
-    "bool-mask": ([(2, 2, 3, 4), (2, 2, 5, 4), (1, 1, 3, 5)], 2, torch.bool, {}, [(2, 2, 6, 4), (2, 2, 2, 4), (1, 1, 6, 2)]),
+    "bool-mask": (
+        [(2, 2, 3, 4), (2, 2, 5, 4), (1, 1, 3, 5)],
+        2,
+        torch.bool,
+        {},
+        [(2, 2, 6, 4), (2, 2, 2, 4), (1, 1, 6, 2)],
+    ),
     "float-mask": ([(1, 4, 4), (1, 6, 4), (4, 6)], 2, torch.float32, {}, [(1, 3, 4), (1, 7, 4), (3, 7)]),
     "causal": ([(1, 2, 4, 8), (1, 2, 6, 8)], 2, None, {"is_causal": True}, [(1, 2, 9, 8), (1, 2, 5, 8)]),
-    "scale": ([(2, 3, 4, 8), (2, 3, 5, 8), (2, 3, 5, 6)], 3, None, {"scale": 0.3}, [(2, 3, 7, 8), (2, 3, 2, 8), (2, 3, 2, 6)]),
-    "gqa": ([(2, 6, 3, 8), (2, 2, 5, 8), (2, 3, 5, 4)], 3, None, {"enable_gqa": True}, [(2, 6, 4, 8), (2, 2, 7, 8), (2, 3, 7, 4)]),
+    "scale": (
+        [(2, 3, 4, 8), (2, 3, 5, 8), (2, 3, 5, 6)],
+        3,
+        None,
+        {"scale": 0.3},
+        [(2, 3, 7, 8), (2, 3, 2, 8), (2, 3, 2, 6)],
+    ),
+    "gqa": (
+        [(2, 6, 3, 8), (2, 2, 5, 8), (2, 3, 5, 4)],
+        3,
+        None,
+        {"enable_gqa": True},
+        [(2, 6, 4, 8), (2, 2, 7, 8), (2, 3, 7, 4)],
+    ),
 }
 
 
-def _sdpa_inputs(shapes: list[tuple[int, ...]], mask_dtype: torch.dtype | None, seed: int) -> list[torch.Tensor]:
+def _sdpa_inputs(
+    shapes: list[tuple[int, ...]], mask_dtype: torch.dtype | None, seed: int
+) -> list[torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     xs = [torch.randn(*s, generator=g) for s in shapes]
     if mask_dtype == torch.bool:

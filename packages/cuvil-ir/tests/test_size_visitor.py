@@ -345,7 +345,7 @@ def test_floor_ceiling_and_mod_of_anything_are_integer_valued() -> None:
     for e in (sympy.floor(X / y), sympy.ceiling(X / y), sympy.Mod(X, y)):
         assert e.is_integer is None and integer_valued(e), expr_str(e)
         assert integer_valued(e * X + 3) and integer_valued(sympy.Max(e, 1) ** 2)
-        assert not integer_valued(e / 2) and not integer_valued(e ** -1)
+        assert not integer_valued(e / 2) and not integer_valued(e**-1)
     assert integer_valued(X) and not integer_valued(X ** sympy.Float(-0.5))
 
 

@@ -431,10 +431,16 @@ class CompiledFunction:
                 captured = capture(
                     self.__name__, self.fn, self.module, leaves, names, spec, self.dynamic, self.dims
                 )
+                why = None
                 if wkey is not None:
                     why = warm.store(self, wkey, captured, leaves, key)
-                    if why is not None and f"not stored for warm starts: {why}" not in self.stats.notes:
-                        self.stats.notes.append(f"not stored for warm starts: {why}")
+                elif warm.enabled() and arg_objects.has_objects(spec):
+                    why = (
+                        "the call passes Python objects (a cache, an options object) whose state "
+                        "and identity belong to this process"
+                    )
+                if why is not None and f"not stored for warm starts: {why}" not in self.stats.notes:
+                    self.stats.notes.append(f"not stored for warm starts: {why}")
             check_capabilities(captured.graph, target.capabilities, target_name)
             executable = _EXECUTABLES.get_or_compile(captured.graph, target, options)
             for note in getattr(executable, "notes", ()):

@@ -31,7 +31,9 @@ def settle(tracer: Tracer, outputs: list[Value], leaves: list[Any]) -> None:
     ``i`` came from, None where unknown) alias exactly where eager's results do."""
     _add_shared_bases(tracer, outputs, leaves)
     for _ in range(len(outputs) + 1):
-        aliases = output_aliases(Graph(tracer.name, tuple(tracer.inputs), tuple(tracer.nodes), tuple(outputs), ()))
+        aliases = output_aliases(
+            Graph(tracer.name, tuple(tracer.inputs), tuple(tracer.nodes), tuple(outputs), ())
+        )
         wrong = [i for i, a in enumerate(aliases) if a is not None and not _eager_alias(tracer, i, a, leaves)]
         if not wrong:
             return
@@ -59,7 +61,9 @@ def _through_contiguous(p: TensorProxy) -> bool:
         if func is torch.Tensor.contiguous:
             return True
         parents = [
-            a for a in (*args, *kwargs.values()) if isinstance(a, TensorProxy) and a is not p and _root(a) is root
+            a
+            for a in (*args, *kwargs.values())
+            if isinstance(a, TensorProxy) and a is not p and _root(a) is root
         ]
         if not parents:
             return False
@@ -90,7 +94,11 @@ def _add_shared_bases(tracer: Tracer, outputs: list[Value], leaves: list[Any]) -
     """Append the fresh tensor two results are views of, when no output is it."""
     groups: dict[int, list[TensorProxy]] = {}
     for leaf in leaves:
-        if isinstance(leaf, TensorProxy) and leaf._cuvil_base is not None and not leaf._cuvil_base._cuvil_is_input:
+        if (
+            isinstance(leaf, TensorProxy)
+            and leaf._cuvil_base is not None
+            and not leaf._cuvil_base._cuvil_is_input
+        ):
             groups.setdefault(id(leaf._cuvil_base), []).append(leaf)
     for members in groups.values():
         base = members[0]._cuvil_base

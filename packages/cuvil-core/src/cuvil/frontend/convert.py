@@ -364,7 +364,9 @@ def _check_source(fn: Any, src: str, first: int) -> None:
     ast.increment_lineno(tree, first - 1)
     ast.fix_missing_locations(module)
     try:
-        compiled = compile(module, code.co_filename, "exec", flags=code.co_flags & _FUTURE_FLAGS, dont_inherit=True)
+        compiled = compile(
+            module, code.co_filename, "exec", flags=code.co_flags & _FUTURE_FLAGS, dont_inherit=True
+        )
     except (SyntaxError, ValueError) as e:
         raise ConversionError(f"cannot compile the source of {fn.__qualname__}: {e}") from None
     outer = next(c for c in compiled.co_consts if isinstance(c, types.CodeType))

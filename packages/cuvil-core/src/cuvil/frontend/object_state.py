@@ -44,7 +44,7 @@ import torch
 #: how deep nested containers and objects are walked
 DEPTH = 4
 
-#: module slots the module snapshot checks (cuvil/api.py) or that no inference call reads
+#: module slots the module snapshot checks (cuvil/artifacts.py ModuleSnapshot) or that no inference call reads
 SKIPPED = frozenset(
     {
         "_parameters",

@@ -107,7 +107,7 @@ class Reads:
         #: False when the capture did something a cached variant would not redo (a print)
         self.storable = True
         #: ids of the compiled module's submodules, whose submodule/parameter/buffer slots
-        #: the module snapshot in cuvil/api.py already checks on every call
+        #: the module snapshot (cuvil/artifacts.py ModuleSnapshot) already checks on every call
         self.snapshotted: set[int] = set()
         self._lift_sources = lift_sources
         #: code of library functions whose settings are guarded -> the fewest calls deep seen
