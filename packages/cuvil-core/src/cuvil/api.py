@@ -286,7 +286,7 @@ class CompiledFunction:
             objects = False  # plain tensors only
         else:
             bargs, bkwargs = self._check_call(args, kwargs)
-            leaves, spec = arg_objects.flatten((bargs, bkwargs))
+            leaves, spec = arg_objects.flatten((bargs, bkwargs), sizes=self.dynamic)
             if not kwargs and all(type(a) in PLAIN_TENSORS for a in args):
                 self._flat_specs[len(args)] = spec
             objects = arg_objects.has_objects(spec)

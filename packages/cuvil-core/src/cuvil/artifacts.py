@@ -99,6 +99,8 @@ def graph_inputs(c: Captured, leaves: list[Any]) -> list[Any]:
     for kind, where in c.inputs:
         if kind == "leaf":
             inputs.append(leaves[where])
+        elif kind == "size":  # an int as a size symbol: [Note: int attributes are sizes]
+            inputs.append(torch.empty((leaves[where], 0), dtype=torch.int64))
         elif kind == "state":
             inputs.append(where[0][where[1]])
         else:

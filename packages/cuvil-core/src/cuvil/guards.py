@@ -26,6 +26,7 @@ from typing import Any
 import sympy
 import torch
 
+from cuvil.frontend.arg_objects import SizeArg
 from cuvil_ir.graph_ir.types import DType
 from cuvil_ir.symbolic import exact_function
 
@@ -63,6 +64,8 @@ def leaf_key(leaf: Any, dynamic: bool) -> tuple[Any, ...]:
             shape,
             leaf.requires_grad and torch.is_grad_enabled(),
         )
+    if type(leaf) is SizeArg:  # a size symbol, not a value: [Note: int attributes are sizes]
+        return ("size", int)
     if isinstance(leaf, _SCALARS):
         return ("value", type(leaf), leaf)
     return ("object", type(leaf), id(leaf))
@@ -81,12 +84,15 @@ def describe_leaf(key: tuple[Any, ...]) -> str:
         return f"a {dtype} tensor of rank {key[3]} on {key[2]}{shape}{grad}"
     if key[0] == "value":
         return f"{key[1].__name__} {key[2]!r}"
+    if key[0] == "size":
+        return "an int (a size symbol)"
     return f"a {key[1].__name__} object (id {key[2]})"
 
 
 @dataclass(frozen=True, slots=True)
 class SymbolSlot:
-    """Where a size symbol is read from: leaf ``leaf``'s dimension ``axis``."""
+    """Where a size symbol is read from: leaf ``leaf``'s dimension ``axis``, or with axis
+    -1 the leaf itself (an int attribute: [Note: int attributes are sizes])."""
 
     symbol: sympy.Symbol
     leaf: int
@@ -125,12 +131,14 @@ class AssumptionCheck:
         """Symbol values from the leaves, or a message when two inputs disagree."""
         values: list[int | None] = [None] * len(self.symbols)
         for slot in self.slots:
-            size = int(leaves[slot.leaf].shape[slot.axis])
+            leaf = leaves[slot.leaf]
+            size = int(leaf) if slot.axis < 0 else int(leaf.shape[slot.axis])
             i = self._index[slot.symbol]
             if values[i] is None:
                 values[i] = size
             elif values[i] != size:
-                return f"{slot.symbol} is {values[i]} elsewhere but {slot.leaf_name}.shape[{slot.axis}] is {size}"
+                where = slot.leaf_name if slot.axis < 0 else f"{slot.leaf_name}.shape[{slot.axis}]"
+                return f"{slot.symbol} is {values[i]} elsewhere but {where} is {size}"
         return values  # type: ignore[return-value]
 
     def holds(self, leaves: Sequence[Any]) -> bool:

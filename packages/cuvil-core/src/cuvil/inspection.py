@@ -26,7 +26,7 @@ def captured_call(f: Any, *args: Any, **kwargs: Any) -> tuple[Captured, list[Any
     if art.captured is None:
         raise CompileError(art.reason or "did not compile")
     bargs, bkwargs = compiled._check_call(args, kwargs)
-    leaves, _ = arg_objects.flatten((bargs, bkwargs))
+    leaves, _ = arg_objects.flatten((bargs, bkwargs), sizes=compiled.dynamic)
     return art.captured, graph_inputs(art.captured, leaves)
 
 
@@ -46,7 +46,9 @@ def explain(fn: Any, *args: Any, **kwargs: Any) -> str:
     lines.append(f"target: {art.target}")
     lines.append("symbols:")
     for slot in c.check.slots:
-        lines.append(f"  {slot.symbol} = {slot.leaf_name}.shape[{slot.axis}]")
+        lines.append(
+            f"  {slot.symbol} = {slot.leaf_name if slot.axis < 0 else f'{slot.leaf_name}.shape[{slot.axis}]'}"
+        )
     lines.append("guards:")
     names = cf._leaf_names(*cf._check_call(args, kwargs))
     for name, key in zip(names, art.key[1]):

@@ -280,7 +280,7 @@ def _encode_guard(g: ReadGuard, value: Any) -> dict[str, Any]:
         expected = [dtype_name(value.dtype), str(value.device), list(value.shape)]
     elif g.kind == "state":
         try:
-            expected = object_state.state_json(value)
+            expected = object_state.state_json(value, getattr(g.expected, "reads", None))
         except NotStorable as e:
             raise NotStorable(f"{g.what}: {e}") from None
     else:
@@ -358,11 +358,13 @@ def _holds(kind: str, expected: Any, value: Any, place: Place) -> tuple[Any, boo
     if kind == "contents":
         return contents_key(value), _same_container(value, expected)
     if kind == "state":
+        # the names the storing capture recorded its code reading ([Note: recorded attribute reads])
+        reads = frozenset(expected["reads"]) if isinstance(expected, dict) and "reads" in expected else None
         try:
-            ok = object_state.state_json(value) == expected
+            ok = object_state.state_json(value, reads) == expected
         except NotStorable:
             return None, False
-        return object_state.StateView(value, snapshotted=place[0] == "self"), ok
+        return object_state.StateView(value, snapshotted=place[0] == "self", reads=reads), ok
     if kind == "tensor":
         ok = (
             isinstance(value, torch.Tensor)

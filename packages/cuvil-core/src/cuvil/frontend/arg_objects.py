@@ -136,14 +136,52 @@ pytree.register_pytree_node(
 )
 
 
-def lift(tree: Any) -> Any:
+class SizeArg(int):
+    """An int attribute of an attribute object, as a leaf of a flattened argument tree
+    under ``dynamic=True``: a size symbol of the compiled code, not a constant.
+
+    [Note: int attributes are sizes]
+    Objects carry their lengths in ints: a static cache's ``max_cache_len`` (the prompt
+    plus the new tokens), a sliding-window layer's ``cumulative_length`` (one more every
+    step), its ``sliding_window``. Specialized by value, each new value is a compile.
+    So under ``dynamic=True`` an int attribute of an attribute object (rule 0) is what a
+    tensor's dimension is: a size symbol named after its place
+    (``cache_layers_0_max_cache_len``), with the call's value as its hint. The structure
+    key holds only that it is a size; the code sees a ``torch.SymInt``, so what it
+    decides about the value (``if self.cumulative_length >= self.sliding_window``)
+    becomes a size assumption checked on every call, exactly as for tensor sizes, and
+    arithmetic on it stays symbolic (the new ``cumulative_length`` is a traced size
+    written back as an int). The graph gets the value through a hidden input of shape
+    ``(n, 0)`` (no memory), whose dimension binds the symbol like any other. Values 0
+    and 1 stay specialized (a plain int in the key), as sizes 0 and 1 decide most
+    branches (an empty cache, a batch of one). Plain int *arguments* and ints in
+    registered pytree nodes or containers keep their value in the structure key: an int
+    passed to a function is as often a mode or a count to unroll as a size.
+    """
+
+    __slots__ = ()
+
+
+def size_arg(value: Any) -> Any:
+    """``value`` as the leaf :class:`SizeArg` when it is an int that becomes a size
+    symbol ([Note: int attributes are sizes]), else unchanged."""
+    return SizeArg(value) if type(value) is int and value > 1 else value
+
+
+def plain(value: Any) -> Any:
+    """A leaf as the caller's value (a :class:`SizeArg` as the int it stands for)."""
+    return int(value) if type(value) is SizeArg else value
+
+
+def lift(tree: Any, sizes: bool = False) -> Any:
     """``tree`` with every attribute object in it replaced by an :class:`ObjectNode`
     (inside builtin containers and other attribute objects); ``tree`` itself when it holds
     none. An object met twice (shared, or a cycle) stays a leaf: flattening cannot keep
-    the sharing."""
+    the sharing. With ``sizes``, the int attributes of attribute objects are
+    :class:`SizeArg` leaves ([Note: int attributes are sizes])."""
     seen: dict[int, int] = {}
     _count(tree, seen, 0)
-    return _lift(tree, seen, 0)
+    return _lift(tree, seen, 0, sizes)
 
 
 def _count(x: Any, seen: dict[int, int], depth: int) -> None:
@@ -162,28 +200,29 @@ def _count(x: Any, seen: dict[int, int], depth: int) -> None:
         _count(k, seen, depth + 1)
 
 
-def _lift(x: Any, seen: dict[int, int], depth: int) -> Any:
+def _lift(x: Any, seen: dict[int, int], depth: int, sizes: bool) -> Any:
     if isinstance(x, (torch.Tensor, *_VALUES)) or depth > _DEPTH:
         return x
     if attribute_object(x):
         if seen.get(id(x), 0) > 1:
             return x
         d = vars(x)
-        return ObjectNode(type(x), tuple(d), [_lift(v, seen, depth + 1) for v in d.values()])
+        values = [_lift(v, seen, depth + 1, sizes) for v in d.values()]
+        return ObjectNode(type(x), tuple(d), [size_arg(v) for v in values] if sizes else values)
     if type(x) in pytree.BUILTIN_TYPES or pytree.is_namedtuple_instance(x):
         handler = pytree.SUPPORTED_NODES[pytree._get_node_type(x)]
         kids, context = handler.flatten_fn(x)
-        new = [_lift(k, seen, depth + 1) for k in kids]
+        new = [_lift(k, seen, depth + 1, sizes) for k in kids]
         if all(a is b for a, b in zip(new, kids)):
             return x
         return handler.unflatten_fn(new, context)
     return x
 
 
-def flatten(tree: Any) -> tuple[list[Any], pytree.TreeSpec]:
+def flatten(tree: Any, sizes: bool = False) -> tuple[list[Any], pytree.TreeSpec]:
     """``pytree.tree_flatten`` of an argument tree, attribute objects flattened by their
-    attributes (:func:`lift`)."""
-    return pytree.tree_flatten(lift(tree))  # type: ignore[no-any-return]
+    attributes (:func:`lift`; ``sizes``: their int attributes as :class:`SizeArg`)."""
+    return pytree.tree_flatten(lift(tree, sizes))  # type: ignore[no-any-return]
 
 
 def flatten_with_path(tree: Any) -> tuple[list[tuple[Any, Any]], pytree.TreeSpec]:
@@ -487,7 +526,10 @@ def check_syncable(obj: Any, name: str) -> None:
 def write_back(writes: tuple[WriteBack, ...], results: Any, leaves: list[Any], tree: Any) -> None:
     """Rule 3 after a run: rebuild each changed argument and sync it into the caller's."""
     for w in writes:
-        new = [results[v] if kind == "graph" else leaves[v] if kind == "leaf" else v for kind, v in w.leaves]
+        new = [
+            results[v] if kind == "graph" else plain(leaves[v]) if kind == "leaf" else v
+            for kind, v in w.leaves
+        ]
         _sync(at(tree, w.path), pytree.tree_unflatten(new, w.spec), 0)
 
 

@@ -25,6 +25,7 @@ from cuvil.errors import CompileError
 from cuvil.frontend import (
     aliasing,
     arg_objects,
+    attribute_reads,
     builtin_args,
     compiling,
     hooks,
@@ -209,6 +210,11 @@ def capture(
                 if not isinstance(d, int):
                     slots.append(SymbolSlot(d, i, axis, lname))  # type: ignore[arg-type]
             traced_leaves.append(p)
+        elif type(leaf) is arg_objects.SizeArg:  # [Note: int attributes are sizes]
+            s, value = tracer.add_size_input(lname, int(leaf))
+            plan.append(("size", i))
+            slots.append(SymbolSlot(s, i, -1, lname))
+            traced_leaves.append(value)
         else:
             traced_leaves.append(leaf)
             if not isinstance(leaf, _SCALARS):  # guarded by identity in the structure key
@@ -246,7 +252,14 @@ def capture(
                 # a bound method's object is the same on every call: what the method reads
                 # from it is guarded (converted code reads self.k through the attribute hook)
                 tracer.reads.long_lived(fn.__self__, "self")
-        with tracer.tracing(), layout.mode(tracer), _compiling(), builtin_args.decided():
+        recorded = _recorded_modules(fn, module)
+        with (
+            attribute_reads.recording(recorded) as tracer.reads.attribute_reads,
+            tracer.tracing(),
+            layout.mode(tracer),
+            _compiling(),
+            builtin_args.decided(),
+        ):
             out = target(*args, **kwargs)
     finally:
         for owner, key, original in reversed(swapped):
@@ -306,6 +319,16 @@ def capture(
         tuple(write_backs),
         updates,
     )
+
+
+def _recorded_modules(fn: Any, module: torch.nn.Module | None) -> list[torch.nn.Module]:
+    """The modules whose attribute reads the capture records: those of the compiled
+    module's tree (or a compiled method's module) whose code runs unconverted
+    ([Note: recorded attribute reads])."""
+    root = module if module is not None else getattr(fn, "__self__", None)
+    if not isinstance(root, torch.nn.Module):
+        return []
+    return [m for m in root.modules() if object_state.runs_unconverted(m)]
 
 
 def _static_dims(

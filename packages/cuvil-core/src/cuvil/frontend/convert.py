@@ -217,7 +217,12 @@ class _Rewriter(ast.NodeTransformer):
             raise self._unsupported(
                 node, f"`{node.func.id}`", "write the code out; compiled code is captured from its source"
             )
-        if isinstance(node.func, ast.Name) and node.func.id in _FRAME_SENSITIVE:
+        if (
+            isinstance(node.func, ast.Name)
+            and node.func.id in _FRAME_SENSITIVE
+            # vars(x) and dir(x) read x, not the frame: hooked, so that the read is guarded
+            and not (node.func.id in ("vars", "dir") and node.args)
+        ):
             if node.func.id == "super" and not node.args and self.has_class_cell and self.self_name:
                 # zero-argument super() needs the compiler's implicit __class__ cell,
                 # which a function compiled outside its class body does not get

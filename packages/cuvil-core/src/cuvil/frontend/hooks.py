@@ -24,7 +24,7 @@ import torch
 
 from cuvil import autocast
 from cuvil.errors import CompileError
-from cuvil.frontend import data_sizes, impure
+from cuvil.frontend import attribute_reads, data_sizes, impure
 from cuvil.frontend.convert import SITES, ConversionError, convert, is_user_function
 from cuvil.frontend.numbers import number
 from cuvil.frontend.object_state import has_hooks
@@ -40,6 +40,7 @@ from cuvil.frontend.regions import (
     static_truth,
 )
 from cuvil.frontend.tracer import Tracer
+from cuvil.guards import MISSING
 from cuvil_ir.graph_ir.types import DType
 
 #: The class of ``cu.compile``'s results (:class:`cuvil.api.CompiledFunction`), set by
@@ -195,6 +196,11 @@ def call(site: int, fn: Any, *args: Any, **kwargs: Any) -> Any:
             )
         if fn in (builtins.setattr, builtins.delattr) and args:
             tracer.reads.store(args[0], "attribute", SITES[site].loc)
+        if fn in (builtins.getattr, builtins.hasattr) and len(args) in (2, 3) and not kwargs:
+            return _attribute_query(tracer, fn, *args)
+        if fn in (builtins.vars, builtins.dir) and len(args) == 1 and not kwargs:
+            namespace = attr(args[0], "__dict__")  # read whole, guarded by its contents
+            return namespace if fn is builtins.vars else dir(args[0])
         if fn in (builtins.int, builtins.min, builtins.max):
             if fn is builtins.int and args:  # int(T) of a global tensor: as of an argument
                 args = (tracer.outer(args[0]), *args[1:])
@@ -272,6 +278,28 @@ def attr(obj: Any, name: str) -> Any:
             return impure.EnvironReads(tracer.reads)
         tracer.reads.attr(obj, name, value, tracer.source_loc() if name in MUTATORS else None)
     return value
+
+
+#: what ``call`` runs as it is runs for the traced code: its reads of recorded modules count
+attribute_reads.USER_CALLS.add(call.__code__)
+
+
+def _attribute_query(tracer: Any, fn: Any, obj: Any, name: Any, *default: Any) -> Any:
+    """``getattr(obj, name[, default])`` and ``hasattr(obj, name)`` in converted code: a read
+    of ``obj.name`` as ``obj.name`` is (guarded by its value), and when it is missing, a
+    guard that it stays missing (setting it later recompiles: the default was taken)."""
+    if not isinstance(name, str) or isinstance(obj, TensorProxy) or (fn is builtins.hasattr and default):
+        return fn(obj, name, *default)
+    try:
+        value = attr(obj, name)
+    except AttributeError:
+        tracer.reads.attr(obj, name, MISSING, None)
+        if fn is builtins.hasattr:
+            return False
+        if default:
+            return default[0]
+        raise
+    return True if fn is builtins.hasattr else value
 
 
 def store(obj: Any, site: int) -> None:

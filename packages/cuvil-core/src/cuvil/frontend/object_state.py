@@ -41,6 +41,8 @@ from typing import Any
 
 import torch
 
+from cuvil.frontend.attribute_reads import WHOLE
+
 #: how deep nested containers and objects are walked
 DEPTH = 4
 
@@ -109,13 +111,20 @@ def _has_state(v: Any) -> bool:
 class _Namespace:
     """One mapping's entries at snapshot time: Python values by equality, others by identity."""
 
-    __slots__ = ("d", "eq", "eq_values", "ids", "keys", "label", "n")
+    __slots__ = ("absent", "d", "eq", "eq_values", "ids", "keys", "label", "n", "names")
 
-    def __init__(self, d: dict[Any, Any], keys: list[Any], label: str) -> None:
+    def __init__(
+        self, d: dict[Any, Any], keys: list[Any], label: str, absent: frozenset[str] | None = None
+    ) -> None:
+        """``absent``: compare only ``keys`` and that these names stay absent (a module
+        whose reads were recorded: [Note: recorded attribute reads]); ``None``: the
+        whole mapping (its size too: an added entry is a change)."""
         self.d = d
         self.keys = tuple(keys)
         self.label = label
         self.n = len(d)
+        self.names = frozenset(d) if absent is None else frozenset()
+        self.absent = absent
         eq = [k for k in keys if _plain(d[k])]
         self.ids = tuple((k, d[k]) for k in keys if not _plain(d[k]))
         # itemgetter returns a bare value for one key: pad with a key seen twice
@@ -124,7 +133,10 @@ class _Namespace:
 
     def holds(self) -> bool:
         d = self.d
-        if len(d) != self.n:
+        if self.absent is None:
+            if len(d) != self.n:
+                return False
+        elif not d.keys().isdisjoint(self.absent):
             return False
         for k, v in self.ids:
             if d.get(k, _MISSING) is not v:
@@ -148,7 +160,11 @@ class _Namespace:
             if cur is not v and not (_plain(v) and _plain(cur) and cur == v):
                 now = "(deleted)" if cur is _MISSING else _short(cur)
                 return f"{self.label}{k}: {_short(v)} -> {now}"
-        added = [k for k in d if k not in before]
+        added = (
+            sorted(d.keys() & self.absent)
+            if self.absent is not None
+            else [k for k in d if k not in self.names]
+        )
         return f"{self.label}{added[0]!r} added" if added else f"{self.label}an entry changed"
 
 
@@ -181,26 +197,36 @@ _MISSING = object()
 class StateView:
     """The in-process guard of one object's state ([Note: module state guards])."""
 
-    __slots__ = ("obj", "parts")
+    __slots__ = ("obj", "parts", "reads")
 
-    def __init__(self, obj: Any, snapshotted: bool = True) -> None:
+    def __init__(self, obj: Any, snapshotted: bool = True, reads: frozenset[str] | None = None) -> None:
         """``snapshotted``: a module of the compiled module's tree, whose parameter,
         buffer and submodule slots the module snapshot checks (else they are compared
-        here, by identity)."""
+        here, by identity). ``reads``: the attribute names the capture recorded its code
+        reading ([Note: recorded attribute reads]); ``None``: its whole state."""
         self.obj = obj
+        self.reads = reads
         self.parts: list[Any] = []
         seen: set[int] = set()
         if isinstance(obj, torch.nn.Module):
             d = obj.__dict__
-            keys = module_keys(obj)
+            keys = module_keys(obj, reads)
             if not snapshotted:
-                keys += [k for k in ("_parameters", "_buffers", "_modules") if k in d]
-            self._namespace(d, keys, 0, seen, "")
+                keys += [k for k in ("_parameters", "_buffers", "_modules") if k in d and k not in keys]
+            self._namespace(d, keys, 0, seen, "", absent_names(obj, reads))
         else:
             self._walk(obj, 0, seen, "")
 
-    def _namespace(self, d: dict[Any, Any], keys: list[Any], depth: int, seen: set[int], label: str) -> None:
-        self.parts.append(_Namespace(d, keys, label))
+    def _namespace(
+        self,
+        d: dict[Any, Any],
+        keys: list[Any],
+        depth: int,
+        seen: set[int],
+        label: str,
+        absent: frozenset[str] | None = None,
+    ) -> None:
+        self.parts.append(_Namespace(d, keys, label, absent))
         for k in keys:
             self._walk(d[k], depth + 1, seen, f"{label}{k}.")
 
@@ -265,7 +291,11 @@ def fast_check(guards: list[tuple[Callable[[], Any], StateView]]) -> Callable[[]
                 if not d:
                     terms.append(f"not {name}")
                     continue
-                terms.append(f"len({name}) == {len(d)}")
+                if part.absent is None:
+                    terms.append(f"len({name}) == {len(d)}")
+                elif part.absent:
+                    env[f"{name}a"] = part.absent
+                    terms.append(f"{name}.keys().isdisjoint({name}a)")
                 plain = [k for k in part.keys if _plain(d[k])]
                 objects = [k for k in part.keys if not _plain(d[k])]
                 if plain:  # one C-level tuple comparison (padded: itemgetter of one key is no tuple)
@@ -289,12 +319,25 @@ def fast_check(guards: list[tuple[Callable[[], Any], StateView]]) -> Callable[[]
     return env["state_unchanged"]  # type: ignore[no-any-return]
 
 
-def module_keys(m: torch.nn.Module) -> list[str]:
-    """The slots of ``m.__dict__`` a state guard compares."""
+def module_keys(m: torch.nn.Module, reads: frozenset[str] | None = None) -> list[str]:
+    """The slots of ``m.__dict__`` a state guard compares: with ``reads`` (the names its
+    code was recorded reading, [Note: recorded attribute reads]) those and the forward
+    hooks, else all."""
     d = m.__dict__
     if runs_unconverted(m):
-        return [k for k in d if k not in SKIPPED]
+        if reads is None or WHOLE in reads:
+            return [k for k in d if k not in SKIPPED]
+        return [k for k in d if (k in reads or k in FORWARD_HOOKS) and k not in SKIPPED]
     return [k for k in FORWARD_HOOKS if k in d]
+
+
+def absent_names(m: torch.nn.Module, reads: frozenset[str] | None) -> frozenset[str] | None:
+    """The names read that ``m.__dict__`` lacks (they must stay absent), or ``None``
+    when the whole dict is compared."""
+    if reads is None or WHOLE in reads or not runs_unconverted(m):
+        return None
+    d = m.__dict__
+    return frozenset(k for k in reads if k not in d)
 
 
 def has_hooks(m: torch.nn.Module) -> bool:
@@ -392,17 +435,23 @@ def _qualified(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
-def state_json(obj: Any) -> Any:
+def state_json(obj: Any, reads: frozenset[str] | None = None) -> Any:
     """What :class:`StateView` compares, as plain data (hook dictionaries by their
-    functions: the keys are handle numbers, which differ between processes)."""
+    functions: the keys are handle numbers, which differ between processes); with
+    ``reads``, the recorded names too, so another process compares the same slots."""
     if isinstance(obj, torch.nn.Module):
         d = obj.__dict__
         out = []
-        for k in sorted(module_keys(obj)):
+        for k in sorted(module_keys(obj, reads)):
             v = d[k]
             hooks = k in FORWARD_HOOKS
             out.append([k, encode(list(v.values()) if hooks else v)])
-        return {"t": "module", "class": _qualified(type(obj)), "state": out}
+        data: dict[str, Any] = {"t": "module", "class": _qualified(type(obj)), "state": out}
+        absent = absent_names(obj, reads)
+        if absent is not None:
+            data["reads"] = sorted(reads or ())
+            data["absent"] = sorted(absent)
+        return data
     if isinstance(obj, dict):  # a global hook dictionary
         return encode(list(obj.values()))
     return encode(obj)
@@ -413,6 +462,7 @@ __all__ = [
     "GLOBAL_HOOKS",
     "NotStorable",
     "StateView",
+    "absent_names",
     "encode",
     "fast_check",
     "fingerprint",

@@ -109,6 +109,9 @@ class Reads:
         #: ids of the compiled module's submodules, whose submodule/parameter/buffer slots
         #: the module snapshot (cuvil/artifacts.py ModuleSnapshot) already checks on every call
         self.snapshotted: set[int] = set()
+        #: module id -> the attribute names its unconverted code read while traced
+        #: ([Note: recorded attribute reads] in cuvil/frontend/attribute_reads.py)
+        self.attribute_reads: dict[int, set[str]] = {}
         self._lift_sources = lift_sources
         #: code of library functions whose settings are guarded -> the fewest calls deep seen
         self._library_seen: dict[types.CodeType, int] = {}
@@ -305,7 +308,12 @@ class Reads:
         if not found:
             return
         for sub, path, place in found.values():
-            view = StateView(sub, snapshotted=id(sub) in self.snapshotted)
+            recorded = self.attribute_reads.get(id(sub))
+            view = StateView(
+                sub,
+                snapshotted=id(sub) in self.snapshotted,
+                reads=frozenset(recorded) if recorded is not None else None,
+            )
             self._add(
                 f"state of module '{path}' ({type(sub).__name__})",
                 functools.partial(same, sub),

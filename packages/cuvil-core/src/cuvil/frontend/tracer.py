@@ -228,6 +228,23 @@ class Tracer:
         p._cuvil_is_input = True
         return p
 
+    def add_size_input(self, name: str, value: int) -> Any:
+        """An int argument leaf as a size symbol ([Note: int attributes are sizes] in
+        cuvil/frontend/arg_objects.py): a hidden graph input of shape ``(n, 0)`` binds it;
+        returns the symbol and the ``torch.SymInt`` the traced code gets."""
+        if name in self._names:
+            raise ValueError(f"duplicate graph input name {name}")
+        self._names.add(name)
+        assert self.ctx.hints is not None
+        s = symbol(_sanitize(name))
+        if self.ctx.hints.get(s, value) != value:
+            raise CompileError(
+                f"the size symbol {s} of argument {name} is {value} here and {self.ctx.hints[s]} elsewhere"
+            )
+        self.ctx.hints[s] = value
+        self.inputs.append(Value(name, TensorType(DType.i64, (s, 0), "cpu")))
+        return s, self.size(s)
+
     def lift(self, t: torch.Tensor) -> TensorProxy:
         """A real tensor met during tracing becomes a graph input (never a baked constant)."""
         proxy = self._lifted_ids.get(id(t))
