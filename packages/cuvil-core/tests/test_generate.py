@@ -109,6 +109,40 @@ def test_generate_with_a_compiled_forward_matches_eager() -> None:
     assert forward is not None
 
 
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+@torch.no_grad()
+def test_generate_with_a_forward_compiled_by_torch_compile_and_cuvil(cache: str) -> None:
+    """``model.forward = torch.compile(model.forward, backend="cuvil", dynamic=True)``:
+    Dynamo captures each step, Cuvil compiles its graphs; tokens equal eager's, no
+    fallback, and another prompt length compiles nothing new on either side."""
+    import torch._dynamo
+
+    from cuvil.fx_backend import compiled_graphs
+
+    torch._dynamo.reset()
+    model = _llama()
+    kw: dict[str, Any] = {"max_new_tokens": 6, "do_sample": False}
+    if cache == "static":
+        kw["cache_implementation"] = "static"
+    ids = torch.randint(0, 96, (2, 5))
+    want = model.generate(ids, **kw)
+    model.forward = torch.compile(
+        model.forward, backend="cuvil", dynamic=True, options={"target": "reference", "fallback": "error"}
+    )
+    try:
+        assert torch.equal(model.generate(ids, **kw), want)
+        graphs = compiled_graphs()
+        counts = [g.stats.compiles for g in graphs]
+        ids = torch.randint(0, 96, (2, 7))
+        got = model.generate(ids, **kw)
+    finally:
+        del model.forward
+    assert torch.equal(got, model.generate(ids, **kw))
+    assert len(compiled_graphs()) == len(graphs) and [g.stats.compiles for g in graphs] == counts
+    assert all(g.stats.fallbacks == 0 for g in graphs)
+    torch._dynamo.reset()
+
+
 def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     # a size predicate, as transformers' `q_len > 1 and mask is None and ...` yields when
     # the first operand is false (Python's `and` returns that operand itself)
@@ -174,7 +208,7 @@ def _architectures() -> dict[str, Any]:
                 decoder_start_token_id=0,
             )
         ),
-        # sliding-window attention: its layers count tokens in a Python int (see the xfail)
+        # sliding-window attention: its layers count tokens in an int attribute (a size symbol)
         "mistral": lambda: T.MistralForCausalLM(T.MistralConfig(**common, sliding_window=8)),
     }
 
@@ -194,16 +228,6 @@ _MODES: dict[str, dict[str, Any]] = {
 @pytest.mark.parametrize("arch", list(_architectures()))
 @torch.no_grad()
 def test_generate_matrix(arch: str, cache: str, mode: str, target: str) -> None:
-    if arch == "mistral":
-        pytest.xfail(
-            "a sliding-window layer's token count is a Python int attribute, specialized by value: a compile per step"
-        )
-    if arch == "t5" and cache == "static" and target == "cpu":
-        pytest.xfail(
-            "with pass verification on and a cold kernel cache: the specialized graph fails to verify "
-            "('sdpa: cannot decide Eq(cache_cross_attention_cache_layers_0_keys_1, 4)'): the cross-attention "
-            "cache's heads are floor(4*b/b0), which known_sizes does not reduce to 4 (tokens match without verification)"
-        )
     torch.manual_seed(0)
     model = _architectures()[arch]().eval()
     ids = torch.randint(1, 96, (2, 6))
@@ -221,7 +245,11 @@ def test_generate_matrix(arch: str, cache: str, mode: str, target: str) -> None:
     torch.manual_seed(1)
     got = m.generate(ids, **kw)
     assert torch.equal(got, want)  # sampling too: the same draws under the same seed
-    assert m.stats.compiles <= 3 and m.stats.fallbacks == 0, m.stats.recompile_reasons
+    # Mistral's dynamic sliding-window cache takes three paths through transformers' own
+    # code while the window fills (mask skipped while kv_length < sliding_window, the step
+    # that first reaches it, the full window), each a variant besides the prompt's
+    limit = 4 if arch == "mistral" and cache == "dynamic" else 3
+    assert m.stats.compiles <= limit and m.stats.fallbacks == 0, m.stats.recompile_reasons
 
 
 @pytest.mark.slow
@@ -241,17 +269,22 @@ def test_generate_long_greedy_decoding_matches_eager(target: str) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("batches", [(1, 1, 1, 1, 1), (2, 3, 2, 4, 3)])
 @pytest.mark.parametrize("cache", ["dynamic", "static"])
 @torch.no_grad()
-def test_compiles_are_bounded_across_prompt_lengths_batches_and_new_tokens(target: str, cache: str) -> None:
-    """Any prompt length, batch size and number of new tokens: at most 3 compiles per
-    model and cache kind, eager generate() on the same model in between."""
+def test_compiles_are_bounded_across_prompt_lengths_batches_and_new_tokens(
+    target: str, cache: str, batches: tuple[int, ...]
+) -> None:
+    """Any prompt length and number of new tokens, batch 1 or any batch above 1: at most
+    3 compiles per model and cache kind, eager generate() on the same model in between.
+    (Batch 1 and batch > 1 are two variants each: torch's indexing kernel decides the
+    broadcast of a batch of one in transformers' padding mask, ``Eq(input_ids_0, 1)``.)"""
     model = _llama()
     m = cu.compile(model, target=target, fallback="error")
     kw: dict[str, Any] = {"do_sample": False}
     if cache == "static":
         kw["cache_implementation"] = "static"
-    for batch, prompt, new in ((1, 3, 4), (2, 5, 9), (1, 7, 1), (3, 4, 16), (1, 3, 4)):
+    for batch, (prompt, new) in zip(batches, ((3, 4), (5, 9), (7, 1), (4, 16), (3, 4))):
         ids = torch.randint(0, 96, (batch, prompt))
         mask = torch.ones_like(ids)
         got = m.generate(ids, attention_mask=mask, max_new_tokens=new, **kw)

@@ -69,8 +69,12 @@ def specialize(graph: Graph) -> Graph:
     # the specialized graph names no symbol its inputs no longer bind; a fact about an
     # expression (``Eq(Mod(x_0*x_1, 2), 0)``) stays as it is
     renamed = {k: v for k, v in known.items() if isinstance(k, sympy.Symbol)}
+    # (in canonical form: renaming can turn a fact into another's arguments in the other
+    # order, and facts are looked up as written: Eq(k_2 + 1, w + q_1 - 1) with q_1 -> 1)
     facts = tuple(
-        f for f in (sympy.sympify(a).xreplace(renamed) for a in graph.assumptions) if f is not sympy.true
+        canonical(f)
+        for f in (sympy.sympify(a).xreplace(renamed) for a in graph.assumptions)
+        if f is not sympy.true
     )
     return Graph(graph.name, inputs, nodes, tuple(val(v) for v in graph.outputs), facts)
 

@@ -92,11 +92,35 @@ def strided_view(lz: Lazy) -> tuple[str, tuple[Dim, ...], Dim] | None:
 
 
 def known_sizes(assumptions: Sequence[sympy.Basic]) -> dict[sympy.Basic, Any]:
-    """Sizes the graph's assumptions pin down: ``Eq(s, 1)`` gives ``s -> 1``,
-    ``Eq(a, b)`` of two symbols gives the later name -> the earlier one, and
-    ``Eq(e, 1)`` of an expression (a ``Piecewise`` size merged from the branches of an
-    ``if``) gives ``e -> 1``: such a dim broadcasts like a literal 1."""
-    out: dict[sympy.Basic, Any] = {}
+    """Sizes the graph's assumptions pin down: ``Eq(s, 1)`` gives ``s -> 1``, symbols
+    ``Eq(a, b)`` says are equal are one class, named by the integer one of them is
+    assumed to be or else by its first name (``Eq(b, a)``, ``Eq(b, 2)`` give ``a -> 2``
+    and ``b -> 2``, in any order: a union-find, so a symbol equal to two others never
+    loses one of the facts), and ``Eq(e, 1)`` of an expression (a ``Piecewise`` size
+    merged from the branches of an ``if``) gives ``e -> 1``: such a dim broadcasts like a
+    literal 1."""
+    parent: dict[sympy.Symbol, sympy.Symbol] = {}
+    value: dict[sympy.Symbol, sympy.Integer] = {}
+
+    def find(x: sympy.Symbol) -> sympy.Symbol:
+        root = x
+        while parent.get(root, root) != root:
+            root = parent[root]
+        while x != root:
+            x, parent[x] = parent[x], root
+        return root
+
+    def union(a: sympy.Symbol, b: sympy.Symbol) -> None:
+        ra, rb = find(a), find(b)
+        if ra == rb:
+            return
+        lo, hi = sorted((ra, rb), key=lambda s: s.name)
+        parent[hi] = lo
+        parent.setdefault(lo, lo)
+        if hi in value:
+            value.setdefault(lo, value.pop(hi))
+
+    expressions: dict[sympy.Basic, Any] = {}
     for a in assumptions:
         if not isinstance(a, sympy.Eq):
             continue
@@ -107,21 +131,50 @@ def known_sizes(assumptions: Sequence[sympy.Basic]) -> dict[sympy.Basic, Any]:
             lhs, rhs = rhs, lhs
         if not isinstance(lhs, sympy.Symbol):
             if rhs.is_Integer and not lhs.is_Number:
-                out[lhs] = rhs  # xreplace matches it as a whole, before its parts
+                expressions[lhs] = rhs  # xreplace matches it as a whole, before its parts
             continue
         if rhs.is_Integer:
-            out[lhs] = rhs
+            root = find(lhs)
+            parent.setdefault(root, root)
+            value.setdefault(root, rhs)
         elif isinstance(rhs, sympy.Symbol):
-            lo, hi = sorted((lhs, rhs), key=lambda s: s.name)
-            out[hi] = lo
-    # resolve chains (c -> b -> a) to a fixed point
-    for _ in range(len(out)):
-        changed = False
-        for k, v in list(out.items()):
-            nv = sympy.sympify(v).xreplace(out)
-            if nv != v:
-                out[k] = nv
-                changed = True
-        if not changed:
+            union(lhs, rhs)
+    def classes() -> dict[sympy.Basic, Any]:
+        named: dict[sympy.Basic, Any] = {}
+        for s in list(parent):
+            root = find(s)
+            rep = value.get(root, root)
+            if rep != s:
+                named[s] = rep
+        return named
+
+    # an expression of one unknown symbol, linear in it (``2*k_1 == 4``, ``4*v_3*q_1 == 32``
+    # with q_1 known to be 1), gives that symbol's value when it is a whole number
+    out = classes()
+    for _ in range(len(expressions)):
+        learnt = False
+        for e, n in expressions.items():
+            e2 = sympy.expand(e.xreplace(out))
+            free = e2.free_symbols
+            if len(free) != 1 or not e2.is_polynomial(*free):
+                continue
+            (x,) = free
+            poly = sympy.Poly(e2 - n, x)
+            if poly.degree() != 1:
+                continue
+            a, b = poly.all_coeffs()
+            if a.is_Integer and b.is_Integer and b % a == 0 and -b // a >= 0:
+                root = find(x)
+                parent.setdefault(root, root)
+                if root not in value:
+                    value[root] = sympy.Integer(-b // a)
+                    learnt = True
+        if not learnt:
             break
+        out = classes()
+    for e, n in expressions.items():
+        out[e] = n
+        renamed = e.xreplace({k: v for k, v in out.items() if isinstance(k, sympy.Symbol)})
+        if renamed != e and not renamed.is_Number:
+            out.setdefault(renamed, n)
     return {k: v for k, v in out.items() if k not in sympy.sympify(v).free_symbols}
