@@ -75,7 +75,11 @@ def child(impl: str, cache: str, args: argparse.Namespace) -> dict[str, Any]:
     torch.set_num_threads(args.threads)
     model = build(args.size)
     vocab = SIZES[args.size]["vocab"]
-    kw: dict[str, Any] = {"max_new_tokens": args.new_tokens, "do_sample": False, "min_new_tokens": args.new_tokens}
+    kw: dict[str, Any] = {
+        "max_new_tokens": args.new_tokens,
+        "do_sample": False,
+        "min_new_tokens": args.new_tokens,
+    }
     if cache == "static":
         kw["cache_implementation"] = "static"
     ids = _prompt(vocab, args.batch, args.prompt, 1)
@@ -204,7 +208,15 @@ def main(argv: list[str] | None = None) -> None:
                     "TORCHINDUCTOR_CACHE_DIR": f"{tmp}/inductor",
                     "OMP_NUM_THREADS": str(args.threads),
                 }
-                cmd = [sys.executable, "-m", "benchmarks.generate", *(argv or sys.argv[1:]), "--child", impl, cache]
+                cmd = [
+                    sys.executable,
+                    "-m",
+                    "benchmarks.generate",
+                    *(argv or sys.argv[1:]),
+                    "--child",
+                    impl,
+                    cache,
+                ]
                 proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
             if proc.returncode != 0:
                 tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]

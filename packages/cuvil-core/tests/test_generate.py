@@ -114,7 +114,8 @@ def test_generate_with_a_compiled_forward_matches_eager() -> None:
 def test_generate_with_a_forward_compiled_by_torch_compile_and_cuvil(cache: str) -> None:
     """``model.forward = torch.compile(model.forward, backend="cuvil", dynamic=True)``:
     Dynamo captures each step, Cuvil compiles its graphs; tokens equal eager's, no
-    fallback, and another prompt length compiles nothing new on either side."""
+    fallback, and another prompt length compiles nothing new on either side (the static
+    cache's ``max_cache_len`` reaches Cuvil as a symbolic int: a size there too)."""
     import torch._dynamo
 
     from cuvil.fx_backend import compiled_graphs

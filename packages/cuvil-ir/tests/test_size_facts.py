@@ -43,7 +43,9 @@ def test_equal_symbols_are_named_by_their_first_name() -> None:
         ([sympy.Eq(k * w, 6)], {}),  # two unknowns
     ],
 )
-def test_a_linear_fact_of_one_unknown_gives_its_value(facts: list[sympy.Basic], want: dict[sympy.Basic, int]) -> None:
+def test_a_linear_fact_of_one_unknown_gives_its_value(
+    facts: list[sympy.Basic], want: dict[sympy.Basic, int]
+) -> None:
     known = known_sizes(facts)
     assert {s: v for s, v in known.items() if isinstance(s, sympy.Symbol)} == want
 

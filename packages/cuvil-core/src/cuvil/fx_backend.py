@@ -15,8 +15,10 @@ other inputs, and reads each such size back from a tensor dimension Dynamo's exa
 values say it equals (``x.shape[0]``): under the tracer that is a size symbol, so the
 graph stays symbolic. Tensor dimensions carry Dynamo's symbol names (``dims``), so
 sizes Dynamo knows equal are one Cuvil symbol. A SymInt no tensor dimension equals
-(an ``int`` argument Dynamo made dynamic) stays an argument: specialized and guarded
-by value on the Cuvil side.
+(an ``int`` argument or attribute Dynamo made dynamic: a static cache's
+``max_cache_len``) stays an argument, passed as a size symbol
+(``arg_objects.SizeArg``, [Note: int attributes are sizes]), so a new value that
+passes Cuvil's guards is no recompile on either side.
 
 [Note: Dynamo's static sizes] With dynamic shapes Dynamo still keeps some sizes
 static: parameters' and buffers' sizes, and sizes it specialized (an input's feature
@@ -62,6 +64,7 @@ import torch
 from cuvil.api import CompiledFunction, CuvilFallbackWarning
 from cuvil.api import compile as cu_compile
 from cuvil.errors import CompileError, SourceLoc
+from cuvil.frontend.arg_objects import size_arg
 from cuvil.frontend.tracer import Tracer
 
 #: the ``options`` keys this backend reads itself; any other key is a target option
@@ -112,18 +115,30 @@ class _GraphRunner:
     """What Dynamo calls with the graph's full input list: drops the SymInts that
     tensor dimensions carry and calls the compiled function with the rest."""
 
-    __slots__ = ("__weakref__", "compiled", "keep", "numbers")
+    __slots__ = ("__weakref__", "compiled", "ints", "keep", "numbers")
 
-    def __init__(self, compiled: CompiledFunction, keep: tuple[int, ...], numbers: frozenset[int]) -> None:
+    def __init__(
+        self, compiled: CompiledFunction, keep: tuple[int, ...], numbers: frozenset[int], ints: frozenset[int]
+    ) -> None:
         self.compiled = compiled
         self.keep = keep
         #: inputs Dynamo passes as 0-d tensors that Cuvil takes as Python numbers
         self.numbers = numbers
+        #: symbolic int inputs no tensor dimension carries: sizes for Cuvil too
+        self.ints = ints
 
     def __call__(self, *args: Any) -> Any:
-        if self.numbers:
-            return self.compiled(*[args[i].item() if i in self.numbers else args[i] for i in self.keep])
+        if self.numbers or self.ints:
+            return self.compiled(*_passed(args, self.keep, self.numbers, self.ints))
         return self.compiled(*[args[i] for i in self.keep])
+
+
+def _passed(
+    args: Sequence[Any], keep: Sequence[int], numbers: frozenset[int], ints: frozenset[int]
+) -> list[Any]:
+    """The compiled function's arguments from Dynamo's: 0-d tensors of unspecialized
+    scalars as numbers, symbolic ints as sizes ([Note: Dynamo's SymInt inputs])."""
+    return [args[i].item() if i in numbers else size_arg(args[i]) if i in ints else args[i] for i in keep]
 
 
 def backend(
@@ -209,12 +224,15 @@ def backend(
         dims={k: v for k, v in dims.items() if v} if dynamic else None,
         **opts,
     )
-    concrete = _concrete([example_inputs[i] for i in keep], [i in numbers for i in keep])
+    ints = frozenset(
+        i for i in keep if dynamic and isinstance(examples[i], torch.SymInt) and not _static_size(examples[i])
+    )
+    concrete = _concrete(list(example_inputs), [i in numbers for i in range(len(example_inputs))])
     if concrete is not None:
         # compile now, so a graph Cuvil cannot run fails Dynamo's compile (a
         # BackendCompilerFailed naming the reason) instead of its first call
-        compiled._prepare(tuple(concrete), {})
-    runner = _GraphRunner(compiled, keep, frozenset(numbers))
+        compiled._prepare(tuple(_passed(concrete, keep, frozenset(), ints)), {})
+    runner = _GraphRunner(compiled, keep, frozenset(numbers), ints)
     _LIVE[next(_COUNT)] = runner
     return runner
 

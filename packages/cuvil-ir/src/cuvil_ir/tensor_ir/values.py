@@ -139,6 +139,7 @@ def known_sizes(assumptions: Sequence[sympy.Basic]) -> dict[sympy.Basic, Any]:
             value.setdefault(root, rhs)
         elif isinstance(rhs, sympy.Symbol):
             union(lhs, rhs)
+
     def classes() -> dict[sympy.Basic, Any]:
         named: dict[sympy.Basic, Any] = {}
         for s in list(parent):
