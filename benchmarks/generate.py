@@ -91,9 +91,9 @@ def child(impl: str, cache: str, args: argparse.Namespace) -> dict[str, Any]:
         if impl == "eager":
             run = model.generate
         elif impl == "torch.compile":
-            import torch._dynamo
+            import torch._dynamo as dynamo
 
-            torch._dynamo.reset()
+            dynamo.reset()
             model.forward = torch.compile(model.forward)
             run = model.generate
         else:
