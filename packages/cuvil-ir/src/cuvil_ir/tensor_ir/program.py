@@ -6,6 +6,7 @@ schedules and generates code for; it prints canonically and hashes like Graph IR
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from dataclasses import dataclass, field
 from typing import Any, Union
@@ -48,16 +49,11 @@ class Buffer:
 
     @property
     def numel(self) -> sympy.Expr:
-        n: Any = sympy.Integer(1)
-        for d in self.shape:
-            n = n * d
-        return sympy.expand(n)
+        return _numel(self.shape)
 
     @property
     def nbytes(self) -> sympy.Expr:
-        import torch
-
-        return sympy.expand(self.numel * torch.empty((), dtype=self.dtype.torch).element_size())
+        return _nbytes(self.shape, self.dtype)
 
     def __str__(self) -> str:
         dims = ", ".join(dim_str(d) for d in self.shape)
@@ -201,6 +197,24 @@ class TensorProgram:
         return out
 
 
+# the runner asks these of every buffer for every new size binding (a size plan): made
+# once per shape, not once per call ([Note: evaluating a size expression again])
+@functools.lru_cache(maxsize=1 << 14)
+def _numel(shape: tuple[Dim, ...]) -> sympy.Expr:
+    n: Any = sympy.Integer(1)
+    for d in shape:
+        n = n * d
+    return sympy.expand(n)
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _nbytes(shape: tuple[Dim, ...], dtype: DType) -> sympy.Expr:
+    import torch
+
+    return sympy.expand(_numel(shape) * torch.empty((), dtype=dtype.torch).element_size())
+
+
+@functools.lru_cache(maxsize=1 << 14)
 def layout_strides(shape: tuple[Dim, ...], order: tuple[int, ...] | None) -> tuple[Dim, ...]:
     """Strides of ``shape`` laid out in ``order`` (outermost dim first; None: row-major)."""
     if order is None:
