@@ -11,8 +11,11 @@ give the steady-state tokens/s (median), and one call with another prompt length
 whether it compiles again. Reported per implementation and cache kind: first
 ``generate()`` seconds, tokens/s and the ratio to eager's, compiles (Cuvil's
 ``stats.compiles``; torch.compile's Dynamo frame compiles), whether the tokens equal
-eager's (greedy), and the child's peak RSS. The model is built from a config with
-random weights (seeded, no download).
+eager's (greedy), and the child's peak RSS. Then one more process per cache kind
+measures all implementations' tokens/s interleaved round by round, which is the
+column to compare (on a shared virtual host the speed drifts between processes
+minutes apart). The model is built from a config with random weights (seeded, no
+download).
 
 Implementations: ``eager``; ``torch.compile``: ``model.forward = torch.compile(
 model.forward)`` (Inductor, its default dynamic handling; for the static cache this is
@@ -135,6 +138,49 @@ def child(impl: str, cache: str, args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def steady(cache: str, args: argparse.Namespace) -> dict[str, float]:
+    """Tokens/s of every implementation in one process, interleaved round by round (the
+    host's speed drifts between child processes: compare within this)."""
+    import copy
+
+    import torch._dynamo as dynamo
+
+    import cuvil as cu
+
+    torch.set_num_threads(args.threads)
+    model = build(args.size)
+    kw: dict[str, Any] = {
+        "max_new_tokens": args.new_tokens,
+        "do_sample": False,
+        "min_new_tokens": args.new_tokens,
+    }
+    if cache == "static":
+        kw["cache_implementation"] = "static"
+    ids = _prompt(SIZES[args.size]["vocab"], args.batch, args.prompt, 1)
+    runs: dict[str, Any] = {}
+    for impl in args.impls.split(","):
+        if impl == "eager":
+            runs[impl] = model.generate
+        elif impl == "torch.compile":
+            dynamo.reset()
+            other = copy.deepcopy(model)
+            other.forward = torch.compile(other.forward)
+            runs[impl] = other.generate
+        else:
+            runs[impl] = cu.compile(model, target=args.target).generate
+    times: dict[str, list[float]] = {k: [] for k in runs}
+    with torch.no_grad():
+        for run in runs.values():  # compile and warm up
+            run(ids, **kw)
+            run(ids, **kw)
+        for _ in range(args.repeats):
+            for impl, run in runs.items():
+                t0 = time.perf_counter()
+                run(ids, **kw)
+                times[impl].append(time.perf_counter() - t0)
+    return {impl: args.batch * args.new_tokens / statistics.median(t) for impl, t in times.items()}
+
+
 def _host() -> dict[str, Any]:
     from benchmarks.roofline import host_isa
 
@@ -158,23 +204,26 @@ def _markdown(data: dict[str, Any]) -> str:
         f"{c['new_tokens']} new tokens (greedy), median of {c['repeats']}; Cuvil target {c['target']}.",
         f"Command: `{c['command']}`",
         "",
-        "| cache | impl | first generate() s | tokens/s | vs eager | other prompt s | compiles | tokens = eager | peak RSS MB |",
-        "|---|---|---:|---:|---:|---:|---:|---|---:|",
+        "| cache | impl | first generate() s | tokens/s (own process) | tokens/s interleaved | vs eager (interleaved) | other prompt s | compiles | tokens = eager | peak RSS MB |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---|---:|",
     ]
     for cache in c["caches"]:
         rows = {r["impl"]: r for r in data["results"] if r["cache"] == cache}
-        base = rows.get("eager", {}).get("tokens_per_s")
+        inter = data.get("interleaved", {}).get(cache, {})
+        base = inter.get("eager")
         for impl in IMPLS:
             r = rows.get(impl)
             if r is None:
                 continue
             if "error" in r:
-                lines.append(f"| {cache} | {impl} | error: {r['error'][:80]} | | | | | | |")
+                lines.append(f"| {cache} | {impl} | error: {r['error'][:80]} | | | | | | | |")
                 continue
-            ratio = f"{r['tokens_per_s'] / base:.2f}x" if base else ""
+            mine = inter.get(impl)
+            ratio = f"{mine / base:.2f}x" if base and mine else ""
             eq = "" if r["equal_to_eager"] is None else ("yes" if r["equal_to_eager"] else "**no**")
             lines.append(
-                f"| {cache} | {impl} | {r['first_s']:.2f} | {r['tokens_per_s']:.1f} | {ratio} | "
+                f"| {cache} | {impl} | {r['first_s']:.2f} | {r['tokens_per_s']:.1f} | "
+                f"{'' if mine is None else f'{mine:.1f}'} | {ratio} | "
                 f"{r['other_prompt_s']:.2f} | {r.get('compiles', '')} | {eq} | {r['peak_rss_mb']:.0f} |"
             )
     return "\n".join(lines) + "\n"
@@ -193,9 +242,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--target", default="cpu")
     p.add_argument("--out", default="benchmarks/results/generate")
     p.add_argument("--child", nargs=2, metavar=("IMPL", "CACHE"), help=argparse.SUPPRESS)
+    p.add_argument("--steady", metavar="CACHE", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
         print(json.dumps(child(args.child[0], args.child[1], args)))
+        return
+    if args.steady:
+        print(json.dumps(steady(args.steady, args)))
         return
     caches = args.caches.split(",")
     results = []
@@ -224,6 +277,13 @@ def main(argv: list[str] | None = None) -> None:
             else:
                 results.append(json.loads(proc.stdout.strip().splitlines()[-1]))
             print(json.dumps(results[-1]), flush=True)
+    interleaved: dict[str, Any] = {}
+    for cache in caches:
+        cmd = [sys.executable, "-m", "benchmarks.generate", *(argv or sys.argv[1:]), "--steady", cache]
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if proc.returncode == 0:
+            interleaved[cache] = json.loads(proc.stdout.strip().splitlines()[-1])
+        print(cache, "interleaved:", interleaved.get(cache, proc.stderr.strip()[-300:]), flush=True)
     data = {
         "host": _host(),
         "config": {
@@ -232,6 +292,7 @@ def main(argv: list[str] | None = None) -> None:
             "command": " ".join(["python -m benchmarks.generate", *(argv or sys.argv[1:])]),
         },
         "results": results,
+        "interleaved": interleaved,
     }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
