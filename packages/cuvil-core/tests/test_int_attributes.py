@@ -90,3 +90,28 @@ def test_a_size_from_an_int_attribute_shapes_the_result(target: str) -> None:
         torch.testing.assert_close(out, _sized(w))
     assert f.stats.compiles == 1, f.stats.recompile_reasons
     assert "w_limit" in cu.explain(f, Window(torch.ones(2), 2, 5))
+
+
+class Options:
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+
+def _rows(x: torch.Tensor, opts: Options) -> torch.Tensor:
+    out = []
+    for i in range(opts.n):  # a Python loop building a list: runs unrolled, on a value
+        out.append(x[i] * i)
+    return torch.stack(out)
+
+
+def test_code_that_needs_an_int_attribute_as_a_value_gets_one() -> None:
+    """A loop over ``range(opts.n)`` that appends to a list cannot be a captured loop over
+    a size: the capture is made again with the ints as values (specialized, as before),
+    and they stay values for this function; ``stats.notes`` says why."""
+    f = cu.compile(_rows, target="reference", fallback="error")
+    x = torch.randn(8, 3)
+    for n in (3, 4, 3):
+        torch.testing.assert_close(f(x, Options(n)), _rows(x, Options(n)))
+    assert f.stats.compiles == 2 and f.stats.fallbacks == 0, f.stats.recompile_reasons
+    assert "argument opts_n: was int 3, now int 4" in f.stats.recompile_reasons[0]
+    assert any("specialized by value from now on" in n for n in f.stats.notes)

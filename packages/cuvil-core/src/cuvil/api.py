@@ -109,6 +109,9 @@ class CompiledFunction:
         self.target = target
         self.opt_level = opt_level
         self.dynamic = dynamic
+        #: int attributes of argument objects are size symbols ([Note: int attributes are
+        #: sizes]) until a capture with them as sizes fails; then they are values
+        self.int_sizes = dynamic
         self.fallback = fallback
         self.dims = check_dims(dims)
         self.stats = Stats()
@@ -286,7 +289,7 @@ class CompiledFunction:
             objects = False  # plain tensors only
         else:
             bargs, bkwargs = self._check_call(args, kwargs)
-            leaves, spec = arg_objects.flatten((bargs, bkwargs), sizes=self.dynamic)
+            leaves, spec = arg_objects.flatten((bargs, bkwargs), sizes=self.int_sizes)
             if not kwargs and all(type(a) in PLAIN_TENSORS for a in args):
                 self._flat_specs[len(args)] = spec
             objects = arg_objects.has_objects(spec)
@@ -428,9 +431,27 @@ class CompiledFunction:
             if captured is not None:
                 self.stats.warm_starts += 1
             else:
-                captured = capture(
-                    self.__name__, self.fn, self.module, leaves, names, spec, self.dynamic, self.dims
-                )
+                try:
+                    captured = capture(
+                        self.__name__, self.fn, self.module, leaves, names, spec, self.dynamic, self.dims
+                    )
+                except CompileError as e:
+                    if not any(type(x) is arg_objects.SizeArg for x in leaves):
+                        raise
+                    # code an int attribute as a size cannot run (a Python loop over it that
+                    # appends to a list): ints are values from now on, as before
+                    # [Note: int attributes are sizes]; this call is captured again
+                    self.int_sizes = False
+                    self.stats.notes.append(
+                        "int attributes of arguments are specialized by value from now on: capturing "
+                        f"with them as size symbols failed: {e.reason}"
+                    )
+                    leaves = [arg_objects.plain(x) for x in leaves]
+                    key = (key[0], tuple(leaf_key(x, self.dynamic) for x in leaves), *key[2:])
+                    wkey = warm.key(self, key, target, options) if warm.enabled() else None
+                    captured = capture(
+                        self.__name__, self.fn, self.module, leaves, names, spec, self.dynamic, self.dims
+                    )
                 why = None
                 if wkey is not None:
                     why = warm.store(self, wkey, captured, leaves, key)

@@ -26,7 +26,7 @@ def captured_call(f: Any, *args: Any, **kwargs: Any) -> tuple[Captured, list[Any
     if art.captured is None:
         raise CompileError(art.reason or "did not compile")
     bargs, bkwargs = compiled._check_call(args, kwargs)
-    leaves, _ = arg_objects.flatten((bargs, bkwargs), sizes=compiled.dynamic)
+    leaves, _ = arg_objects.flatten((bargs, bkwargs), sizes=compiled.int_sizes)
     return art.captured, graph_inputs(art.captured, leaves)
 
 

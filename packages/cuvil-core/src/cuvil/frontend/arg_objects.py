@@ -156,7 +156,11 @@ class SizeArg(int):
     and 1 stay specialized (a plain int in the key), as sizes 0 and 1 decide most
     branches (an empty cache, a batch of one). Plain int *arguments* and ints in
     registered pytree nodes or containers keep their value in the structure key: an int
-    passed to a function is as often a mode or a count to unroll as a size.
+    passed to a function is as often a mode or a count to unroll as a size. Code that
+    needs the value itself (a Python loop over ``range(opts.n)`` appending to a list,
+    which cannot be a captured loop over a size) fails to capture that way; the call is
+    then captured again with the ints as values, and they stay values for that compiled
+    function (``CompiledFunction.int_sizes``; ``stats.notes`` says why).
     """
 
     __slots__ = ()
