@@ -73,11 +73,9 @@ def _prompt(vocab: int, batch: int, length: int, seed: int) -> torch.Tensor:
     return torch.randint(1, vocab, (batch, length), generator=g)
 
 
-def child(impl: str, cache: str, args: argparse.Namespace) -> dict[str, Any]:
-    """One implementation, one cache kind, in this (fresh) process."""
+def _setup(cache: str, args: argparse.Namespace) -> tuple[Any, dict[str, Any], torch.Tensor]:
+    """The model, generate()'s arguments (greedy, exactly ``--new-tokens``) and the prompt."""
     torch.set_num_threads(args.threads)
-    model = build(args.size)
-    vocab = SIZES[args.size]["vocab"]
     kw: dict[str, Any] = {
         "max_new_tokens": args.new_tokens,
         "do_sample": False,
@@ -85,8 +83,13 @@ def child(impl: str, cache: str, args: argparse.Namespace) -> dict[str, Any]:
     }
     if cache == "static":
         kw["cache_implementation"] = "static"
-    ids = _prompt(vocab, args.batch, args.prompt, 1)
-    other = _prompt(vocab, args.batch, args.prompt + 7, 2)
+    return build(args.size), kw, _prompt(SIZES[args.size]["vocab"], args.batch, args.prompt, 1)
+
+
+def child(impl: str, cache: str, args: argparse.Namespace) -> dict[str, Any]:
+    """One implementation, one cache kind, in this (fresh) process."""
+    model, kw, ids = _setup(cache, args)
+    other = _prompt(SIZES[args.size]["vocab"], args.batch, args.prompt + 7, 2)
     with torch.no_grad():
         want = model.generate(ids, **kw) if impl != "eager" else None
         want_other = model.generate(other, **kw) if impl != "eager" else None
@@ -147,16 +150,7 @@ def steady(cache: str, args: argparse.Namespace) -> dict[str, float]:
 
     import cuvil as cu
 
-    torch.set_num_threads(args.threads)
-    model = build(args.size)
-    kw: dict[str, Any] = {
-        "max_new_tokens": args.new_tokens,
-        "do_sample": False,
-        "min_new_tokens": args.new_tokens,
-    }
-    if cache == "static":
-        kw["cache_implementation"] = "static"
-    ids = _prompt(SIZES[args.size]["vocab"], args.batch, args.prompt, 1)
+    model, kw, ids = _setup(cache, args)
     runs: dict[str, Any] = {}
     for impl in args.impls.split(","):
         if impl == "eager":

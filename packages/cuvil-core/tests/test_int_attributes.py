@@ -115,3 +115,24 @@ def test_code_that_needs_an_int_attribute_as_a_value_gets_one() -> None:
     assert f.stats.compiles == 2 and f.stats.fallbacks == 0, f.stats.recompile_reasons
     assert "argument opts_n: was int 3, now int 4" in f.stats.recompile_reasons[0]
     assert any("specialized by value from now on" in n for n in f.stats.notes)
+
+
+def _unrolled(x: torch.Tensor, n: int) -> torch.Tensor:
+    out = []
+    for i in range(n):  # as _rows: needs n as a value
+        out.append(x[i] * i)
+    return torch.stack(out)
+
+
+def test_ints_passed_as_sizes_become_values_for_good() -> None:
+    """The torch.compile backend passes a symbolic int as a size (``size_arg``); once a
+    capture needed the value, later calls are keyed by value too: one compile per value,
+    not one per call."""
+    from cuvil.frontend.arg_objects import size_arg
+
+    f = cu.compile(_unrolled, target="reference", fallback="error")
+    x = torch.randn(8, 3)
+    for n in (3, 4, 3, 4):
+        torch.testing.assert_close(f(x, size_arg(n)), _unrolled(x, n))
+    assert f.stats.compiles == 2 and f.stats.cache_hits == 2, f.stats.recompile_reasons
+    assert not f.int_sizes

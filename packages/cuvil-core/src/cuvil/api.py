@@ -290,6 +290,8 @@ class CompiledFunction:
         else:
             bargs, bkwargs = self._check_call(args, kwargs)
             leaves, spec = arg_objects.flatten((bargs, bkwargs), sizes=self.int_sizes)
+            if not self.int_sizes and self.dynamic:  # sizes passed as such (the torch.compile backend)
+                leaves = [arg_objects.plain(x) for x in leaves]
             if not kwargs and all(type(a) in PLAIN_TENSORS for a in args):
                 self._flat_specs[len(args)] = spec
             objects = arg_objects.has_objects(spec)

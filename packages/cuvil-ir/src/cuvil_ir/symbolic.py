@@ -427,10 +427,10 @@ def canonical(fact: sympy.Basic) -> sympy.Basic:
     return fact
 
 
-def with_equalities(assumptions: Sequence[sympy.Basic]) -> tuple[sympy.Basic, ...]:
-    """The assumptions plus ``Eq(a, b)`` for every two size symbols they make equal
-    through others (``Eq(w_0, x_1)`` and ``Eq(b_0, x_1)`` give ``Eq(b_0, w_0)``), since
-    the shape rules look facts up one by one: a weight and a bias broadcast alike."""
+def equal_classes(assumptions: Iterable[sympy.Basic]) -> dict[sympy.Symbol, sympy.Symbol]:
+    """Every size symbol an ``Eq(a, b)`` of two symbols names -> the first name (by
+    name) of the class of symbols those facts make equal, through others too (a
+    union-find: the order of the facts does not matter)."""
     parent: dict[sympy.Symbol, sympy.Symbol] = {}
 
     def find(s: sympy.Symbol) -> sympy.Symbol:
@@ -442,13 +442,22 @@ def with_equalities(assumptions: Sequence[sympy.Basic]) -> tuple[sympy.Basic, ..
         if isinstance(a, sympy.Eq) and isinstance(a.lhs, sympy.Symbol) and isinstance(a.rhs, sympy.Symbol):
             ra, rb = find(a.lhs), find(a.rhs)
             if ra != rb:
-                parent[ra] = rb
+                lo, hi = sorted((ra, rb), key=lambda x: x.name)
+                parent[hi] = lo
+                parent.setdefault(lo, lo)
+    return {s: find(s) for s in parent}
+
+
+def with_equalities(assumptions: Sequence[sympy.Basic]) -> tuple[sympy.Basic, ...]:
+    """The assumptions plus ``Eq(a, b)`` for every two size symbols they make equal
+    through others (``Eq(w_0, x_1)`` and ``Eq(b_0, x_1)`` give ``Eq(b_0, w_0)``), since
+    the shape rules look facts up one by one: a weight and a bias broadcast alike."""
     classes: dict[sympy.Symbol, list[sympy.Symbol]] = {}
-    for s in parent:
-        classes.setdefault(find(s), []).append(s)
+    for s, first in equal_classes(assumptions).items():
+        classes.setdefault(first, []).append(s)
     extra: list[sympy.Basic] = []
-    for root, members in classes.items():
-        group = sorted({root, *members}, key=lambda x: x.name)
+    for members in classes.values():
+        group = sorted(members, key=lambda x: x.name)
         extra += [canonical(sympy.Eq(x, y)) for x, y in itertools.combinations(group, 2)]
     return (*assumptions, *(e for e in extra if e not in assumptions))
 

@@ -22,8 +22,8 @@ that reads ``__dict__`` itself (``vars(self)``, ``self.__dict__``) gets the whol
 guard as before. Reads made by Cuvil's own code are not recorded (converted code reads
 through the read hooks, each read its own guard, ``getattr``/``hasattr``/``vars`` too),
 except those of what ``hooks.call`` runs as it is for the traced code (a builtin
-reading the module, ``dir(self)``). ``nn.Module.__getattr__`` finds parameters, buffers and submodules
-through ``self.__dict__``; the recording class answers those three from the dict it
+reading the module). ``nn.Module.__getattr__`` finds parameters, buffers and
+submodules through ``self.__dict__``; the recording class answers those three from the dict it
 reads without recording, so a parameter read is not a whole-dict read.
 
 Where no recording is possible the whole-dict guard stays: a class that defines its
@@ -56,8 +56,8 @@ _RECORDER: contextvars.ContextVar[dict[int, set[str]] | None] = contextvars.Cont
 #: module id -> [module, its class, captures using the swap]
 _SWAPPED: dict[int, list[Any]] = {}
 _LOCK = threading.Lock()
-#: original class -> its recording subclass
-_CLASSES: dict[type, type] = {}
+#: original class -> its recording subclass (None: its class cannot record)
+_CLASSES: dict[type, type | None] = {}
 #: the three dicts ``nn.Module.__getattr__`` looks in
 _SLOTS = ("_parameters", "_buffers", "_modules")
 #: the name meaning "read the whole instance dict"
@@ -71,11 +71,10 @@ USER_CALLS: set[types.CodeType] = set()
 
 
 def _recording_class(cls: type) -> type | None:
-    sub = _CLASSES.get(cls)
-    if sub is not None or cls in _CLASSES:
-        return sub
+    if cls in _CLASSES:
+        return _CLASSES[cls]
     if cls.__getattribute__ is not object.__getattribute__ or getattr(cls, "__cuvil_recording__", False):
-        _CLASSES[cls] = None  # type: ignore[assignment]
+        _CLASSES[cls] = None
         return None
     get = object.__getattribute__
     module_getattr = torch.nn.Module.__getattr__

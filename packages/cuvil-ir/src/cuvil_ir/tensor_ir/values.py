@@ -16,7 +16,7 @@ import sympy
 
 from cuvil_ir.graph_ir.types import SCALAR_DTYPES as SCALAR_DTYPES  # the one table, re-exported
 from cuvil_ir.graph_ir.types import DType
-from cuvil_ir.symbolic import Dim
+from cuvil_ir.symbolic import Dim, equal_classes
 from cuvil_ir.tensor_ir import expr as E
 from cuvil_ir.tensor_ir.program import contiguous_strides
 
@@ -93,33 +93,14 @@ def strided_view(lz: Lazy) -> tuple[str, tuple[Dim, ...], Dim] | None:
 
 def known_sizes(assumptions: Sequence[sympy.Basic]) -> dict[sympy.Basic, Any]:
     """Sizes the graph's assumptions pin down: ``Eq(s, 1)`` gives ``s -> 1``, symbols
-    ``Eq(a, b)`` says are equal are one class, named by the integer one of them is
-    assumed to be or else by its first name (``Eq(b, a)``, ``Eq(b, 2)`` give ``a -> 2``
-    and ``b -> 2``, in any order: a union-find, so a symbol equal to two others never
-    loses one of the facts), and ``Eq(e, 1)`` of an expression (a ``Piecewise`` size
-    merged from the branches of an ``if``) gives ``e -> 1``: such a dim broadcasts like a
-    literal 1."""
-    parent: dict[sympy.Symbol, sympy.Symbol] = {}
-    value: dict[sympy.Symbol, sympy.Integer] = {}
-
-    def find(x: sympy.Symbol) -> sympy.Symbol:
-        root = x
-        while parent.get(root, root) != root:
-            root = parent[root]
-        while x != root:
-            x, parent[x] = parent[x], root
-        return root
-
-    def union(a: sympy.Symbol, b: sympy.Symbol) -> None:
-        ra, rb = find(a), find(b)
-        if ra == rb:
-            return
-        lo, hi = sorted((ra, rb), key=lambda s: s.name)
-        parent[hi] = lo
-        parent.setdefault(lo, lo)
-        if hi in value:
-            value.setdefault(lo, value.pop(hi))
-
+    ``Eq(a, b)`` says are equal are one class (:func:`~cuvil_ir.symbolic.equal_classes`),
+    named by the integer one of them is assumed to be or else by its first name
+    (``Eq(b, a)``, ``Eq(b, 2)`` give ``a -> 2`` and ``b -> 2``, in any order), a linear
+    fact of one unknown gives its value (``Eq(2*k, 4)``), and ``Eq(e, 1)`` of an
+    expression (a ``Piecewise`` size merged from the branches of an ``if``) gives
+    ``e -> 1``: such a dim broadcasts like a literal 1."""
+    first = equal_classes(assumptions)
+    value: dict[sympy.Symbol, sympy.Integer] = {}  # per class (its first name)
     expressions: dict[sympy.Basic, Any] = {}
     for a in assumptions:
         if not isinstance(a, sympy.Eq):
@@ -132,26 +113,17 @@ def known_sizes(assumptions: Sequence[sympy.Basic]) -> dict[sympy.Basic, Any]:
         if not isinstance(lhs, sympy.Symbol):
             if rhs.is_Integer and not lhs.is_Number:
                 expressions[lhs] = rhs  # xreplace matches it as a whole, before its parts
-            continue
-        if rhs.is_Integer:
-            root = find(lhs)
-            parent.setdefault(root, root)
-            value.setdefault(root, rhs)
-        elif isinstance(rhs, sympy.Symbol):
-            union(lhs, rhs)
+        elif rhs.is_Integer:
+            value.setdefault(first.get(lhs, lhs), rhs)
 
-    def classes() -> dict[sympy.Basic, Any]:
-        named: dict[sympy.Basic, Any] = {}
-        for s in list(parent):
-            root = find(s)
-            rep = value.get(root, root)
-            if rep != s:
-                named[s] = rep
-        return named
+    def symbols() -> dict[sympy.Basic, Any]:
+        named: dict[sympy.Basic, Any] = {s: value.get(c, c) for s, c in first.items()}
+        named.update((s, n) for s, n in value.items() if s not in first)
+        return {s: v for s, v in named.items() if v != s}
 
     # an expression of one unknown symbol, linear in it (``2*k_1 == 4``, ``4*v_3*q_1 == 32``
     # with q_1 known to be 1), gives that symbol's value when it is a whole number
-    out = classes()
+    out = symbols()
     for _ in range(len(expressions)):
         learnt = False
         for e, n in expressions.items():
@@ -165,17 +137,17 @@ def known_sizes(assumptions: Sequence[sympy.Basic]) -> dict[sympy.Basic, Any]:
                 continue
             a, b = poly.all_coeffs()
             if a.is_Integer and b.is_Integer and b % a == 0 and -b // a >= 0:
-                root = find(x)
-                parent.setdefault(root, root)
-                if root not in value:
-                    value[root] = sympy.Integer(-b // a)
+                c = first.get(x, x)
+                if c not in value:
+                    value[c] = sympy.Integer(-b // a)
                     learnt = True
         if not learnt:
             break
-        out = classes()
+        out = symbols()
+    renamed = dict(out)
     for e, n in expressions.items():
         out[e] = n
-        renamed = e.xreplace({k: v for k, v in out.items() if isinstance(k, sympy.Symbol)})
-        if renamed != e and not renamed.is_Number:
-            out.setdefault(renamed, n)
+        e2 = e.xreplace(renamed)
+        if e2 != e and not e2.is_Number:
+            out.setdefault(e2, n)
     return {k: v for k, v in out.items() if k not in sympy.sympify(v).free_symbols}
