@@ -151,6 +151,24 @@ def test_shape_context_records_facts_from_hints_and_replays_them():
     assert ctx.decide(sympy.Ge(X0 + 1, 1)) is True and len(ctx.assumptions) == 2
 
 
+def test_orders_with_min_and_max_are_proved_from_their_arguments():
+    """``Min(k, n) <= n`` and the like need no assumption (sympy leaves them open): a
+    clamp's result compared with what it clamps to."""
+    from cuvil_ir.symbolic import prove
+
+    k, n = X0, X1
+    assert prove(sympy.Le(sympy.Min(k, n), n)) is True
+    assert prove(sympy.Ge(n, sympy.Min(k, n))) is True
+    assert prove(sympy.Le(sympy.Max(n - k, 0), n)) is True
+    assert prove(sympy.Le(n, sympy.Max(k, n))) is True
+    assert prove(sympy.Lt(sympy.Max(n - k, 0), 0)) is False
+    assert prove(sympy.Lt(sympy.Min(k, n), n)) is None  # equal when k >= n: undecided
+    assert prove(sympy.Le(sympy.Max(k, n), n)) is None
+    ctx = ShapeContext({k: 3, n: 5})
+    assert ctx.known(sympy.Le(sympy.Min(k, n), n)) is True and ctx.assumptions == []
+    assert ctx.known(sympy.Lt(k, n)) is None and ctx.assumptions == []  # known() never assumes
+
+
 def test_pinned_symbols_make_derived_facts_provable():
     ctx = ShapeContext({X0: 16})
     ctx.decide(sympy.Eq(X0, 16))

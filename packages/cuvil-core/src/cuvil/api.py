@@ -386,7 +386,11 @@ class CompiledFunction:
         leaves: list[Any],
         names: list[str],
     ) -> str:
-        last = self.artifacts[-1]
+        # the latest variant of the same structure when there is one: its failed guard is
+        # the reason (a structure difference from another variant says less)
+        same = [a for a in self.artifacts if a.key == key and a.extra == extra and a.amp == amp]
+        alike = [a for a in self.artifacts if a.key[0] == key[0]]  # the same argument structure
+        last = (same or alike or self.artifacts)[-1]
         if last.amp != amp:
             return f"autocast changed (was {autocast.describe(last.amp)}, now {autocast.describe(amp)})"
         if last.key[:2] == key[:2] and last.key[2:] != key[2:] and last.extra == extra:

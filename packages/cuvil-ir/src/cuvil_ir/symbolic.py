@@ -411,8 +411,40 @@ def prove(cond: sympy.Basic) -> bool | None:
             sympy.StrictLessThan: diff.is_negative,
             sympy.LessThan: diff.is_nonpositive,
         }.get(type(cond))
+        if probe is None and cond.has(sympy.Min, sympy.Max):
+            return _prove_extremes(cond)
         return probe
     return None
+
+
+def _prove_extremes(cond: sympy.Rel) -> bool | None:
+    """An order between sizes with a ``Min``/``Max`` on one side, from orders of its
+    arguments (sympy leaves ``Min(k, n) <= n`` undecided): ``Min(a, b) <= c`` holds when
+    one argument is at most ``c``, ``Max(a, b) <= c`` when every argument is and fails
+    when one is not; mirrored for the right side."""
+    if isinstance(cond, (sympy.StrictGreaterThan, sympy.GreaterThan)):
+        cond = cond.reversed
+    rel = type(cond)
+    lhs, rhs = cond.lhs, cond.rhs
+    if isinstance(lhs, (sympy.Min, sympy.Max)):
+        parts = [prove(rel(a, rhs)) for a in lhs.args]
+        return _combine(parts, any_true=isinstance(lhs, sympy.Min))
+    if isinstance(rhs, (sympy.Min, sympy.Max)):
+        parts = [prove(rel(lhs, a)) for a in rhs.args]
+        return _combine(parts, any_true=isinstance(rhs, sympy.Max))
+    return None
+
+
+def _combine(parts: list[bool | None], any_true: bool) -> bool | None:
+    """One argument's order decides (``any_true``: one true suffices, one false is not
+    enough), or every argument's order does (the other way round)."""
+    if any_true:
+        if True in parts:
+            return True
+        return False if all(p is False for p in parts) else None
+    if False in parts:
+        return False
+    return True if all(p is True for p in parts) else None
 
 
 def canonical(fact: sympy.Basic) -> sympy.Basic:
@@ -511,7 +543,9 @@ class ShapeContext:
             proved = self._prove_over_ranges(cond)
         return proved
 
-    def decide(self, cond: sympy.Basic, reason: str = "") -> bool:
+    def known(self, cond: sympy.Basic) -> bool | None:
+        """``cond`` when it is proved, or follows from the branch conditions or a fact
+        already assumed; None when deciding it would take a new assumption."""
         cond = canonical(cond)
         proved = self.prove(cond)
         if proved is not None:
@@ -526,6 +560,14 @@ class ShapeContext:
         for fact, value in ((cond, True), (neg, False)):
             if fact in self.assumptions or self._under_path(fact) in self.assumptions:
                 return value
+        return None
+
+    def decide(self, cond: sympy.Basic, reason: str = "") -> bool:
+        cond = canonical(cond)
+        known = self.known(cond)
+        if known is not None:
+            return known
+        neg = canonical(sympy.Not(cond))
         local = [v for v in sorted(cond.free_symbols & set(self.local_symbols), key=str)]
         if local:
             return self._decide_at_ends(cond, local[0], reason)

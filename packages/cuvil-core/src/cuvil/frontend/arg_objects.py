@@ -152,9 +152,13 @@ class SizeArg(int):
     becomes a size assumption checked on every call, exactly as for tensor sizes, and
     arithmetic on it stays symbolic (the new ``cumulative_length`` is a traced size
     written back as an int). The graph gets the value through a hidden input of shape
-    ``(n, 0)`` (no memory), whose dimension binds the symbol like any other. Values 0
-    and 1 stay specialized (a plain int in the key), as sizes 0 and 1 decide most
-    branches (an empty cache, a batch of one). Plain int *arguments* and ints in
+    ``(n, 0)`` (no memory), whose dimension binds the symbol like any other. The value 0
+    stays specialized (a plain int in the key): it decides most branches (an empty
+    cache, a count not started). 1 is a size like a tensor dimension of 1 is: a static
+    cache's ``batch_size`` of 1 and of 4 are one variant (torch's kernels take their
+    general path for a size that only might be 1: [Note: torch's general path for
+    sizes] in cuvil_ir/graph_ir/fake.py), and code asking ``n == 1`` is guarded on it.
+    Plain int *arguments* and ints in
     registered pytree nodes or containers keep their value in the structure key: an int
     passed to a function is as often a mode or a count to unroll as a size. Code that
     needs the value itself (a Python loop over ``range(opts.n)`` appending to a list,
@@ -169,7 +173,7 @@ class SizeArg(int):
 def size_arg(value: Any) -> Any:
     """``value`` as the leaf :class:`SizeArg` when it is an int that becomes a size
     symbol ([Note: int attributes are sizes]), else unchanged."""
-    return SizeArg(value) if type(value) is int and value > 1 else value
+    return SizeArg(value) if type(value) is int and value > 0 else value
 
 
 def plain(value: Any) -> Any:

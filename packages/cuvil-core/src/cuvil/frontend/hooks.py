@@ -209,6 +209,8 @@ def call(site: int, fn: Any, *args: Any, **kwargs: Any) -> Any:
                 return result
     target = _converted(_unwrap(fn))
     code = getattr(getattr(target, "__func__", target), "__code__", None)
+    if code is not None and "__cuvil_wrapped__" in getattr(target, "__dict__", {}):
+        code = None  # a builtin wrapped while captures run (cuvil/frontend/builtin_args.py)
     if tracer is None:
         return target(*args, **kwargs)
     if code is None:

@@ -192,7 +192,41 @@ class SymMirror:
         self._asserts_seen: set[Any] = set()
 
     #: the ShapeEnv's state that facts change (see :meth:`branch`)
-    _BRANCH_STATE = ("replacements", "replacements_slocs", "var_to_range", "var_to_range_sloc", "divisible")
+    _BRANCH_STATE = (
+        "replacements",
+        "replacements_slocs",
+        "var_to_range",
+        "var_to_range_sloc",
+        "divisible",
+        "axioms",  # what torch derived from its guards: it decides statically from them
+    )
+
+    def checkpoint(self) -> tuple[int, dict[str, Any]]:
+        """What :meth:`restore` puts back: the guards so far and the facts torch applies."""
+        env = self.env
+        return len(env.guards), {n: copy.copy(getattr(env, n)) for n in self._BRANCH_STATE if hasattr(env, n)}
+
+    def restore(self, saved: tuple[int, dict[str, Any]]) -> None:
+        """Forget what torch learnt since :meth:`checkpoint` (an attempt that failed)."""
+        count, state = saved
+        del self.env.guards[max(count, self._synced) :]
+        self._put_back(state)
+
+    def _put_back(self, saved: dict[str, Any]) -> None:
+        env = self.env
+        # symbols first mirrored since keep what torch knows of them (their ranges);
+        # what it learnt about the symbols from before is undone
+        new = set(getattr(env, "var_to_range", {})) - set(saved.get("var_to_range", {}))
+        for name, old in saved.items():
+            now = getattr(env, name)
+            if isinstance(old, dict):
+                old.update({k: v for k, v in now.items() if k in new})
+            elif isinstance(old, set):
+                old.update(e for e in now if getattr(e, "free_symbols", set()) <= new)
+            setattr(env, name, old)
+        bump = getattr(env, "_update_version_counter", None)
+        if bump is not None:
+            bump()  # the ShapeEnv's caches key on it
 
     @contextlib.contextmanager
     def branch(self) -> Iterator[None]:
@@ -205,24 +239,11 @@ class SymMirror:
         the ShapeEnv's replacements, ranges and divisibility are put back as they were
         before the branch. The caller syncs the branch's guards before leaving it.
         """
-        env = self.env
-        saved = {name: copy.copy(getattr(env, name)) for name in self._BRANCH_STATE if hasattr(env, name)}
+        _, saved = self.checkpoint()
         try:
             yield
         finally:
-            # symbols first mirrored inside the branch keep what torch knows of them
-            # (their ranges); what it learnt about the symbols from before is undone
-            new = set(getattr(env, "var_to_range", {})) - set(saved.get("var_to_range", {}))
-            for name, old in saved.items():
-                now = getattr(env, name)
-                if isinstance(old, dict):
-                    old.update({k: v for k, v in now.items() if k in new})
-                elif isinstance(old, set):
-                    old.update(e for e in now if getattr(e, "free_symbols", set()) <= new)
-                setattr(env, name, old)
-            bump = getattr(env, "_update_version_counter", None)
-            if bump is not None:
-                bump()  # the ShapeEnv's caches key on it
+            self._put_back(saved)
 
     def _add(self, s: sympy.Symbol) -> None:
         from torch.fx.experimental.symbolic_shapes import DimDynamic
@@ -352,6 +373,100 @@ def _quiet_meta_log() -> Iterator[None]:
         log.disabled = was
 
 
+#: the torch calls whose implementations run with torch's general path for sizes (see
+#: the note), when every index in their key is a tensor or takes whole dims
+GENERAL_PATH_CALLS = frozenset({"torch.Tensor.__getitem__", "torch.Tensor.__setitem__"})
+
+
+def general_path_applies(what: str, args: Sequence[Any], refs: Sequence[Any], mutates: int | None) -> bool:
+    """Whether ``what(*args)`` may run torch's general path ([Note: torch's general path
+    for sizes]): an in-place call, or advanced indexing."""
+    if mutates is not None:
+        return True
+    if what not in GENERAL_PATH_CALLS or len(args) < 2:
+        return False
+    key = args[1] if isinstance(args[1], tuple) else (args[1],)
+    whole = (KV((("__slice__", (None, None, None)),)), KV((("__ellipsis__", None),)), None)
+    tensors = [k for k in key if isinstance(k, Ref) and isinstance(refs[k.index], _tensor_type())]
+    return bool(tensors) and all(k in tensors or k in whole for k in key)
+
+
+def _tensor_type() -> type:
+    import torch
+
+    return torch.Tensor
+
+
+def _index_put_form(x: Any, key: Any, value: Any) -> None:
+    """``x[key] = value`` for a key of whole dims and index tensors, as the ``index_put_``
+    it is: ``Tensor.__setitem__``'s C++ code also strips leading size-1 dims off
+    ``value`` before broadcasting it, guarding each (``Eq(b, 1)`` for a cache's batch)."""
+    import torch
+
+    items = key if isinstance(key, tuple) else (key,)
+    if not isinstance(value, torch.Tensor) or any(k is None or k is Ellipsis for k in items):
+        x[key] = value
+        return
+    torch.ops.aten.index_put_(x, [None if isinstance(k, slice) else k for k in items], value)
+
+
+@contextlib.contextmanager
+def general_path() -> Iterator[None]:
+    """torch's own code takes its general path where a size only might be 1.
+
+    [Note: torch's general path for sizes]
+    Advanced indexing broadcasts its index tensors (``meta_index_Tensor`` through
+    ``torch._refs._broadcast_shapes``), and transformers' padding mask indexes with a
+    batch index of shape ``(b, 1, 1, 1)`` (``padding_mask[batch_idx, kv_idx]``).
+    ``_broadcast_shapes`` asks ``guard_or_false(s == 1)`` of each dim; with backed sizes
+    that is answered from the example and guarded, so batch 1 was guarded ``Eq(b, 1)``
+    and every other batch ``Ne(b, 1)``: two variants of one program. Under torch's
+    ``backed_size_oblivious`` setting such a question gets its default answer instead,
+    and ``_broadcast_shapes`` is written for that: it takes the non-broadcasting path
+    and adds ``torch._check(a == b)``, which on our sizes is a guard read back by
+    :meth:`SymMirror.sync` (one where the example needs it: ``torch._check(s == 1)``
+    when only one side is 1). So advanced indexing -- a ``__getitem__``/``__setitem__``
+    whose key is index tensors and whole dims (``:``, ``None``, ``...``), the calls of
+    :data:`GENERAL_PATH_CALLS` -- runs with that setting: no guard for "might be 1",
+    one program for batch 1 and batch 8. So does every call that updates its target in
+    place (``copy_``, ``index_copy_``, a static cache's writes): its result is its target,
+    of the target's type whatever torch answers, and what torch checks there (does the
+    source broadcast to the target) torch's own kernel checks again when the call runs.
+    Not everything: other kernels answer the same
+    question without a check where the answer changes the result (``squeeze`` keeps a
+    dim that might be 1, and eager squeezes it), and a partial slice makes a size torch
+    cannot bound. If the general path raises for the example's sizes (a real
+    broadcast of a size-1 index), the call runs again the example's way, with what
+    torch learnt meanwhile forgotten (:meth:`SymMirror.restore`). torch keeps a patched
+    setting per thread (a ``ContextVar``): another thread's ``torch.compile`` meanwhile
+    is not affected.
+    """
+    import torch.fx.experimental._config as fx_config
+
+    with fx_config.patch(backed_size_oblivious=True):
+        yield
+
+
+def _failure(e: Exception, m: SymMirror, what: str) -> FakeInferenceError:
+    """The error to report for an exception torch raised computing ``what``'s output type."""
+    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+
+    cond = getattr(e, "cond", None)
+    inner = {s for s in getattr(cond, "free_symbols", ()) if _is_unbacked(s)} - set(m.theirs_to_ours)
+    if isinstance(e, GuardOnDataDependentSymNode) and inner:
+        # torch's own code decides on a number it read from a tensor argument
+        # during this call (tensor_split's count of sections from a 0-d tensor):
+        # the result's structure depends on data no capture sees
+        return FakeInferenceError(
+            f"{what}: the result depends on a number read from a tensor argument's data "
+            "(torch's implementation decides on it), which is known only when the "
+            "compiled code runs; pass that argument as a Python int (or list of ints) "
+            "instead of a tensor, or call this outside the compiled function"
+        )
+    first = (str(e).strip().splitlines() or [""])[0]  # not torch's C++ stack trace
+    return FakeInferenceError(f"{what}: torch could not compute the output type: {type(e).__name__}: {first}")
+
+
 def fake_call(
     ctx: ShapeContext,
     fn: Callable[..., Any],
@@ -386,36 +501,31 @@ def fake_call(
                 ) from None
         else:
             refs.append({ScalarKind.bool: True, ScalarKind.int: 1, ScalarKind.float: 1.0}[t.kind])
+
     # The python dispatcher runs torch's Python meta kernels and decompositions
     # (``torch._refs``, ``torch._decomp``) for composite ops, as torch itself does for
     # symbolic shapes; without it their C++ kernels run and ask the fake tensors for
     # concrete sizes or storage offsets (``diag``, ``trace``, ``linalg.*`` ...).
-    with enable_python_dispatcher(), m.mode, _quiet_meta_log():
-        call_args = materialize(args, refs, m.symint)
-        call_kwargs = materialize(kwargs, refs, m.symint)
-        try:
-            out = fn(*call_args, **call_kwargs)
-            if mutates is not None:  # an in-place call: its result is the updated input
-                out = refs[mutates]
-        except Exception as e:
-            from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+    def run(call: Callable[..., Any]) -> Any:
+        with enable_python_dispatcher(), m.mode, _quiet_meta_log():
+            out = call(*materialize(args, refs, m.symint), **materialize(kwargs, refs, m.symint))
+            return refs[mutates] if mutates is not None else out  # in place: the updated input
 
-            cond = getattr(e, "cond", None)
-            inner = {s for s in getattr(cond, "free_symbols", ()) if _is_unbacked(s)} - set(m.theirs_to_ours)
-            if isinstance(e, GuardOnDataDependentSymNode) and inner:
-                # torch's own code decides on a number it read from a tensor argument
-                # during this call (tensor_split's count of sections from a 0-d tensor):
-                # the result's structure depends on data no capture sees
-                raise FakeInferenceError(
-                    f"{what}: the result depends on a number read from a tensor argument's data "
-                    "(torch's implementation decides on it), which is known only when the "
-                    "compiled code runs; pass that argument as a Python int (or list of ints) "
-                    "instead of a tensor, or call this outside the compiled function"
-                ) from e
-            first = (str(e).strip().splitlines() or [""])[0]  # not torch's C++ stack trace
-            raise FakeInferenceError(
-                f"{what}: torch could not compute the output type: {type(e).__name__}: {first}"
-            ) from e
+    # advanced indexing: torch's general path first, the example's path when the general
+    # one does not fit the example ([Note: torch's general path for sizes])
+    general = general_path_applies(what, args if isinstance(args, tuple) else (), refs, mutates)
+    before = m.checkpoint()
+    try:
+        with general_path() if general else contextlib.nullcontext():
+            out = run(_index_put_form if general and what == "torch.Tensor.__setitem__" else fn)
+    except Exception as e:
+        if not general:
+            raise _failure(e, m, what) from e
+        m.restore(before)
+        try:
+            out = run(fn)
+        except Exception as e:
+            raise _failure(e, m, what) from e
 
     types: list[Type] = []
     leaves, spec = pytree.tree_flatten(out)
@@ -436,4 +546,4 @@ def fake_call(
     return types, spec
 
 
-__all__ = ["FakeInferenceError", "SymMirror", "fake_call", "materialize"]
+__all__ = ["FakeInferenceError", "SymMirror", "fake_call", "general_path", "materialize"]

@@ -46,6 +46,8 @@ def _lt(ctx: ShapeContext, a: Dim, b: Dim, reason: str) -> bool:
 def _at_most(ctx: ShapeContext, v: Dim, hi: Dim, reason: str) -> Dim:
     """``min(v, hi)``: decided when it can be, else (``v`` a size computed from tensor
     data, which has no example value) ``Min(v, hi)``, evaluated when the code runs."""
+    if not (isinstance(v, int) and isinstance(hi, int)) and ctx.known(sympy.Le(v, hi)):
+        return v  # v <= hi already known (a Min with hi among its arguments): no decision
     try:
         return v if _lt(ctx, v, hi, reason) else hi
     except DataSizeError:
@@ -54,14 +56,7 @@ def _at_most(ctx: ShapeContext, v: Dim, hi: Dim, reason: str) -> Dim:
 
 def slice_bounds(ctx: ShapeContext, size: Dim, start: Dim | None, end: Dim | None) -> tuple[Dim, Dim]:
     """torch's slice normalisation: wrap negative bounds once, then clamp into [0, size], end >= start."""
-    s: Dim = 0 if start is None else start
-    if start is not None:
-        if _lt(ctx, s, 0, "negative slice start"):
-            s = s + size
-        if _lt(ctx, s, 0, "slice start before the beginning"):
-            s = 0
-        else:
-            s = _at_most(ctx, s, size, "slice start past the end")
+    s = _start(ctx, size, start)
     if end is None:  # s <= size already
         return s, size
     e: Dim = end
@@ -69,11 +64,41 @@ def slice_bounds(ctx: ShapeContext, size: Dim, start: Dim | None, end: Dim | Non
         e = e + size
     e = _at_most(ctx, e, size, "slice end past the end")
     try:
-        if _lt(ctx, e, s, "empty slice"):
-            e = s
+        return s, (s if _lt(ctx, e, s, "empty slice") else e)
     except DataSizeError:
-        e = as_dim(sympy.Max(e, s))
-    return s, e
+        return s, as_dim(sympy.Max(e, s))
+
+
+def _start(ctx: ShapeContext, size: Dim, start: Dim | None) -> Dim:
+    if start is None:
+        return 0
+    s: Dim = start
+    if _lt(ctx, s, 0, "negative slice start"):
+        s = s + size
+        if not isinstance(start, int):  # s < size: start < 0
+            return _last(ctx, s)
+    if _lt(ctx, s, 0, "slice start before the beginning"):
+        return 0
+    return _at_most(ctx, s, size, "slice start past the end")
+
+
+def _last(ctx: ShapeContext, s: Dim) -> Dim:
+    """The start of ``x[-k:]`` for a symbolic ``k``, ``s = size - k`` (see the note).
+
+    [Note: the last k of a size]
+    ``x[-k:]`` keeps the last ``k`` rows, or all of them when there are fewer. With ``k``
+    a size of its own (a sliding window's ``-self.sliding_window + 1``), which side of
+    that clamp a call is on changes from call to call (the window fills as a decoder
+    generates), so deciding it as an assumption compiled one variant per side. The start
+    is ``Max(size - k, 0)`` instead, decided per call when sizes are bound; a start whose
+    side is already known (proved, or assumed before) is used as it is. A constant
+    ``k`` (``x[-1:]``) is still decided: a clamp against a constant is the same for all
+    but the smallest sizes, and its result stays the constant.
+    """
+    known = ctx.known(sympy.Lt(s, 0))
+    if known is None:
+        return as_dim(sympy.Max(s, 0))
+    return 0 if known else s
 
 
 class Slice(Op):

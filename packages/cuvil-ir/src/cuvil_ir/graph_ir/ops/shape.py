@@ -331,11 +331,16 @@ def expand_shape(ctx: ShapeContext, shape: Shape, sizes: tuple[Dim, ...]) -> Sha
         d = shape[i - new]
         if (isinstance(s, int) and s == -1) or s == d:
             out.append(d)
+        elif isinstance(d, int) and d == 1:
+            out.append(s)
+        # equality first, as broadcast_shapes prefers it: a dim that is 1 in the example
+        # and equal to its target (a cache's batch of one) is not specialized to 1
+        elif ctx.equal(d, s, "expand to an equal size"):
+            out.append(d)
         elif is_one(ctx, d, "expand of a possibly size-1 dim"):
             out.append(s)
         else:
-            check_equal(ctx, d, s, "expand of a non-unit dim")
-            out.append(d)
+            raise ShapeError(f"expand of a non-unit dim: {d} != {s}")
     return tuple(out)
 
 
