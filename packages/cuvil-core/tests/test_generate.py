@@ -259,8 +259,12 @@ def test_generate_matrix(arch: str, cache: str, mode: str, target: str) -> None:
     torch.manual_seed(1)
     got = m.generate(ids, **kw)
     assert torch.equal(got, want)  # sampling too: the same draws under the same seed
-    # the prompt and the step; Mistral's sliding window also the step once it is full
-    limit = 3 if arch == "mistral" else 2
+    # the prompt and the step; Mistral's sliding window also the step once it is full and,
+    # with no attention mask, the steps whose mask transformers skips while the keys are
+    # fewer than the window (_ignore_causal_mask_sdpa: `kv_length >= local_attention_size`)
+    limit = 2
+    if arch == "mistral":
+        limit = 3 if mode == "left_padding" or cache == "static" else 4
     assert m.stats.compiles <= limit and m.stats.fallbacks == 0, m.stats.recompile_reasons
 
 
