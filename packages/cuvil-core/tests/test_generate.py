@@ -30,7 +30,7 @@ def _available(name: str) -> bool:
 TARGETS = ["reference", pytest.param("cpu", marks=pytest.mark.skipif(not _available("cpu"), reason="no cpu"))]
 
 
-def _llama() -> Any:
+def _llama(max_positions: int = 128) -> Any:
     torch.manual_seed(0)
     cfg = T.LlamaConfig(
         vocab_size=96,
@@ -39,7 +39,7 @@ def _llama() -> Any:
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
-        max_position_embeddings=128,
+        max_position_embeddings=max_positions,
     )
     return T.LlamaForCausalLM(cfg).eval()
 
@@ -109,8 +109,32 @@ def test_generate_with_a_compiled_forward_matches_eager() -> None:
     assert torch.equal(got, want) and torch.equal(again, want)
     # the compiled function stored on the model is not model state: no recompile per call
     assert compiled.stats.compiles == 2, compiled.stats.recompile_reasons
+
     assert compiled.stats.fallbacks == 0
     assert forward is not None
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+@torch.no_grad()
+def test_generate_logits_match_eager_at_every_step(target: str, cache: str) -> None:
+    model = _llama()
+    kw: dict[str, Any] = {
+        "max_new_tokens": 10,
+        "do_sample": False,
+        "return_dict_in_generate": True,
+        "output_logits": True,
+    }
+    if cache == "static":
+        kw["cache_implementation"] = "static"
+    ids = torch.randint(0, 96, (2, 5))
+    want = model.generate(ids, **kw)
+    got = cu.compile(model, target=target, fallback="error").generate(ids, **kw)
+    assert torch.equal(got.sequences, want.sequences)
+    assert len(got.logits) == len(want.logits) == 10
+    for step, (g, w) in enumerate(zip(got.logits, want.logits)):
+        assert g.dtype == w.dtype, step
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5, msg=lambda m, s=step: f"step {s}: {m}")
 
 
 @pytest.mark.parametrize("how", ["forward", "module"])
@@ -272,14 +296,14 @@ def test_generate_matrix(arch: str, cache: str, mode: str, target: str) -> None:
 @pytest.mark.parametrize("target", TARGETS)
 @torch.no_grad()
 def test_generate_long_greedy_decoding_matches_eager(target: str) -> None:
-    model = _llama()
+    model = _llama(max_positions=300)
     ids = torch.randint(0, 96, (1, 8))
     m = cu.compile(model, target=target, fallback="error")
-    for n in (1, 64):
-        assert torch.equal(
-            m.generate(ids, max_new_tokens=n, do_sample=False),
-            model.generate(ids, max_new_tokens=n, do_sample=False),
-        )
+    for n in (1, 64, 256):
+        # min_new_tokens: every one of the n tokens is generated (no early end of sequence)
+        got = m.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False)
+        assert got.shape == (1, 8 + n)
+        assert torch.equal(got, model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False))
     assert m.stats.compiles == 2 and m.stats.fallbacks == 0
 
 
