@@ -20,7 +20,7 @@ from typing import Any
 import cuvil_backend_cpu
 import cuvil_ir
 import cuvil_runtime
-from cuvil_backend_cpu import attention, attention_pattern, epilogues, externs, small_matmul
+from cuvil_backend_cpu import attention, attention_pattern, epilogues, externs, repeated_heads, small_matmul
 from cuvil_backend_cpu.codegen import C_TYPES, CKernel, generate_c
 from cuvil_backend_cpu.declared import CAPABILITIES, STAGES
 from cuvil_backend_cpu.kernel_cache import KernelCache
@@ -145,6 +145,9 @@ class CpuTarget(CpuHooks):
 GRAPH_PASSES: Pipeline[Graph] = Pipeline(
     "graph_ir",
     [
+        Pass(
+            "repeated_heads", repeated_heads.rewrite, "grouped-query attention reads its key heads unrepeated"
+        ),
         Pass("attention_pattern", attention_pattern.rewrite, "hand-written attention to the flash kernel"),
         Pass(
             "small_matmul", small_matmul.rewrite, "matrix products with a small inner size to multiply-adds"
