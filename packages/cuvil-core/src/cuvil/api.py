@@ -289,7 +289,8 @@ class CompiledFunction:
             objects = False  # plain tensors only
         else:
             bargs, bkwargs = self._check_call(args, kwargs)
-            leaves, spec = arg_objects.flatten((bargs, bkwargs), sizes=self.int_sizes)
+            registered: list[Any] = []
+            leaves, spec = arg_objects.flatten((bargs, bkwargs), sizes=self.int_sizes, registered=registered)
             if not self.int_sizes and self.dynamic:  # sizes passed as such (the torch.compile backend)
                 leaves = [arg_objects.plain(x) for x in leaves]
             if not kwargs and all(type(a) in PLAIN_TENSORS for a in args):
@@ -298,7 +299,7 @@ class CompiledFunction:
         key: tuple[Any, ...] = (spec, tuple(leaf_key(x, self.dynamic) for x in leaves))
         if objects:
             # registered objects' state besides their tensors ([Note: objects in the argument tree])
-            key += (arg_objects.object_states((bargs, bkwargs)),)
+            key += (arg_objects.object_states((bargs, bkwargs), registered),)
         extra = self._extra_key()
         amp = autocast.state(leaves)
         art = self._find(key, extra, amp, leaves, self.artifacts)
