@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from cuvil import autocast, fast_path, warm
-from cuvil.arguments import PLAIN_TENSORS, check_tensors
+from cuvil.arguments import PLAIN_TENSORS, check_module_state, check_tensors
 from cuvil.artifacts import Artifact, ModuleSnapshot, lifted_keys, lifted_ok, run_artifact
 from cuvil.capabilities import check_capabilities
 from cuvil.compile_args import OptionError, check_dims, check_options, leaf_name
@@ -424,6 +424,8 @@ class CompiledFunction:
             target = get_target(target_name)
             # before capture: an unsupported tensor must not reach tracing or kernels
             check_tensors(leaves, names, target.capabilities.devices, target_name)
+            if self.module is not None:
+                check_module_state(self.module)
             if amp:  # before a warm start too: a variant captured without autocast is wrong here
                 raise autocast.at_call(amp)
             check_options(dict(self.options), target.capabilities, target_name)
