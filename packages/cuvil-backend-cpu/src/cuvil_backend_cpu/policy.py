@@ -8,6 +8,7 @@ a given ``opt_level``. Lowering and the scheduler read only these fields.
 
 from __future__ import annotations
 
+from cuvil_backend_cpu import quant_linear
 from cuvil_backend_cpu.externs import FAST_EXTERNS, OUT_VARIANTS
 from cuvil_backend_cpu.loop_ir.schedule import SchedulePolicy
 from cuvil_ir.tensor_ir.hoist import must_realize
@@ -15,7 +16,8 @@ from cuvil_ir.tensor_ir.lower import FusionPolicy
 from cuvil_runtime.target import CompileOptions
 
 FUSION = FusionPolicy(
-    out_variants=frozenset(OUT_VARIANTS) - frozenset(FAST_EXTERNS),
+    # (weight-only linears write into the plan's buffer too: cuvil_backend_cpu.quant_linear)
+    out_variants=(frozenset(OUT_VARIANTS) - frozenset(FAST_EXTERNS)) | {quant_linear.OP},
     # oneDNN runs these about twice as fast on channels-last tensors (measured here)
     channels_last_ops=frozenset(
         {"conv", "cpu_conv_epilogue", "max_pool", "avg_pool", "adaptive_avg_pool", "adaptive_max_pool"}

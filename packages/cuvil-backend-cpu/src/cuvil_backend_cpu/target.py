@@ -20,7 +20,15 @@ from typing import Any
 import cuvil_backend_cpu
 import cuvil_ir
 import cuvil_runtime
-from cuvil_backend_cpu import attention, attention_pattern, epilogues, externs, repeated_heads, small_matmul
+from cuvil_backend_cpu import (
+    attention,
+    attention_pattern,
+    epilogues,
+    externs,
+    quant_linear,
+    repeated_heads,
+    small_matmul,
+)
 from cuvil_backend_cpu.codegen import C_TYPES, CKernel, generate_c
 from cuvil_backend_cpu.declared import CAPABILITIES, STAGES
 from cuvil_backend_cpu.kernel_cache import KernelCache
@@ -64,6 +72,9 @@ class CpuHooks:
         return externs.implementation(op, reference, channels_last)
 
     def out_variant(self, op: str) -> Callable[..., Any]:
+        if op == quant_linear.OP:
+            # (a loaded artifact: the kernel where this host has a C compiler, else the reference)
+            return quant_linear.out_variant(None)
         return externs.OUT_VARIANTS[op]
 
 
@@ -97,6 +108,13 @@ class CpuTarget(CpuHooks):
         if op == "cpu_attention":
             return attention.pattern_extern(self.cache, reference)
         return super().extern(op, reference, channels_last)
+
+    def out_variant(self, op: str) -> Callable[..., Any]:
+        """As :class:`CpuHooks`', except weight-only linears, which run our own kernel built by
+        this target's kernel cache."""
+        if op == quant_linear.OP:
+            return quant_linear.out_variant(self.cache)
+        return super().out_variant(op)
 
     def fusion_policy(self, options: CompileOptions) -> FusionPolicy:
         return FUSION
