@@ -321,62 +321,46 @@ typedef struct {
     int64_t M, N, K, ldx, ldy, G;
 } job;
 
-/* a tile for (mr, nr) known at compile time: every case spelled out so each gets its own unrolled code */
-#define TILE(MR_, NR_)                                                                                      \
+/* the tile of rows ROW.. of W for (MR_, NR_) known at compile time: every case spelled out so each
+   gets its own unrolled code */
+#define TILE(MR_, NR_, ROW)                                                                                 \
     do {                                                                                                    \
+        const int64_t r_ = (ROW);                                                                           \
         if (j->fmt == QL_BF16)                                                                              \
-            tile_bf16(x, j->ldx, (const uint16_t *)j->w + n0 * K, K, out, MR_, NR_);                        \
+            tile_bf16(x, j->ldx, (const uint16_t *)j->w + r_ * K, K, out, MR_, NR_);                        \
         else if (j->fmt == QL_INT8)                                                                         \
-            tile_int8(x, j->ldx, (const int8_t *)j->w + n0 * K, K, out, MR_, NR_);                          \
+            tile_int8(x, j->ldx, (const int8_t *)j->w + r_ * K, K, out, MR_, NR_);                          \
         else                                                                                                \
-            tile_int4(x, j->ldx, j->xs + m0 * (K / j->G), (const uint8_t *)j->w + n0 * (K / 2),              \
-                      j->scale + n0 * (K / j->G), j->zero + n0 * (K / j->G), K, j->G, out, MR_, NR_);       \
+            tile_int4(x, j->ldx, j->xs + m0 * (K / j->G), (const uint8_t *)j->w + r_ * (K / 2),              \
+                      j->scale + r_ * (K / j->G), j->zero + r_ * (K / j->G), K, j->G, out, MR_, NR_);       \
     } while (0)
+
+#if MR >= 4
+#define TILE_CASES(NR_, ROW)                                                                                \
+    case 1: TILE(1, NR_, ROW); break;                                                                       \
+    case 2: TILE(2, NR_, ROW); break;                                                                       \
+    case 3: TILE(3, NR_, ROW); break;                                                                       \
+    case 4: TILE(4, NR_, ROW); break;
+#else
+#define TILE_CASES(NR_, ROW)                                                                                \
+    case 1: TILE(1, NR_, ROW); break;                                                                       \
+    case 2: TILE(2, NR_, ROW); break;
+#endif
 
 static void tile(const job *j, int64_t m0, int mr, int64_t n0, int nr, float *out) {
     const int64_t K = j->K;
     const float *x = j->x + m0 * j->ldx;
     if (nr == NR) {
-        switch (mr) {
-        case 1: TILE(1, NR); break;
-        case 2: TILE(2, NR); break;
-#if MR >= 4
-        case 3: TILE(3, NR); break;
-        case 4: TILE(4, NR); break;
-#endif
-        }
-    } else { /* the last rows of W, fewer than NR: nr is not a constant here, so one row at a time */
-        float one[MR * NR];
-        for (int n = 0; n < nr; n++) {
-            const int64_t r = n0 + n;
-            switch (mr) {
-            case 1: {
-                const int64_t n0 = r; /* (TILE reads n0) */
-                TILE(1, 1);
-                break;
-            }
-            case 2: {
-                const int64_t n0 = r;
-                TILE(2, 1);
-                break;
-            }
-#if MR >= 4
-            case 3: {
-                const int64_t n0 = r;
-                TILE(3, 1);
-                break;
-            }
-            case 4: {
-                const int64_t n0 = r;
-                TILE(4, 1);
-                break;
-            }
-#endif
-            }
-            for (int m = 0; m < mr; m++) one[m * NR + n] = out[m * NR];
-        }
-        memcpy(out, one, sizeof one);
+        switch (mr) { TILE_CASES(NR, n0) }
+        return;
     }
+    /* the last rows of W, fewer than NR: nr is not a constant here, so one row at a time */
+    float rows[MR * NR];
+    for (int n = 0; n < nr; n++) {
+        switch (mr) { TILE_CASES(1, n0 + n) }
+        for (int m = 0; m < mr; m++) rows[m * NR + n] = out[m * NR];
+    }
+    memcpy(out, rows, sizeof rows);
 }
 
 static void block(const job *j, int64_t n0) {
