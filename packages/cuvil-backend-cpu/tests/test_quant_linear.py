@@ -140,7 +140,7 @@ def test_bad_input_is_a_clear_error() -> None:
         weight_only_linear(x, q, s, s, fmt="int4", group_size=48)
     with pytest.raises(QuantFormatError, match="not a whole number of groups of 128"):
         weight_only_linear(x, q, torch.ones(4, 0), torch.ones(4, 0), fmt="int4", group_size=128)
-    with pytest.raises(QuantFormatError, match="a int8 weight is a 2-d torch.int8 tensor"):
+    with pytest.raises(QuantFormatError, match="int8 weights are 2-d torch.int8 tensors"):
         weight_only_linear(x, q, s, fmt="int8")
     with pytest.raises(QuantFormatError, match="unknown format 'int3'"):
         weight_only_linear(x, q, fmt="int3")

@@ -38,9 +38,8 @@ _FORMATS = {"bf16": 0, "int8": 1, "int4": 2}
 
 #: rows of activations, per row of the kernel's register tile, up to which the GEMV kernel runs
 #: (128 rows with AVX-512's tiles of 4, 64 with AVX2's of 2); more rows dequantize the weight and
-#: call a GEMM. Measured with benchmarks/quant_linear.py --rows (docs/quantization.md, "Measured"):
-#: the tiled GEMV stayed ahead of dequantize + GEMM up to about 256 rows with AVX-512 and about 64
-#: with AVX2 (one thread).
+#: call a GEMM. Measured on one thread (docs/quantization.md, "More rows"): the tiled GEMV was
+#: ahead of dequantize + GEMM up to 128 rows and even at 256 with AVX-512, even at 64 with AVX2.
 GEMV_ROWS_PER_TILE_ROW = 32
 #: float32 bytes of weight dequantized at a time on the GEMM path (bounds its extra memory)
 PANEL_BYTES = 16 << 20
@@ -216,7 +215,7 @@ def out_variant(cache: KernelCache | None) -> Callable[..., None]:
         group_size: int,
         has_bias: bool,
     ) -> None:
-        if ql is None or x.dtype != torch.float32 or x.device.type != "cpu" or out.stride(-1) != 1:
+        if ql is None or x.dtype != torch.float32 or x.device.type != "cpu" or not out.is_contiguous():
             out.copy_(reference(x, weight, *rest, fmt=fmt, group_size=group_size, has_bias=has_bias))
             return
         params = rest[: len(rest) - int(has_bias)]

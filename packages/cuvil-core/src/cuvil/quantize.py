@@ -82,7 +82,7 @@ class QuantizedLinear(nn.Module):
         check_operands(weight, scales, zeros, fmt=fmt, group_size=group_size)
         if weight.shape[0] != n or (weight.shape[1] * (2 if fmt == "int4" else 1)) != k:
             raise QuantFormatError(
-                f"QuantizedLinear: a {fmt} weight of shape {tuple(weight.shape)} for {k} -> {n}"
+                f"QuantizedLinear: {fmt} weight of shape {tuple(weight.shape)} for {k} -> {n}"
             )
         self.register_buffer("weight", weight.contiguous())
         self.register_buffer("scales", None if scales is None else scales.contiguous())

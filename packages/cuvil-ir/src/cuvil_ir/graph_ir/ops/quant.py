@@ -85,8 +85,8 @@ def check_operands(
     want = _WEIGHT_DTYPES[fmt].torch
     if weight.dim() != 2 or weight.dtype != want:
         raise QuantFormatError(
-            f"weight_only_linear: a {fmt} weight is a 2-d {want} tensor, got {weight.dtype} of shape "
-            f"{tuple(weight.shape)}; make it with cuvil.quantize"
+            f"weight_only_linear: {fmt} weights are 2-d {want} tensors, got {weight.dtype} of shape "
+            f"{tuple(weight.shape)}; make them with cuvil.quantize"
         )
     given = {"scales": scales, "zeros": zeros}
     n, k = weight.shape[0], in_features(weight, fmt)
@@ -245,7 +245,7 @@ class WeightOnlyLinear(Op):
             raise ShapeError(f"weight_only_linear: activations must be a float tensor, got {tx}")
         if tw.dtype != _WEIGHT_DTYPES[fmt] or tw.rank != 2:
             raise ShapeError(
-                f"weight_only_linear: a {fmt} weight is a 2-d {_WEIGHT_DTYPES[fmt].value} tensor, got {tw}"
+                f"weight_only_linear: {fmt} weights are 2-d {_WEIGHT_DTYPES[fmt].value} tensors, got {tw}"
             )
         n, k = tw.shape[0], in_features(tw, fmt)
         check_equal(ctx, tx.shape[-1], k, "weight_only_linear in_features")
