@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from cuvil_backend_cpu import epilogues, gemm_choice
+from cuvil_backend_cpu.quant_linear import F32_GEMV_ROWS
 
 
 def linear_into(
@@ -125,7 +126,26 @@ def linear(x: torch.Tensor, w: torch.Tensor, *bias: torch.Tensor, has_bias: bool
     """``F.linear`` on float32 through the faster of oneDNN (packed weight) and MKL
     (torch's default) for this shape on this host, measured at its first call
     ([Note: GEMM choice] in :mod:`cuvil_backend_cpu.gemm_choice`)."""
-    b = bias[0] if has_bias else None
+    return _linear(x, w, bias[0] if has_bias else None, has_bias, None)
+
+
+def linear_with_gemv(gemv: Callable[..., torch.Tensor | None]) -> Callable[..., torch.Tensor]:
+    """:func:`linear` with ``gemv`` (``quant_linear.f32_gemv``: our GEMV, ``None`` where it
+    does not apply) a third candidate for few rows."""
+
+    def run(x: torch.Tensor, w: torch.Tensor, *bias: torch.Tensor, has_bias: bool) -> torch.Tensor:
+        return _linear(x, w, bias[0] if has_bias else None, has_bias, gemv)
+
+    return run
+
+
+def _linear(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    b: torch.Tensor | None,
+    has_bias: bool,
+    gemv: Callable[..., torch.Tensor | None] | None,
+) -> torch.Tensor:
     rows = x.numel() // max(x.shape[-1], 1)
     if not (_ONEDNN and x.dtype == torch.float32 and w.dtype == torch.float32 and rows > 0 and w.numel() > 0):
         return torch.nn.functional.linear(x, w, b)
@@ -137,9 +157,12 @@ def linear(x: torch.Tensor, w: torch.Tensor, *bias: torch.Tensor, has_bias: bool
     def mkl() -> torch.Tensor:
         return torch.nn.functional.linear(x, w, b)
 
+    run: dict[str, Callable[[], Any]] = {"onednn": onednn, "mkl": mkl}
+    if gemv is not None and rows <= F32_GEMV_ROWS and w.is_contiguous():
+        run["gemv"] = lambda: gemv(xc, w, b)
     shape = gemm_choice.key(rows, w.shape[1], w.shape[0], has_bias)
-    choice = gemm_choice.choose(shape, {"onednn": onednn, "mkl": mkl})
-    return onednn() if choice == "onednn" else mkl()
+    out = run[gemm_choice.choose(shape, run)]()
+    return out if out is not None else mkl()
 
 
 _ONEDNN = _onednn_available()

@@ -2,12 +2,15 @@
 
 [Note: GEMM choice] The cpu target has two GEMMs for ``F.linear``: oneDNN's
 (``torch.ops.mkldnn._linear_pointwise`` on a weight packed once per version) and
-torch's default (MKL's ``sgemm`` through ``F.linear``). Which is faster depends on
-the host and the shape: on an AVX-512 EPYC oneDNN was 2.5x MKL on transformer-sized
-linears, while each oneDNN call costs about 10 us of setup that small products never
-win back; on AVX2 hosts the two are closer and the order changes with the shape.
-So the first call of a shape times both, on the call's own operands, interleaved,
-and keeps the faster; later calls of that shape look the answer up.
+torch's default (MKL's ``sgemm`` through ``F.linear``), and for a few rows (decode
+steps, at most ``quant_linear.F32_GEMV_ROWS``) a third, our own GEMV (``gemv``:
+``quant_linear.c`` on float32 weights, which streams each weight row once). Which is
+faster depends on the host and the shape: on an AVX-512 EPYC oneDNN was 2.5x MKL on
+transformer-sized linears, while each oneDNN call costs about 10 us of setup that small
+products never win back; on AVX2 hosts the two are closer and the order changes with
+the shape. So the first call of a shape times the candidates, on the call's own
+operands, interleaved, and keeps the fastest; later calls of that shape look the
+answer up.
 
 The key is ``(rows bucket, in features, out features, bias, threads)``: the number of
 rows is a symbolic size (batch x sequence) that changes between calls, so rows are
@@ -16,8 +19,8 @@ falls in it. Answers are kept in memory and in a JSON record in the kernel cache
 private folder (``gemm-<host, ISA, torch, threads>.json``, written atomically, read
 only when private: docs/security.md), so a warm start measures nothing. The record
 is data, never code: a bad entry can only pick the slower of two correct GEMMs.
-``CUVIL_CPU_GEMM=onednn|mkl`` forces one (benchmarks, bisecting a numerical
-difference: the two round differently, within float32 GEMM tolerance).
+``CUVIL_CPU_GEMM=onednn|mkl|gemv`` forces one where it applies (benchmarks, bisecting a
+numerical difference: they round differently, within float32 GEMM tolerance).
 """
 
 from __future__ import annotations
@@ -37,11 +40,11 @@ import torch
 
 from cuvil_runtime import trust
 
-#: forces a GEMM: "onednn" or "mkl" (anything else, or unset: measure)
+#: forces a GEMM: "onednn", "mkl" or "gemv" (anything else, or unset: measure)
 GEMM_ENV = "CUVIL_CPU_GEMM"
 #: timed calls of each candidate, interleaved, at the first call of a shape
 REPEATS = 5
-CANDIDATES = ("onednn", "mkl")
+CANDIDATES = ("onednn", "mkl", "gemv")
 
 _lock = threading.Lock()
 _choices: dict[str, str] | None = None

@@ -6,6 +6,8 @@
  * with W stored as
  *   QL_BF16  uint16 bf16 bits [N][K]                    W = f32(bits << 16)
  *   QL_INT8  int8 [N][K], scale[N]                      W = q * scale[n]
+ *   QL_F32   float32 [N][K]                            W itself (plain float32 linears of few rows:
+ *                                                       the same GEMV, chosen against oneDNN and MKL)
  *   QL_INT4  uint8 [N][K/2], scale[N][K/G], zero[N][K/G] W = (q - 8) * scale[n,g] + zero[n,g],
  *            q in 0..15; in each run of 32 values of a row, byte i holds value i in its low nibble
  *            and value i + 16 in its high nibble, so a load of VW bytes unpacks into two vectors of
@@ -74,7 +76,7 @@ typedef uint8_t vu8 __attribute__((vector_size(VW)));
 #define MR 2
 #endif
 
-enum { QL_BF16 = 0, QL_INT8 = 1, QL_INT4 = 2 };
+enum { QL_BF16 = 0, QL_INT8 = 1, QL_INT4 = 2, QL_F32 = 3 };
 
 /* params: M, N, K, ldx (x's row stride), ldy, group (int4), threads, has_bias */
 enum { P_M, P_N, P_K, P_LDX, P_LDY, P_GROUP, P_THREADS, P_BIAS, P_COUNT };
@@ -184,6 +186,39 @@ INLINE void tile_bf16(const float *x, int64_t ldx, const uint16_t *w, int64_t K,
         for (int n = 0; n < nr; n++) {
             float s = hsum(acc[m][n]);
             for (int64_t t = k; t < K; t++) s += x[m * ldx + t] * bf16_scalar(w[n * K + t]);
+            out[m * NR + n] = s;
+        }
+}
+
+INLINE void tile_f32(const float *x, int64_t ldx, const float *w, int64_t K, float *out, int mr, int nr) {
+    vf acc[MR][NR];
+    for (int m = 0; m < mr; m++)
+        for (int n = 0; n < nr; n++) acc[m][n] = (vf){0};
+    int64_t k = 0;
+    const int64_t step = 64 / 4; /* values in a cache line of W */
+    for (; k + step <= K; k += step) {
+        for (int n = 0; n < nr; n++) PREFETCH(w + (n + NR) * K + k);
+        for (int64_t kk = k; kk < k + step; kk += VW) {
+            vf xv[MR];
+            for (int m = 0; m < mr; m++) xv[m] = vload(x + m * ldx + kk);
+            for (int n = 0; n < nr; n++) {
+                vf wv = vload(w + n * K + kk);
+                for (int m = 0; m < mr; m++) acc[m][n] = FMA(xv[m], wv, acc[m][n]);
+            }
+        }
+    }
+    for (; k + VW <= K; k += VW) {
+        vf xv[MR];
+        for (int m = 0; m < mr; m++) xv[m] = vload(x + m * ldx + k);
+        for (int n = 0; n < nr; n++) {
+            vf wv = vload(w + n * K + k);
+            for (int m = 0; m < mr; m++) acc[m][n] = FMA(xv[m], wv, acc[m][n]);
+        }
+    }
+    for (int m = 0; m < mr; m++)
+        for (int n = 0; n < nr; n++) {
+            float s = hsum(acc[m][n]);
+            for (int64_t t = k; t < K; t++) s += x[m * ldx + t] * w[n * K + t];
             out[m * NR + n] = s;
         }
 }
@@ -326,7 +361,9 @@ typedef struct {
 #define TILE(MR_, NR_, ROW)                                                                                 \
     do {                                                                                                    \
         const int64_t r_ = (ROW);                                                                           \
-        if (j->fmt == QL_BF16)                                                                              \
+        if (j->fmt == QL_F32)                                                                               \
+            tile_f32(x, j->ldx, (const float *)j->w + r_ * K, K, out, MR_, NR_);                            \
+        else if (j->fmt == QL_BF16)                                                                         \
             tile_bf16(x, j->ldx, (const uint16_t *)j->w + r_ * K, K, out, MR_, NR_);                        \
         else if (j->fmt == QL_INT8)                                                                         \
             tile_int8(x, j->ldx, (const int8_t *)j->w + r_ * K, K, out, MR_, NR_);                          \
@@ -386,7 +423,7 @@ int cuvil_ql_linear(int fmt, const float *x, const void *w, const float *scale, 
                     const float *bias, float *y, const int64_t *p) {
     job j = {fmt, x, w, scale, zero, p[P_BIAS] ? bias : 0, 0, y, p[P_M], p[P_N], p[P_K], p[P_LDX], p[P_LDY],
              p[P_GROUP]};
-    if (fmt < QL_BF16 || fmt > QL_INT4 || j.M < 0 || j.N < 0 || j.K < 0)
+    if (fmt < QL_BF16 || fmt > QL_F32 || j.M < 0 || j.N < 0 || j.K < 0)
         return 1;
     float *xs = 0;
     if (fmt == QL_INT4) {
@@ -418,13 +455,15 @@ int cuvil_ql_linear(int fmt, const float *x, const void *w, const float *scale, 
 /* W as float32 [N][K] (row stride K) */
 int cuvil_ql_dequant(int fmt, const void *w, const float *scale, const float *zero, float *out, const int64_t *p) {
     const int64_t N = p[P_N], K = p[P_K], G = p[P_GROUP];
-    if (fmt < QL_BF16 || fmt > QL_INT4 || (fmt == QL_INT4 && (G < 32 || G % 32 || K % G)))
+    if (fmt < QL_BF16 || fmt > QL_F32 || (fmt == QL_INT4 && (G < 32 || G % 32 || K % G)))
         return 1;
     const int threads = (int)(p[P_THREADS] > 0 ? p[P_THREADS] : 1);
 #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && N * K >= PARALLEL_MIN)
     for (int64_t n = 0; n < N; n++) {
         float *o = out + n * K;
-        if (fmt == QL_BF16) {
+        if (fmt == QL_F32) {
+            memcpy(o, (const float *)w + n * K, (size_t)K * sizeof *o);
+        } else if (fmt == QL_BF16) {
             const uint16_t *r = (const uint16_t *)w + n * K;
             for (int64_t k = 0; k < K; k++) o[k] = bf16_scalar(r[k]);
         } else if (fmt == QL_INT8) {

@@ -33,8 +33,8 @@ SOURCE = (Path(__file__).parent / "quant_linear.c").read_text()
 #: the Graph IR op this module runs
 OP = quant.WeightOnlyLinear.name
 
-#: the C kernel's format codes
-_FORMATS = {"bf16": 0, "int8": 1, "int4": 2}
+#: the C kernel's format codes ("f32": plain float32 weights, :func:`f32_gemv`)
+_FORMATS = {"bf16": 0, "int8": 1, "int4": 2, "f32": 3}
 
 #: rows of activations, per row of the kernel's register tile, up to which the GEMV kernel runs
 #: (128 rows with AVX-512's tiles of 4, 64 with AVX2's of 2); more rows dequantize the weight and
@@ -179,6 +179,44 @@ def _dense(t: torch.Tensor | None) -> Any:
     return t if t is None or t.is_contiguous() else t.contiguous()
 
 
+#: rows of activations up to which a float32 linear may run the GEMV (:func:`f32_gemv`): decode
+#: steps and small batches; more rows are GEMMs, where oneDNN's and MKL's blocking win
+F32_GEMV_ROWS = 16
+
+
+def f32_gemv(cache: KernelCache) -> Callable[..., torch.Tensor | None]:
+    """A float32 linear by this GEMV (``F.linear(x, w, b)`` for ``x`` of at most
+    :data:`F32_GEMV_ROWS` rows, ``w`` contiguous float32 ``[N, K]``), or ``None`` where it
+    does not apply: the ``gemv`` candidate of the cpu target's GEMM choice
+    ([Note: GEMM choice] in :mod:`cuvil_backend_cpu.gemm_choice`), measured against oneDNN
+    and MKL per shape. The GEMV streams each row of ``w`` once; at decode, where every
+    weight is read once per token, it measured ahead of torch's ``mv``-shaped GEMM on
+    the bytes it streams (docs/quantization.md)."""
+    ql = kernel(cache)
+
+    def run(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor | None:
+        k = x.shape[-1]
+        rows = x.numel() // max(k, 1)
+        if not (
+            0 < rows <= F32_GEMV_ROWS
+            and k > 0
+            and x.dtype == w.dtype == torch.float32
+            and w.dim() == 2
+            and w.is_contiguous()
+            and (b is None or (b.dtype == torch.float32 and b.is_contiguous()))
+        ):
+            return None
+        x2 = x.reshape(rows, k)
+        if x2.stride(1) != 1:
+            x2 = x2.contiguous()
+        out = torch.empty((*x.shape[:-1], w.shape[0]), dtype=torch.float32)
+        if out.numel():
+            ql.gemv(out.view(rows, w.shape[0]), x2, w, None, None, b, fmt="f32", group_size=0)
+        return out
+
+    return run
+
+
 _KERNELS: weakref.WeakKeyDictionary[KernelCache, QuantLinearKernel] = weakref.WeakKeyDictionary()
 _LOCK = threading.Lock()
 
@@ -235,4 +273,13 @@ def out_variant(cache: KernelCache | None) -> Callable[..., None]:
     return run
 
 
-__all__ = ["GEMV_ROWS_PER_TILE_ROW", "OP", "PANEL_BYTES", "QuantLinearKernel", "kernel", "out_variant"]
+__all__ = [
+    "F32_GEMV_ROWS",
+    "GEMV_ROWS_PER_TILE_ROW",
+    "OP",
+    "PANEL_BYTES",
+    "QuantLinearKernel",
+    "f32_gemv",
+    "kernel",
+    "out_variant",
+]

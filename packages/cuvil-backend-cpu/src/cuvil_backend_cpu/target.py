@@ -102,9 +102,13 @@ class CpuTarget(CpuHooks):
     # -- the KernelBackend hooks ----------------------------------------------------------
     def extern(self, op: str, reference: Callable[..., Any], channels_last: bool) -> Callable[..., Any]:
         """As :class:`CpuHooks`', except attention, which runs our own kernel (built by this
-        target's kernel cache; a loaded artifact, which may have no compiler, runs eager's)."""
+        target's kernel cache; a loaded artifact, which may have no compiler, runs eager's),
+        and float32 linears, whose GEMM choice includes our GEMV for few rows."""
         if op == "sdpa":
             return attention.extern(self.cache, reference)
+        if op == "linear" and "linear" in externs.FAST_EXTERNS:
+            # our GEMV a third candidate for few rows ([Note: GEMM choice])
+            return externs.linear_with_gemv(quant_linear.f32_gemv(self.cache))
         if op == "cpu_attention":
             return attention.pattern_extern(self.cache, reference)
         return super().extern(op, reference, channels_last)
