@@ -149,20 +149,28 @@ def _linear(
     rows = x.numel() // max(x.shape[-1], 1)
     if not (_ONEDNN and x.dtype == torch.float32 and w.dtype == torch.float32 and rows > 0 and w.numel() > 0):
         return torch.nn.functional.linear(x, w, b)
-    xc = x.contiguous()
+    offer_gemv = gemv is not None and rows <= F32_GEMV_ROWS and w.is_contiguous()
+    fast, choice = gemm_choice.known(rows, w.shape[1], w.shape[0], has_bias, 3 if offer_gemv else 2)
+    if choice is None:  # this shape's first call: measured (or looked up) once
+        xc = x.contiguous()
+        run: dict[str, Callable[[], Any]] = {
+            "onednn": lambda: _onednn_linear(xc, w, b, rows),
+            "mkl": lambda: torch.nn.functional.linear(x, w, b),
+        }
+        if offer_gemv:
+            run["gemv"] = lambda: gemv(xc, w, b)  # type: ignore[misc]
+        choice = gemm_choice.choose(gemm_choice.key(rows, w.shape[1], w.shape[0], has_bias), run, fast)
+    if choice == "gemv" and gemv is not None:
+        out = gemv(x, w, b)
+        if out is not None:
+            return out
+    if choice == "onednn":
+        return _onednn_linear(x.contiguous(), w, b, rows)
+    return torch.nn.functional.linear(x, w, b)
 
-    def onednn() -> torch.Tensor:
-        return torch.ops.mkldnn._linear_pointwise(xc, _packed_linear_weight(w, rows), b, "none", [], "")
 
-    def mkl() -> torch.Tensor:
-        return torch.nn.functional.linear(x, w, b)
-
-    run: dict[str, Callable[[], Any]] = {"onednn": onednn, "mkl": mkl}
-    if gemv is not None and rows <= F32_GEMV_ROWS and w.is_contiguous():
-        run["gemv"] = lambda: gemv(xc, w, b)
-    shape = gemm_choice.key(rows, w.shape[1], w.shape[0], has_bias)
-    out = run[gemm_choice.choose(shape, run)]()
-    return out if out is not None else mkl()
+def _onednn_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, rows: int) -> torch.Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x, _packed_linear_weight(w, rows), b, "none", [], "")
 
 
 _ONEDNN = _onednn_available()

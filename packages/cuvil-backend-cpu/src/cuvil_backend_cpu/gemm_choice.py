@@ -109,24 +109,40 @@ def _measure(run: dict[str, Callable[[], Any]]) -> str:
     return min(run, key=lambda name: (statistics.median(times[name]), CANDIDATES.index(name)))
 
 
-def choose(shape_key: str, run: dict[str, Callable[[], Any]]) -> str:
+#: (rows bucket, in, out, bias, threads, $CUVIL_CPU_GEMM, candidates) -> the answer: what
+#: a call after the first of its shape asks, without building the record's key
+_fast: dict[tuple[Any, ...], str] = {}
+
+
+def known(rows: int, k: int, n: int, has_bias: bool, candidates: int) -> tuple[tuple[Any, ...], str | None]:
+    """The answer already given for this shape (``candidates``: how many were offered), and
+    the key :func:`choose` remembers it under when there is none yet."""
+    fast = (_bucket(rows), k, n, has_bias, torch.get_num_threads(), os.environ.get(GEMM_ENV), candidates)
+    return fast, _fast.get(fast)
+
+
+def choose(shape_key: str, run: dict[str, Callable[[], Any]], fast: tuple[Any, ...] | None = None) -> str:
     """The GEMM for ``shape_key``: forced by ``$CUVIL_CPU_GEMM``, remembered, or measured
-    now by calling each of ``run`` (name -> a call of that GEMM on this call's operands)."""
+    now by calling each of ``run`` (name -> a call of that GEMM on this call's operands);
+    remembered under ``fast`` too (:func:`known`)."""
     forced = os.environ.get(GEMM_ENV, "").strip().lower()
     if forced in run:
-        return forced
-    known = _choices.get(shape_key) if _choices is not None else None
-    if known in run:  # every call after a shape's first: no lock
-        return known  # type: ignore[return-value]
-    with _lock:
-        choices = _load()
-        found = choices.get(shape_key)
-        if found in run:
-            return found
-        best = _measure(run)
-        choices[shape_key] = best
-        _save(choices)
-        return best
+        found: str = forced
+    else:
+        known_choice = _choices.get(shape_key) if _choices is not None else None
+        if known_choice in run:  # a shape's later calls: no lock
+            found = known_choice  # type: ignore[assignment]
+        else:
+            with _lock:
+                choices = _load()
+                found = choices.get(shape_key)  # type: ignore[assignment]
+                if found not in run:
+                    found = _measure(run)
+                    choices[shape_key] = found
+                    _save(choices)
+    if fast is not None:
+        _fast[fast] = found
+    return found
 
 
 def forget() -> None:
@@ -134,6 +150,7 @@ def forget() -> None:
     global _choices
     with _lock:
         _choices = None
+        _fast.clear()
 
 
-__all__ = ["CANDIDATES", "GEMM_ENV", "choose", "forget", "key"]
+__all__ = ["CANDIDATES", "GEMM_ENV", "choose", "forget", "key", "known"]
