@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import resource
 import statistics
 import subprocess
@@ -41,6 +40,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from benchmarks.roofline import host_info
 
 SIZES: dict[str, dict[str, int]] = {
     # a few MB: seconds per run, for CI-sized machines
@@ -175,18 +176,6 @@ def steady(cache: str, args: argparse.Namespace) -> dict[str, float]:
     return {impl: args.batch * args.new_tokens / statistics.median(t) for impl, t in times.items()}
 
 
-def _host() -> dict[str, Any]:
-    from benchmarks.roofline import host_isa
-
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
-    except OSError:
-        pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "torch": torch.__version__, "isa": host_isa()}
-
-
 def _markdown(data: dict[str, Any]) -> str:
     c = data["config"]
     isa = data["host"]["isa"]
@@ -279,7 +268,7 @@ def main(argv: list[str] | None = None) -> None:
             interleaved[cache] = json.loads(proc.stdout.strip().splitlines()[-1])
         print(cache, "interleaved:", interleaved.get(cache, proc.stderr.strip()[-300:]), flush=True)
     data = {
-        "host": _host(),
+        "host": host_info(),
         "config": {
             **{k: v for k, v in vars(args).items() if k != "child"},
             "caches": caches,

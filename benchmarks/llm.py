@@ -46,7 +46,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import resource
 import statistics
 import subprocess
@@ -57,6 +56,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from benchmarks.roofline import host_info
 
 SIZES: dict[str, dict[str, int]] = {
     # the LLM-speed issue's decoder (123 MB of fp32 weights)
@@ -222,18 +223,6 @@ def child(impl: str, precision: str, args: argparse.Namespace) -> dict[str, Any]
     return out
 
 
-def _host() -> dict[str, Any]:
-    from benchmarks.roofline import host_isa
-
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
-    except OSError:
-        pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "torch": torch.__version__, "isa": host_isa()}
-
-
 def _markdown(data: dict[str, Any]) -> str:
     c = data["config"]
     rates = data["rates"]
@@ -334,7 +323,7 @@ def main(argv: list[str] | None = None) -> None:
                 results.append(json.loads(proc.stdout.strip().splitlines()[-1]))
             print(json.dumps(results[-1]), flush=True)
     data = {
-        "host": _host(),
+        "host": host_info(),
         "config": {
             **{k: v for k, v in vars(args).items() if k != "child"},
             "command": " ".join(["python -m benchmarks.llm", *(argv or sys.argv[1:])]),

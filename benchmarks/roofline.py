@@ -183,6 +183,20 @@ def sgemm_call(n: int = GEMM_N) -> Any:
     return mm
 
 
+def host_info() -> dict[str, Any]:
+    """The host a benchmark ran on: CPU model, cores, torch's version, vector ISA."""
+    import os
+    import platform
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
+    except OSError:
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count(), "torch": torch.__version__, "isa": host_isa()}
+
+
 def host_isa() -> dict[str, Any]:
     """The host's vector ISA features from /proc/cpuinfo (x86: avx2, avx512f, bf16)."""
     flags: set[str] = set()

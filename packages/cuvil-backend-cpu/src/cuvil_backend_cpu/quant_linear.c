@@ -154,107 +154,54 @@ INLINE void int4_load(const uint8_t *p, vf *lo, vf *hi) {
     *hi = __builtin_convertvector(q >> 4, vf);
 }
 
-/* One tile: out[m*NR + n] = sum_k x[m,k] W[n,k] for m < mr, n < nr, W unscaled for int8 (its scale is
-   a factor of the whole row: applied once, by the caller). mr and nr are constants at every call site
-   (always_inline), so the loops over them unroll and the accumulators live in registers. */
-INLINE void tile_bf16(const float *x, int64_t ldx, const uint16_t *w, int64_t K, float *out, int mr, int nr) {
-    vf acc[MR][NR];
-    for (int m = 0; m < mr; m++)
-        for (int n = 0; n < nr; n++) acc[m][n] = (vf){0};
-    int64_t k = 0;
-    const int64_t step = 64 / 2; /* values in a cache line of W */
-    for (; k + step <= K; k += step) {
-        for (int n = 0; n < nr; n++) PREFETCH(w + (n + NR) * K + k);
-        for (int64_t kk = k; kk < k + step; kk += VW) {
-            vf xv[MR];
-            for (int m = 0; m < mr; m++) xv[m] = vload(x + m * ldx + kk);
-            for (int n = 0; n < nr; n++) {
-                vf wv = bf16_load(w + n * K + kk);
-                for (int m = 0; m < mr; m++) acc[m][n] = FMA(xv[m], wv, acc[m][n]);
-            }
-        }
-    }
-    for (; k + VW <= K; k += VW) {
-        vf xv[MR];
-        for (int m = 0; m < mr; m++) xv[m] = vload(x + m * ldx + k);
-        for (int n = 0; n < nr; n++) {
-            vf wv = bf16_load(w + n * K + k);
-            for (int m = 0; m < mr; m++) acc[m][n] = FMA(xv[m], wv, acc[m][n]);
-        }
-    }
-    for (int m = 0; m < mr; m++)
-        for (int n = 0; n < nr; n++) {
-            float s = hsum(acc[m][n]);
-            for (int64_t t = k; t < K; t++) s += x[m * ldx + t] * bf16_scalar(w[n * K + t]);
-            out[m * NR + n] = s;
-        }
-}
+INLINE vf f32_load(const float *p) { return vload(p); }
 
-INLINE void tile_f32(const float *x, int64_t ldx, const float *w, int64_t K, float *out, int mr, int nr) {
-    vf acc[MR][NR];
-    for (int m = 0; m < mr; m++)
-        for (int n = 0; n < nr; n++) acc[m][n] = (vf){0};
-    int64_t k = 0;
-    const int64_t step = 64 / 4; /* values in a cache line of W */
-    for (; k + step <= K; k += step) {
-        for (int n = 0; n < nr; n++) PREFETCH(w + (n + NR) * K + k);
-        for (int64_t kk = k; kk < k + step; kk += VW) {
-            vf xv[MR];
-            for (int m = 0; m < mr; m++) xv[m] = vload(x + m * ldx + kk);
-            for (int n = 0; n < nr; n++) {
-                vf wv = vload(w + n * K + kk);
-                for (int m = 0; m < mr; m++) acc[m][n] = FMA(xv[m], wv, acc[m][n]);
-            }
-        }
-    }
-    for (; k + VW <= K; k += VW) {
-        vf xv[MR];
-        for (int m = 0; m < mr; m++) xv[m] = vload(x + m * ldx + k);
-        for (int n = 0; n < nr; n++) {
-            vf wv = vload(w + n * K + k);
-            for (int m = 0; m < mr; m++) acc[m][n] = FMA(xv[m], wv, acc[m][n]);
-        }
-    }
-    for (int m = 0; m < mr; m++)
-        for (int n = 0; n < nr; n++) {
-            float s = hsum(acc[m][n]);
-            for (int64_t t = k; t < K; t++) s += x[m * ldx + t] * w[n * K + t];
-            out[m * NR + n] = s;
-        }
-}
+INLINE float f32_scalar(float v) { return v; }
 
-INLINE void tile_int8(const float *x, int64_t ldx, const int8_t *w, int64_t K, float *out, int mr, int nr) {
-    vf acc[MR][NR];
-    for (int m = 0; m < mr; m++)
-        for (int n = 0; n < nr; n++) acc[m][n] = (vf){0};
-    int64_t k = 0;
-    const int64_t step = 64 / 1; /* values in a cache line of W */
-    for (; k + step <= K; k += step) {
-        for (int n = 0; n < nr; n++) PREFETCH(w + (n + NR) * K + k);
-        for (int64_t kk = k; kk < k + step; kk += VW) {
-            vf xv[MR];
-            for (int m = 0; m < mr; m++) xv[m] = vload(x + m * ldx + kk);
-            for (int n = 0; n < nr; n++) {
-                vf wv = int8_load(w + n * K + kk);
-                for (int m = 0; m < mr; m++) acc[m][n] = FMA(xv[m], wv, acc[m][n]);
-            }
-        }
+INLINE float int8_scalar(int8_t v) { return (float)v; }
+
+/* One tile: out[m*NR + n] = sum_k x[m,k] W[n,k] for m < mr, n < nr, W of element type T read VW at a
+   time by LOAD (widened to float in registers) and one at a time by SCALAR (the tail of K), unscaled
+   for int8 (its scale is a factor of the whole row: applied once, by the caller). mr and nr are
+   constants at every call site (always_inline), so the loops over them unroll and the accumulators
+   live in registers. float32, bf16 and int8 weights differ only in T, LOAD and SCALAR. */
+#define DENSE_TILE(NAME, T, LOAD, SCALAR)                                                                   \
+    INLINE void NAME(const float *x, int64_t ldx, const T *w, int64_t K, float *out, int mr, int nr) {      \
+        vf acc[MR][NR];                                                                                     \
+        for (int m = 0; m < mr; m++)                                                                        \
+            for (int n = 0; n < nr; n++) acc[m][n] = (vf){0};                                               \
+        int64_t k = 0;                                                                                      \
+        const int64_t step = 64 / (int64_t)sizeof(T); /* values in a cache line of W */                     \
+        for (; k + step <= K; k += step) {                                                                  \
+            for (int n = 0; n < nr; n++) PREFETCH(w + (n + NR) * K + k);                                    \
+            for (int64_t kk = k; kk < k + step; kk += VW) {                                                 \
+                vf xv[MR];                                                                                  \
+                for (int m = 0; m < mr; m++) xv[m] = vload(x + m * ldx + kk);                               \
+                for (int n = 0; n < nr; n++) {                                                              \
+                    vf wv = LOAD(w + n * K + kk);                                                           \
+                    for (int m = 0; m < mr; m++) acc[m][n] = FMA(xv[m], wv, acc[m][n]);                     \
+                }                                                                                           \
+            }                                                                                               \
+        }                                                                                                   \
+        for (; k + VW <= K; k += VW) {                                                                      \
+            vf xv[MR];                                                                                      \
+            for (int m = 0; m < mr; m++) xv[m] = vload(x + m * ldx + k);                                    \
+            for (int n = 0; n < nr; n++) {                                                                  \
+                vf wv = LOAD(w + n * K + k);                                                                \
+                for (int m = 0; m < mr; m++) acc[m][n] = FMA(xv[m], wv, acc[m][n]);                         \
+            }                                                                                               \
+        }                                                                                                   \
+        for (int m = 0; m < mr; m++)                                                                        \
+            for (int n = 0; n < nr; n++) {                                                                  \
+                float s = hsum(acc[m][n]);                                                                  \
+                for (int64_t t = k; t < K; t++) s += x[m * ldx + t] * SCALAR(w[n * K + t]);                 \
+                out[m * NR + n] = s;                                                                        \
+            }                                                                                               \
     }
-    for (; k + VW <= K; k += VW) {
-        vf xv[MR];
-        for (int m = 0; m < mr; m++) xv[m] = vload(x + m * ldx + k);
-        for (int n = 0; n < nr; n++) {
-            vf wv = int8_load(w + n * K + k);
-            for (int m = 0; m < mr; m++) acc[m][n] = FMA(xv[m], wv, acc[m][n]);
-        }
-    }
-    for (int m = 0; m < mr; m++)
-        for (int n = 0; n < nr; n++) {
-            float s = hsum(acc[m][n]);
-            for (int64_t t = k; t < K; t++) s += x[m * ldx + t] * (float)w[n * K + t];
-            out[m * NR + n] = s;
-        }
-}
+
+DENSE_TILE(tile_f32, float, f32_load, f32_scalar)
+DENSE_TILE(tile_bf16, uint16_t, bf16_load, bf16_scalar)
+DENSE_TILE(tile_int8, int8_t, int8_load, int8_scalar)
 
 #if !defined(CUVIL_QL_VW) && !defined(CUVIL_QL_NO_TABLE) && defined(__AVX512F__)
 #define QL_INT4_TABLE 1
