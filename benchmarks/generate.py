@@ -53,9 +53,14 @@ IMPLS = ("eager", "torch.compile", "cuvil")
 
 
 def build(size: str) -> Any:
+    return llama(SIZES[size], max_positions=1024)
+
+
+def llama(s: dict[str, int], max_positions: int, **extra: Any) -> Any:
+    """A Llama-style decoder of the sizes ``s`` (``SIZES``' keys) from a config, random
+    weights seeded, no download (benchmarks.llm builds its models with it too)."""
     import transformers as T
 
-    s = SIZES[size]
     torch.manual_seed(0)
     cfg = T.LlamaConfig(
         vocab_size=s["vocab"],
@@ -64,7 +69,8 @@ def build(size: str) -> Any:
         num_hidden_layers=s["layers"],
         num_attention_heads=s["heads"],
         num_key_value_heads=s["kv_heads"],
-        max_position_embeddings=1024,
+        max_position_embeddings=max_positions,
+        **extra,
     )
     return T.LlamaForCausalLM(cfg).eval().requires_grad_(False)
 

@@ -57,6 +57,7 @@ from typing import Any
 
 import torch
 
+from benchmarks.generate import llama
 from benchmarks.roofline import host_info
 
 SIZES: dict[str, dict[str, int]] = {
@@ -70,21 +71,7 @@ PRECISIONS = ("fp32", "bf16", "int8", "int4")
 
 
 def build(size: str) -> Any:
-    import transformers as T
-
-    s = SIZES[size]
-    torch.manual_seed(0)
-    cfg = T.LlamaConfig(
-        vocab_size=s["vocab"],
-        hidden_size=s["hidden"],
-        intermediate_size=s["ffn"],
-        num_hidden_layers=s["layers"],
-        num_attention_heads=s["heads"],
-        num_key_value_heads=s["kv_heads"],
-        max_position_embeddings=2048,
-        tie_word_embeddings=False,
-    )
-    return T.LlamaForCausalLM(cfg).eval().requires_grad_(False)
+    return llama(SIZES[size], max_positions=2048, tie_word_embeddings=False)
 
 
 def weight_bytes(model: Any, precision: str, group_size: int) -> int:
