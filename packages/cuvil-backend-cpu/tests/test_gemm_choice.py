@@ -89,7 +89,11 @@ def test_f32_gemv_against_float64(n: int, k: int) -> None:
     gemv = quant_linear.f32_gemv(KernelCache())
     g = torch.Generator().manual_seed(n * 1000 + k)
     w, b = torch.randn(n, k, generator=g), torch.randn(n, generator=g)
-    for x in (torch.randn(3, k, generator=g), torch.randn(2, 2 * k, generator=g)[:, ::2], torch.randn(1, 1, k)):
+    for x in (
+        torch.randn(3, k, generator=g),
+        torch.randn(2, 2 * k, generator=g)[:, ::2],
+        torch.randn(1, 1, k),
+    ):
         for bias in (None, b):
             got = gemv(x, w, bias)
             assert got is not None and got.shape == (*x.shape[:-1], n)

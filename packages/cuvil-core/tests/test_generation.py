@@ -248,6 +248,46 @@ def test_list_argument_changed_in_place_is_written_back(target: str) -> None:
     assert cf.stats.compiles == 1
 
 
+class _Layer:
+    def __init__(self, keys: torch.Tensor, seen: int) -> None:
+        self.keys, self.seen = keys, seen
+
+
+class _Cache:
+    def __init__(self, layers: list[_Layer], meta: dict[str, torch.Tensor]) -> None:
+        self.layers, self.meta = layers, meta
+
+
+def _grow(cache: _Cache, k: torch.Tensor) -> torch.Tensor:
+    for layer in cache.layers:  # a new tensor per layer, a count that grows: structure kept
+        layer.keys = torch.cat([layer.keys, k])
+        layer.seen += k.shape[0]
+    cache.meta["last"] = k * 2
+    return sum(layer.keys.sum() for layer in cache.layers)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_an_argument_that_keeps_its_structure_is_written_back_leaf_by_leaf(target: str) -> None:
+    """A decode step's cache: new tensors in the same attributes, lists and dicts. The
+    write-back sets each leaf in place (WriteBack.places), keeping the caller's objects,
+    and ends as eager leaves them."""
+    cf = cu.compile(_grow, target=target, fallback="error")
+    mine = _Cache([_Layer(torch.ones(2, 3), 2), _Layer(torch.zeros(2, 3), 2)], {"last": torch.zeros(1, 3)})
+    theirs = _Cache([_Layer(torch.ones(2, 3), 2), _Layer(torch.zeros(2, 3), 2)], {"last": torch.zeros(1, 3)})
+    layers, first, meta = mine.layers, mine.layers[0], mine.meta
+    for step in range(3):
+        k = torch.randn(1 + step % 2, 3)
+        torch.testing.assert_close(cf(mine, k), _grow(theirs, k))
+        assert mine.layers is layers and mine.layers[0] is first and mine.meta is meta
+        for a, b in zip(mine.layers, theirs.layers):
+            torch.testing.assert_close(a.keys, b.keys)
+            assert type(a.seen) is int and a.seen == b.seen
+        torch.testing.assert_close(mine.meta["last"], theirs.meta["last"])
+    assert cf.stats.compiles == 1, cf.stats.recompile_reasons
+    (w,) = cf.artifacts[-1].captured.write_backs
+    assert w.places is not None and ("layers", (1,), "keys") in w.places
+
+
 class _State:
     """A registered object whose counter is in the flatten context."""
 

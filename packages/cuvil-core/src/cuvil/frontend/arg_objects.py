@@ -67,6 +67,10 @@ class WriteBack:
     spec: pytree.TreeSpec
     #: per new leaf: ("graph", output index), ("leaf", argument leaf index) or ("const", value)
     leaves: tuple[tuple[str, Any], ...]
+    #: per new leaf, where it sits in the argument (attribute names, list indices, dict
+    #: keys), when the function kept the argument's structure (:func:`leaf_places`): the
+    #: write-back then sets each leaf in place; None: rebuild and sync (:func:`write_back`)
+    places: tuple[tuple[Any, ...], ...] | None = None
 
 
 def is_object_node(x: Any) -> bool:
@@ -563,13 +567,63 @@ def check_syncable(obj: Any, name: str) -> None:
 
 
 def write_back(writes: tuple[WriteBack, ...], results: Any, leaves: list[Any], tree: Any) -> None:
-    """Rule 3 after a run: rebuild each changed argument and sync it into the caller's."""
+    """Rule 3 after a run: rebuild each changed argument and sync it into the caller's, or,
+    when the function kept its structure, set each new leaf in place."""
     for w in writes:
         new = [
             results[v] if kind == "graph" else plain(leaves[v]) if kind == "leaf" else v
             for kind, v in w.leaves
         ]
-        _sync(at(tree, w.path), pytree.tree_unflatten(new, w.spec), 0)
+        target = at(tree, w.path)
+        if w.places is None:
+            _sync(target, pytree.tree_unflatten(new, w.spec), 0)
+            continue
+        for place, value in zip(w.places, new):
+            owner = target
+            for step in place[:-1]:
+                owner = getattr(owner, step) if type(step) is str else owner[step[0]]
+            last = place[-1]
+            if type(last) is str:
+                vars(owner)[last] = value
+            else:
+                owner[last[0]] = value
+
+
+def leaf_places(new_spec: pytree.TreeSpec, spec: pytree.TreeSpec, path: tuple[int, ...]) -> Any:
+    """Where each leaf of ``new_spec`` (an argument as the function left it) sits in the
+    argument, when the function kept the argument's structure: ``new_spec`` equals the
+    argument's part of ``spec`` (the call's argument tree: the structure key holds it, so
+    every call of the variant passes an argument of exactly this structure), and every
+    container on the way is an attribute object, a list or a dict (set in place). A step is
+    an attribute name, or ``(index,)`` / ``(key,)``. None otherwise: the write-back rebuilds
+    the argument and syncs it (:func:`write_back`)."""
+    sub = spec
+    for i in path:
+        sub = sub.children()[i]
+    if sub != new_spec:
+        return None
+    places: list[tuple[Any, ...]] = []
+    if not _places(new_spec, (), places) or not all(places):
+        return None
+    return tuple(places)
+
+
+def _places(node: pytree.TreeSpec, at_: tuple[Any, ...], out: list[tuple[Any, ...]]) -> bool:
+    """Append the place of each leaf under ``node`` (at ``at_``) in flattening order; False
+    when a container on the way cannot be set in place (a tuple, a registered type)."""
+    if node.is_leaf():
+        out.append(at_)
+        return True
+    kids = node.children()
+    if node.type is ObjectNode:
+        steps: list[Any] = list(node.context[1])
+    elif node.type is list:
+        steps = [(i,) for i in range(len(kids))]
+    elif node.type is dict:
+        steps = [(k,) for k in node.context]
+    else:
+        return False
+    return all(_places(kid, (*at_, step), out) for kid, step in zip(kids, steps))
 
 
 def _sync(user: Any, fresh: Any, depth: int) -> Any:

@@ -389,7 +389,9 @@ def _write_backs(
             else:
                 arg_objects.check_plain(leaf, f"a new value in argument {name}")
                 plan.append(("const", leaf))
-        out.append(WriteBack(path, name, new_spec, tuple(plan)))
+        out.append(
+            WriteBack(path, name, new_spec, tuple(plan), arg_objects.leaf_places(new_spec, spec, path))
+        )
     return out
 
 
