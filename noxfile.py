@@ -9,6 +9,7 @@
     nox -s tests_plugins      the example plugin distributions (examples/), installed and tested
     nox -s tests_pkg          each package alone, with only what it depends on
     nox -s tests_isa          the cpu target's corpus built for avx2 and portable ($CUVIL_CPU_ISA)
+    nox -s tests_arm64        the cpu target's corpus built for each AArch64 level, run under qemu
     nox -s slow               the tests marked slow (the Ray Serve example's included)
     nox -s serve_example      examples/serve on Ray Serve, on loopback
     nox -s lint typecheck     ruff and the import-cycle check; mypy (strict on cuvil_ir)
@@ -30,7 +31,9 @@ command that installs our packages. torch's CPU wheel does not bring numpy.
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
 import tomllib
 from pathlib import Path
 
@@ -251,6 +254,63 @@ def tests_isa(session: nox.Session) -> None:
     ($CUVIL_CPU_ISA); part of ``tests`` too, alone here."""
     install(session, ALL, PYTEST)
     run_isas(session, *session.posargs)
+
+
+#: The AArch64 levels ``tests_arm64`` builds kernels for (docs/cpu-backend.md, "AArch64").
+ARM64_LEVELS = ["armv8-a", "armv8.2-a", "sve", "sve2"]
+#: What runs per level, kernels cross-compiled and run under qemu-aarch64: the whole program
+#: corpus, the row kernels and the hand-written attention kernel's tests.
+ARM64_TESTS = [*ISA_TESTS, "packages/cuvil-backend-cpu/tests/test_attention_kernel.py"]
+#: Debian's names for the cross compiler (and its C library, libgomp) and for qemu-aarch64
+ARM64_APT = ["gcc-aarch64-linux-gnu", "qemu-user"]
+
+
+def apt_install(session: nox.Session, packages: list[str], tools: list[str]) -> str | None:
+    """Install Debian ``packages`` unless their ``tools`` are on PATH already; ``None`` when
+    done, else why they cannot be installed here (no apt, no root, no mirror)."""
+    if all(shutil.which(t) for t in tools):
+        return None
+    if shutil.which("apt-get") is None:
+        return f"no apt-get here to install {' '.join(packages)} (a Debian or Ubuntu host has it)"
+    sudo: list[str] = []
+    if os.geteuid() != 0:
+        if shutil.which("sudo") is None:
+            return f"installing {' '.join(packages)} needs root, and this is uid {os.geteuid()} without sudo"
+        sudo = ["sudo", "-n"]
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    install_cmd = [*sudo, "apt-get", "install", "-y", "--no-install-recommends", *packages]
+    for attempt in (install_cmd, [*sudo, "apt-get", "update"], install_cmd):
+        session.log(" ".join(attempt))
+        proc = subprocess.run(attempt, capture_output=True, text=True, env=env)
+        if proc.returncode == 0 and attempt is install_cmd:
+            return None
+        if proc.returncode != 0 and attempt[-1] == "update":
+            break  # no mirror: installing again would fail the same way
+    tail = " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-3:])
+    return f"{' '.join(attempt)} failed (exit status {proc.returncode}): {tail}"
+
+
+@nox.session
+def tests_arm64(session: nox.Session) -> None:
+    """The cpu target's kernels for each of :data:`ARM64_LEVELS`, built by the AArch64 cross
+    compiler and run under qemu-aarch64 ($CUVIL_CPU_ISA=level, $CUVIL_CPU_EMULATE=qemu):
+    :data:`ARM64_TESTS` compare every result with eager on this host. Installs
+    :data:`ARM64_APT` with apt, or skips saying why it cannot."""
+    why = apt_install(session, ARM64_APT, ["aarch64-linux-gnu-gcc", "qemu-aarch64"])
+    if why is not None:
+        session.skip(f"the AArch64 cross compiler and qemu are not installed: {why}")
+    install(session, ALL, PYTEST)
+    session.run(
+        "pytest",
+        "packages/cuvil-backend-cpu/tests/test_aarch64.py",
+        "packages/cuvil-backend-cpu/tests/test_emulated.py",
+        "-q",
+        *session.posargs,
+    )
+    for level in ARM64_LEVELS:
+        session.log(f"the cpu corpus with kernels built for CUVIL_CPU_ISA={level}, run under qemu-aarch64")
+        env = {"CUVIL_CPU_ISA": level, "CUVIL_CPU_EMULATE": "qemu"}
+        session.run("pytest", *ARM64_TESTS, "-q", *FAST, *session.posargs, env=env)
 
 
 #: the Ray Serve example's own dependency (examples/serve): never a dependency of a package

@@ -10,6 +10,7 @@ import subprocess
 
 import pytest
 
+from cuvil_backend_cpu import aarch64
 from cuvil_backend_cpu import toolchain as tc_mod
 from cuvil_backend_cpu.toolchain import (
     SIMD_MATH_DECLARATIONS,
@@ -38,8 +39,11 @@ def test_finds_the_compiler():
     assert isinstance(tc, Toolchain)
     assert os.path.isabs(tc.cc) and os.access(tc.cc, os.X_OK)
     assert tc.version and "\n" not in tc.version
-    assert tc.isa in ("avx512", "avx2", "neon", "generic")
-    assert tc.vector_bytes == {"avx512": 64, "avx2": 32, "neon": 16, "generic": 16}[tc.isa]
+    assert tc.isa in ("avx512", "avx2", "generic", *aarch64.LEVELS)
+    if tc.isa in aarch64.LEVELS:  # SVE: the host's vector length (16 bytes at least)
+        assert tc.vector_bytes >= 16 and tc.vector_bytes % 16 == 0
+    else:
+        assert tc.vector_bytes == {"avx512": 64, "avx2": 32, "generic": 16}[tc.isa]
     assert "-O3" in tc.flags and "-fopenmp" in tc.flags and "-shared" in tc.flags
     assert not any("fast-math" in flag for flag in tc.flags)  # masked attention needs inf/nan semantics
     assert tc.libs[-1] == "-lm"
@@ -228,7 +232,7 @@ def test_isa_the_cpu_cannot_run_is_an_error_not_sigill(monkeypatch):
 
 def test_x86_isas_on_arm(monkeypatch):
     monkeypatch.setattr(platform, "machine", lambda: "aarch64")
-    assert isa_flags("native", {}) == ("neon", ("-march=native",))
+    assert isa_flags("native", {}) == ("armv8-a", ("-march=native",))  # see test_aarch64.py
     assert isa_flags("portable", {}) == ("portable", ("-march=armv8-a",))
     with pytest.raises(ToolchainError, match="needs an x86-64 CPU; this machine is aarch64"):
         isa_flags("avx2", {})

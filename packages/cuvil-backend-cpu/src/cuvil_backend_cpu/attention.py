@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from cuvil_backend_cpu import attention_pattern
+from cuvil_backend_cpu.emulation import EmulatedLibrary
 from cuvil_backend_cpu.kernel_cache import KernelCache
 
 SOURCE = (Path(__file__).parent / "attention.c").read_text()
@@ -53,8 +54,13 @@ class FlashAttention:
         self._fn = lib.cuvil_attention
         self._fn.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_char_p, ctypes.c_float]
         self._fn.restype = ctypes.c_int
+        #: an emulated kernel (:mod:`cuvil_backend_cpu.emulation`) takes tensors, not addresses
+        self._tensors = isinstance(lib, EmulatedLibrary)
         mr, nr = ctypes.c_int64(), ctypes.c_int64()
-        lib.cuvil_attention_tile(ctypes.byref(mr), ctypes.byref(nr))
+        tile = lib.cuvil_attention_tile
+        tile.argtypes = [ctypes.POINTER(ctypes.c_int64)] * 2
+        tile.restype = None
+        tile(ctypes.byref(mr), ctypes.byref(nr))
         self.tile_queries = nr.value  # queries lie across a tile's columns
         self.block_q = -(-BLOCK_Q // nr.value) * nr.value
         self.block_k = -(-BLOCK_K // mr.value) * mr.value  # keys down its rows
@@ -88,18 +94,19 @@ class FlashAttention:
         if out.numel() == 0:
             return out.view(*lead, L, Ev)
         ms: tuple[int, ...] = (0, 0, 0)
-        kind, mask_ptr = 0, None
+        kind, m4 = 0, None
         if mask is not None:
             # a broadcast mask is a view with zero strides: no copy, unless its keys do not
             # lie consecutively (a mask broadcast along the keys)
             m4 = _rank4(mask.expand(*lead, L, S))
-            kind, mask_ptr, ms = _MASK_KIND[mask.dtype], m4.data_ptr(), m4.stride()[:3]
+            kind, ms = _MASK_KIND[mask.dtype], m4.stride()[:3]
         params = struct.pack(
             "25q", B, Hq, Hk, L, S, E, Ev,
             *q4.stride()[:3], *k4.stride()[:3], *v4.stride()[:3], *ms,
             kind, int(is_causal), self.block_q, self.block_k, torch.get_num_threads(), int(empty_nan),
         )  # fmt: skip
-        ptrs = (q4.data_ptr(), k4.data_ptr(), v4.data_ptr(), mask_ptr, out.data_ptr())
+        tensors = (q4, k4, v4, m4, out)
+        ptrs = tensors if self._tensors else tuple(None if t is None else t.data_ptr() for t in tensors)
         if self._fn(*ptrs, params, 1.0 / math.sqrt(E) if scale is None else scale):
             raise MemoryError(f"attention of {tuple(q.shape)} x {tuple(k.shape)}: out of memory")
         return out if q.dim() == 4 else out.view(*lead, L, Ev)

@@ -49,7 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from cuvil_backend_cpu import __version__
+from cuvil_backend_cpu import __version__, emulation
 from cuvil_backend_cpu.progress import CompileProgress
 from cuvil_backend_cpu.toolchain import Toolchain, ToolchainError, default_kernel_cache_dir, find_toolchain
 from cuvil_runtime import trust
@@ -60,6 +60,8 @@ except ImportError:  # pragma: no cover - not POSIX: atomic replace alone still 
     fcntl = None  # type: ignore[assignment]
 
 T = TypeVar("T")
+#: a loaded kernel: in this process, or in the emulated one (:mod:`cuvil_backend_cpu.emulation`)
+Library = ctypes.CDLL | emulation.EmulatedLibrary
 
 #: Compiler output lines kept in a :class:`KernelBuildError` (the first errors are the useful ones).
 STDERR_LINES = 60
@@ -163,7 +165,7 @@ class KernelCache:
         self.requested = Path(root) if root is not None else default_kernel_cache_dir()
         self.stats = CacheStats()
         self._lock = threading.Lock()
-        self._libs: dict[str, ctypes.CDLL] = {}
+        self._libs: dict[str, Library] = {}
         self._load_dir: Path | None = None
         self._writing(trust.cache_secret)  # the key exists (or we fell back)
 
@@ -323,13 +325,14 @@ class KernelCache:
                     raise
         return [self.paths(key)[0] for key in keys]
 
-    def load(self, path: Path | str, source: str | None = None, name: str = "kernel") -> ctypes.CDLL:
+    def load(self, path: Path | str, source: str | None = None, name: str = "kernel") -> Library:
         """The loaded kernel at ``path`` (an entry of this cache), once per path.
 
         The bytes are read once and verified, and that copy is what is loaded (see
         the module docstring). An entry that does not verify, or that the loader
         rejects, is evicted; with ``source`` (the kernel's C) it is then rebuilt
-        and loaded once more, else :class:`KernelLoadError` is raised.
+        and loaded once more, else :class:`KernelLoadError` is raised. Under emulation
+        (``toolchain.emulator``) the library is loaded in the emulated process.
         """
         so = Path(path)
         with self._lock:
@@ -348,10 +351,21 @@ class KernelCache:
         with self._lock:
             return self._libs.setdefault(str(so), lib)
 
-    def _load_verified(self, so: Path) -> ctypes.CDLL:
+    def _load_verified(self, so: Path) -> Library:
         data = self._verified(so)
         if data is None:
             raise KernelLoadError(f"the cached kernel {so} is missing or does not match its signature")
+        if self.toolchain.emulator:
+            return self._writing(
+                lambda root: emulation.load_library(
+                    self.toolchain,
+                    data,
+                    self._loads(root),
+                    so.stem,
+                    f"the cached kernel {so}",
+                    self._trampoline,
+                )
+            )
         return self._writing(
             lambda root: load_library(data, self._loads(root), so.stem, f"the cached kernel {so}")
         )
@@ -371,6 +385,13 @@ class KernelCache:
                         errno.EACCES, f"not loading kernels from it: {problem}", str(folder)
                     )
             return folder
+
+    def _trampoline(self, source: str) -> emulation.EmulatedLibrary:
+        """An emulated call's trampoline (:func:`cuvil_backend_cpu.emulation.trampoline_source`),
+        built and loaded as any kernel is."""
+        lib = self.load(self.build(source, name="trampoline"), source, name="trampoline")
+        assert isinstance(lib, emulation.EmulatedLibrary)
+        return lib
 
     def verified_bytes(self, path: Path | str) -> bytes:
         """The bytes of the entry at ``path`` (from :meth:`build_all`), checked against its signature."""

@@ -12,8 +12,8 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
-import platform
 from collections.abc import Callable, Sequence
+from dataclasses import replace as dc_replace
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,8 @@ from cuvil_backend_cpu import (
 )
 from cuvil_backend_cpu.codegen import C_TYPES, CKernel, generate_c
 from cuvil_backend_cpu.declared import CAPABILITIES, STAGES
-from cuvil_backend_cpu.kernel_cache import KernelCache
+from cuvil_backend_cpu.emulation import EmulatedLibrary
+from cuvil_backend_cpu.kernel_cache import KernelCache, Library
 from cuvil_backend_cpu.loop_ir.nodes import Accumulate, Let, Loop, LoopFunc, Param, Store
 from cuvil_backend_cpu.loop_ir.schedule import schedule_kernel
 from cuvil_backend_cpu.policy import FUSION, schedule_policy
@@ -125,6 +126,8 @@ class CpuTarget(CpuHooks):
 
     def generate(self, kernel: Kernel, program: TensorProgram, options: CompileOptions) -> CKernel:
         policy = schedule_policy(options)
+        if policy.tile_size > 1 and policy.tile_size != self.cache.toolchain.tile_size:
+            policy = dc_replace(policy, tile_size=self.cache.toolchain.tile_size)  # the level's caches
         func = schedule_kernel(kernel, program, policy)
         slot_of = program.plan.slot_of
         reads = {p.name for p in func.buffers if p.name != kernel.buf}
@@ -154,7 +157,7 @@ class CpuTarget(CpuHooks):
         paths = self.cache.build_all([(n, ck.source) for n, ck in codes], label=label)
         tc = self.cache.toolchain
         requires = {
-            "machine": platform.machine().lower(),
+            "machine": tc.machine,  # (an AArch64 level's built on another machine: aarch64)
             "isa": tc.isa,
             "cpu_flags": list(export_cpu_flags(tc.isa)),
             # libmvec and libm come with glibc, libgomp with the OpenMP runtime package
@@ -193,9 +196,10 @@ def _hash(code: str, toolchain: str) -> str:
     return hashlib.sha256(f"{code}\n{toolchain}".encode()).hexdigest()
 
 
-def launch(lib: ctypes.CDLL, ck: CKernel) -> Launch:
+def launch(lib: Library, ck: CKernel) -> Launch:
     """The kernel's function with argument types set (pointers, int64 sizes, scalars),
-    and the order the runner passes them in."""
+    and the order the runner passes them in (buffers as tensors for an emulated kernel,
+    which copies them into the emulated process: :mod:`cuvil_backend_cpu.emulation`)."""
     assert ck.func is not None
     fn = lib[ck.name]
     types: list[Any] = [ctypes.c_void_p] * len(ck.func.buffers)
@@ -211,6 +215,7 @@ def launch(lib: ctypes.CDLL, ck: CKernel) -> Launch:
         derived=tuple((e, "float" if t == "double" else "int") for e, t in ck.derived),
         scalars=tuple(ck.func.args),
         may_fail=ck.may_fail,
+        tensors=isinstance(lib, EmulatedLibrary),
     )
 
 

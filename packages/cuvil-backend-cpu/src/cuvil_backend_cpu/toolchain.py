@@ -44,7 +44,7 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cuvil_backend_cpu import __version__
+from cuvil_backend_cpu import __version__, aarch64
 from cuvil_runtime import trust
 from cuvil_runtime.cache import default_cache_dir
 from cuvil_runtime.registry import TargetConfigError
@@ -69,16 +69,29 @@ SIMD_MATH_DECLARATIONS: str = "".join(
     f'__attribute__((simd("notinbranch"))) float {name}(float);\n' for name in SIMD_MATH_FUNCTIONS
 )
 
-_VECTOR_BYTES = {"avx512": 64, "avx2": 32, "neon": 16, "generic": 16, "portable": 16}
+_VECTOR_BYTES = {
+    "avx512": 64,
+    "avx2": 32,
+    "generic": 16,
+    "portable": 16,
+    **{name: level.vector_bytes for name, level in aarch64.LEVELS.items()},
+}
 _CANDIDATES = ("cc", "gcc", "clang")
 
 #: The environment variable that forces the ISA kernels are built for.
 ISA_ENV = "CUVIL_CPU_ISA"
 #: Its values: ``native`` (the default: the host's own ISA, ``-march=native``), ``avx512``
 #: (x86-64 with AVX-512F: ``-march=native``), ``avx2`` (``-march=x86-64-v3``: AVX2 + FMA,
-#: what an AMD Zen 3 has) and ``portable`` (the architecture's baseline: SSE2 on x86-64,
-#: ``-march=armv8-a`` on AArch64, the compiler's default elsewhere).
-ISA_CHOICES: tuple[str, ...] = ("native", "avx512", "avx2", "portable")
+#: what an AMD Zen 3 has), ``portable`` (the architecture's baseline: SSE2 on x86-64,
+#: ``-march=armv8-a`` on AArch64, the compiler's default elsewhere) and the AArch64 levels
+#: of :data:`cuvil_backend_cpu.aarch64.LEVELS` (``armv8-a``, ``armv8.2-a``, ``sve``, ``sve2``).
+ISA_CHOICES: tuple[str, ...] = ("native", "avx512", "avx2", "portable", *aarch64.LEVELS)
+#: ``qemu``: lets ``$CUVIL_CPU_ISA`` name an AArch64 level on a machine that is not AArch64;
+#: kernels are then built by the cross compiler and run under qemu-aarch64 (tests: slow).
+EMULATE_ENV = "CUVIL_CPU_EMULATE"
+#: The ISA level ``cu.save`` builds kernels for, when it differs from ``$CUVIL_CPU_ISA``'s: an
+#: AArch64 level on an x86-64 host is built by the cross compiler (nothing runs).
+EXPORT_ISA_ENV = "CUVIL_CPU_EXPORT_ISA"
 #: /proc/cpuinfo flags a forced ISA needs (x86-64-v3 is AVX2, BMI1/2, F16C, FMA, LZCNT, MOVBE, XSAVE).
 _ISA_CPU_FLAGS = {
     "avx512": ("avx512f", "avx2", "fma"),
@@ -114,24 +127,38 @@ class Toolchain:
 
     cc: str  #: absolute path of the compiler
     version: str  #: first line of ``cc --version``
-    isa: str  #: "avx512" | "avx2" | "neon" | "generic" (the host's own) | "portable"
+    isa: str  #: "avx512" | "avx2" | "generic" | an AArch64 level (the host's own) | "portable"
     flags: tuple[str, ...]  #: :data:`BASE_FLAGS` with the ISA's ``-march`` after ``-O3``
     libs: tuple[str, ...]  #: linker inputs, after the source on the command line
     simd_math: bool  #: libmvec vector math usable (see :data:`SIMD_MATH_DECLARATIONS`)
-    vector_bytes: int  #: 64 for avx512, 32 for avx2, 16 for neon/generic/portable
+    vector_bytes: int  #: 64 for avx512, 32 for avx2, 16 for generic/portable/AArch64 (SVE: see aarch64)
     #: The CPU model: ``-march=native`` code may not run on another CPU with the same ``isa``, so
     #: a cache folder shared between machines (an NFS home) must not hand one machine's kernels to another.
     cpu: str = ""
     #: What ``$CUVIL_CPU_ISA`` asked for (one of :data:`ISA_CHOICES`); ``isa`` and ``flags`` say what it
     #: resolved to (``native`` and ``avx512`` on an AVX-512 host build the same bytes, so share kernels).
     requested: str = field(default="native", compare=False)
+    #: the tiling pass's block (``SchedulePolicy.tile_size``) for this level's caches (AArch64:
+    #: :func:`cuvil_backend_cpu.aarch64.tile_size`; 32, as measured, on x86-64)
+    tile_size: int = 32
+    #: the command prefix that runs programs built here when this machine cannot run them itself
+    #: (``qemu-aarch64 -cpu ... -L ...`` under ``$CUVIL_CPU_EMULATE``); empty: kernels load in-process
+    emulator: tuple[str, ...] = ()
 
     @property
     def identity(self) -> str:
         """Everything that changes the compiled bytes, as a stable string (part of every cache key)."""
-        return "\n".join(
-            [self.cc, self.version, self.isa, self.cpu, " ".join(self.flags), " ".join(self.libs)]
-        )
+        parts = [self.cc, self.version, self.isa, self.cpu, " ".join(self.flags), " ".join(self.libs)]
+        if self.tile_size != 32:  # (x86-64 identities stay what they were)
+            parts.append(f"tile {self.tile_size}")
+        if self.emulator:
+            parts.append(" ".join(self.emulator))
+        return "\n".join(parts)
+
+    @property
+    def machine(self) -> str:
+        """The machine the kernels are for: this one's, or ``aarch64`` for an AArch64 level."""
+        return aarch64.MACHINE if self.isa in aarch64.LEVELS else platform.machine().lower()
 
     def command(self, source: str | os.PathLike[str], output: str | os.PathLike[str]) -> list[str]:
         """The command line that compiles ``source`` into the shared object ``output``."""
@@ -217,17 +244,17 @@ def _detect_isa(info: dict[str, str]) -> str:
         if {"avx2", "fma"} <= flags:
             return "avx2"
         return "generic"
-    if machine in ("aarch64", "arm64"):
-        return "neon"  # Advanced SIMD is mandatory on AArch64
+    if aarch64.is_aarch64(machine):
+        return aarch64.best_level(info)
     return "generic"
 
 
-def requested_isa() -> str:
-    """``$CUVIL_CPU_ISA``, lower-cased (``native`` when unset or empty); :class:`ToolchainError` if unknown."""
-    raw = os.environ.get(ISA_ENV, "").strip()
+def requested_isa(env: str = ISA_ENV) -> str:
+    """``$CUVIL_CPU_ISA`` (or ``env``), lower-cased (``native`` when unset or empty); :class:`IsaError` if unknown."""
+    raw = os.environ.get(env, "").strip()
     value = raw.lower() or "native"
     if value not in ISA_CHOICES:
-        raise IsaError(f"{ISA_ENV}={raw!r} is not one of {', '.join(ISA_CHOICES)} (unset it for native)")
+        raise IsaError(f"{env}={raw!r} is not one of {', '.join(ISA_CHOICES)} (unset it for native)")
     return value
 
 
@@ -243,9 +270,11 @@ def isa_flags(requested: str, info: dict[str, str]) -> tuple[str, tuple[str, ...
     if requested == "portable":
         if machine in _X86:
             return "portable", ("-march=x86-64", "-mtune=generic")
-        if machine in ("aarch64", "arm64"):
+        if aarch64.is_aarch64(machine):
             return "portable", ("-march=armv8-a",)
         return "portable", ()
+    if requested in aarch64.LEVELS:
+        return requested, _aarch64_flags(requested, info, machine)
     model = info.get("model name") or platform.processor() or machine
     if machine not in _X86:
         raise IsaError(
@@ -413,7 +442,11 @@ def export_isa(requested: str, info: dict[str, str]) -> tuple[str, tuple[str, ..
     """The named ISA level an ahead-of-time artifact is built for, and its ``-march``:
     ``requested`` (``$CUVIL_CPU_ISA``) when it names one, else the best level this
     CPU runs (see :data:`EXPORT_LEVELS`); ``portable`` everywhere else."""
+    if requested in aarch64.LEVELS and not aarch64.is_aarch64(platform.machine()):
+        return requested, aarch64.LEVELS[requested].flags  # the cross compiler's: nothing runs here
     isa, _ = isa_flags(requested, info)  # a level this CPU cannot run is refused here
+    if isa in aarch64.LEVELS:  # (an AArch64 host's own level too)
+        return isa, aarch64.LEVELS[isa].flags
     if isa == "avx512":
         have = set(info.get("flags", "").split())
         isa = "avx512" if set(EXPORT_LEVELS["avx512"][1]) <= have else "avx2"
@@ -423,12 +456,16 @@ def export_isa(requested: str, info: dict[str, str]) -> tuple[str, tuple[str, ..
 
 
 def export_cpu_flags(isa: str) -> tuple[str, ...]:
-    """The /proc/cpuinfo flags a host needs to run kernels exported for ``isa``."""
+    """The /proc/cpuinfo flags (AArch64: ``Features``) a host needs to run kernels exported for ``isa``."""
+    if isa in aarch64.LEVELS:
+        return aarch64.LEVELS[isa].features
     return EXPORT_LEVELS[isa][1] if isa in EXPORT_LEVELS else ()
 
 
 def _detect(requested: str, use_record: bool, export: bool = False) -> Toolchain:
     info = cpuinfo()
+    if _builds_elsewhere(requested, export):
+        return _detect_cross(requested, use_record, export)
     # the ISA before the compiler: a wrong ISA is the clearer error
     isa, march = export_isa(requested, info) if export else isa_flags(requested, info)
     flags = (BASE_FLAGS[0], *march, *BASE_FLAGS[1:])  # -O3 -march=... -fopenmp ...
@@ -461,6 +498,7 @@ def _detect(requested: str, use_record: bool, export: bool = False) -> Toolchain
         vector_bytes=_VECTOR_BYTES[isa],
         cpu=cpu,
         requested=requested,
+        **_host_tiles(isa, export),
     )
 
 
@@ -485,10 +523,11 @@ _exporters: dict[str, Toolchain] = {}
 
 
 def export_toolchain() -> Toolchain:
-    """The toolchain that builds ahead-of-time artifacts' kernels (:func:`export_isa`),
-    found once per ``$CUVIL_CPU_ISA`` value. Raises :class:`ToolchainError`."""
+    """The toolchain that builds ahead-of-time artifacts' kernels (:func:`export_isa`) for
+    ``$CUVIL_CPU_EXPORT_ISA``, else ``$CUVIL_CPU_ISA``, found once per value. An AArch64 level
+    on another machine is built by the cross compiler. Raises :class:`ToolchainError`."""
     with _lock:
-        requested = requested_isa()
+        requested = requested_isa(EXPORT_ISA_ENV if os.environ.get(EXPORT_ISA_ENV, "").strip() else ISA_ENV)
         tc = _exporters.get(requested)
         if tc is None:
             tc = _exporters[requested] = _detect(requested, use_record=True, export=True)
@@ -510,8 +549,177 @@ def check() -> str | None:
     return None
 
 
+# -- AArch64 levels: on an AArch64 host, or built here for one (cross compiler, qemu) ------------------
+
+
+def _aarch64_flags(level: str, info: dict[str, str], machine: str) -> tuple[str, ...]:
+    """The ``-march`` of ``level`` when this CPU runs it, else :class:`IsaError` saying why and what to do."""
+    if not aarch64.is_aarch64(machine):
+        raise IsaError(
+            f"{ISA_ENV}={level} builds AArch64 kernels, and this machine is {machine or 'unknown'}: they "
+            f"cannot run here. To write an artifact for an AArch64 host, set {EXPORT_ISA_ENV}={level} "
+            f"for cu.save (needs {aarch64.CROSS_CC}); to run them here under emulation (tests, slow), "
+            f"also set {EMULATE_ENV}=qemu (needs qemu-aarch64: "
+            f"apt-get install {' '.join(aarch64.APT_PACKAGES)}); or unset {ISA_ENV} for the native ISA"
+        )
+    lacking = aarch64.missing(level, info)
+    if lacking:
+        lower = [f"{ISA_ENV}={n}" for n in aarch64.levels_below(level) if not aarch64.missing(n, info)]
+        raise IsaError(
+            f"{ISA_ENV}={level}: this CPU ({_cpu_name(info)}) lacks {' '.join(lacking)} in /proc/cpuinfo "
+            f"Features, so kernels built for {level} would die with an illegal instruction; use "
+            f"{' or '.join([*lower, f'{ISA_ENV}=portable'])}, or unset it for the native ISA"
+        )
+    return aarch64.LEVELS[level].flags
+
+
+def _cpu_name(info: dict[str, str]) -> str:
+    part = info.get("CPU part")
+    return info.get("model name") or (f"CPU part {part}" if part else platform.machine())
+
+
+def emulation_requested() -> bool:
+    """``$CUVIL_CPU_EMULATE`` is ``qemu`` (``False`` when unset or empty; :class:`IsaError` otherwise)."""
+    raw = os.environ.get(EMULATE_ENV, "").strip()
+    if raw.lower() in ("", "qemu"):
+        return bool(raw)
+    raise IsaError(f"{EMULATE_ENV}={raw!r} is not qemu (unset it to run kernels natively)")
+
+
+def _builds_elsewhere(requested: str, export: bool) -> bool:
+    """Whether ``requested`` is an AArch64 level to build on this other machine: for an artifact
+    (nothing runs), or to run under qemu (``$CUVIL_CPU_EMULATE``); otherwise :func:`isa_flags`
+    refuses it, saying how to ask for either."""
+    if requested not in aarch64.LEVELS or aarch64.is_aarch64(platform.machine()):
+        return False
+    return emulation_requested() or export
+
+
+def _host_tiles(isa: str, export: bool) -> dict[str, int]:
+    """``vector_bytes`` and ``tile_size`` of ``isa``: an AArch64 host's own (its SVE vector length,
+    its caches) for its kernels, the level's defaults for an artifact's (any CPU of the level)."""
+    level = aarch64.LEVELS.get(isa)
+    if level is None:
+        return {}
+    if export:
+        return {"vector_bytes": level.vector_bytes, "tile_size": aarch64.tile_size(level.caches)}
+    return {
+        "vector_bytes": aarch64.host_vector_bytes(level),
+        "tile_size": aarch64.tile_size(aarch64.host_caches(level.caches)),
+    }
+
+
+def _detect_cross(level: str, use_record: bool, export: bool) -> Toolchain:
+    """The toolchain of an AArch64 level on another machine: the cross compiler, and for kernels
+    that run (not an artifact's) the qemu-aarch64 command that runs them. The caches are the
+    level's defaults, never this host's, so the code generated is the same on every build host."""
+    how = "for an artifact" if export else f"under {EMULATE_ENV}=qemu"
+    apt = f"apt-get install {' '.join(aarch64.APT_PACKAGES)}"
+    cc = aarch64.cross_compiler()
+    if cc is None:
+        raise IsaError(
+            f"{level} kernels {how} need an AArch64 cross compiler: {aarch64.CROSS_CC} is not on PATH "
+            f"({apt}), or set CUVIL_CPU_CROSS_CC=/path/to/aarch64-gcc"
+        )
+    emulator: tuple[str, ...] = ()
+    if not export:
+        emulator = aarch64.emulator_command(level, cc) or ()
+        if not emulator:
+            raise IsaError(
+                f"{level} kernels {how} need qemu-aarch64 on PATH and the AArch64 C library "
+                f"(/usr/aarch64-linux-gnu): {apt}"
+            )
+    spec = aarch64.LEVELS[level]
+    flags = (BASE_FLAGS[0], *spec.flags, *BASE_FLAGS[1:])
+    version = _compiler_version(cc)
+    cpu = f"any {aarch64.MACHINE} with {level}" if export else f"{level} under qemu-aarch64"
+    record = _record_path(cc, version, level, cpu, (*flags, *emulator))
+    simd_math = _read_record(record) if use_record else None
+    if simd_math is None:
+        simd_math = _probe_cross(cc, flags, level, emulator)
+        _write_record(record, {"cc": cc, "version": version, "isa": level, "flags": list(flags), "cpu": cpu,
+                               "emulator": list(emulator), "simd_math": simd_math})  # fmt: skip
+    return Toolchain(
+        cc=cc,
+        version=version,
+        isa=level,
+        flags=flags,
+        libs=("-lmvec", "-lm") if simd_math else ("-lm",),
+        simd_math=simd_math,
+        vector_bytes=spec.vector_bytes,
+        cpu=cpu,
+        requested=level,
+        tile_size=aarch64.tile_size(spec.caches),
+        emulator=emulator,
+    )
+
+
+#: the probe as a program: linking an executable (unlike a shared object) fails on a libmvec
+#: variant the target's C library lacks, and under qemu it runs and prints what it computed
+_PROBE_MAIN = r"""
+#include <stdio.h>
+int main(void) {
+  float x[37], y[37];
+  for (int i = 0; i < 37; ++i) x[i] = 0.05f * (float)i - 0.9f;
+  printf("%d\n", cuvil_probe(x, y, 37));
+  for (int i = 0; i < 37; ++i) printf("%a %a\n", (double)x[i], (double)y[i]);
+  return 0;
+}
+"""
+
+
+def _try_cross_probe(
+    cc: str, workdir: Path, flags: tuple[str, ...], emulator: tuple[str, ...], *, simd: bool
+) -> str | None:
+    """Build the probe program (and run it under ``emulator`` when given); ``None`` when all worked."""
+    source = workdir / "probe_main.c"
+    source.write_text(_PROBE_SOURCE + _PROBE_MAIN)
+    program = workdir / f"probe-{'simd' if simd else 'plain'}"
+    extra = ["-DCUVIL_PROBE_SIMD", "-Werror"] if simd else []
+    libs = ["-lmvec", "-lm"] if simd else ["-lm"]
+    cmd = [cc, *(f for f in flags if f != "-shared"), *extra, "-o", str(program), str(source), *libs]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"{' '.join(cmd)}: {e}"
+    if proc.returncode != 0:
+        return f"{' '.join(cmd)} failed:\n" + "\n".join(proc.stderr.strip().splitlines()[:20])
+    if not emulator:
+        return None
+    run = [*emulator, str(program)]
+    try:
+        proc = subprocess.run(run, capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"{' '.join(run)}: {e}"
+    lines = proc.stdout.split("\n")
+    if proc.returncode != 0 or len(lines) < 38:
+        return f"{' '.join(run)} failed (exit status {proc.returncode}): {proc.stderr.strip()[:500]}"
+    if int(lines[0]) < 1:
+        return f"omp_get_max_threads() returned {lines[0]} under {' '.join(emulator)}"
+    for line in lines[1:38]:
+        xi, yi = (float.fromhex(v) for v in line.split())
+        want = _probe_expected(xi)
+        if not math.isclose(yi, want, rel_tol=1e-4, abs_tol=1e-5):
+            return f"the probe computed {yi} for x={xi} under {' '.join(emulator)}, expected {want}"
+    return None
+
+
+def _probe_cross(cc: str, flags: tuple[str, ...], level: str, emulator: tuple[str, ...]) -> bool:
+    """As :func:`_probe`, for a level built for another machine."""
+    with tempfile.TemporaryDirectory(prefix="cuvil-cc-probe-") as tmp:
+        if _try_cross_probe(cc, Path(tmp), flags, emulator, simd=True) is None:
+            return True
+        reason = _try_cross_probe(cc, Path(tmp), flags, emulator, simd=False)
+    if reason is not None:
+        raise IsaError(f"the AArch64 cross compiler {cc} cannot build OpenMP programs for {level}: {reason}")
+    return False
+
+
 __all__ = [
     "BASE_FLAGS",
+    "EMULATE_ENV",
+    "EXPORT_ISA_ENV",
+    "emulation_requested",
     "ISA_CHOICES",
     "ISA_ENV",
     "SIMD_MATH_DECLARATIONS",
