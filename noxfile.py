@@ -2,7 +2,8 @@
 
     nox -s tests              every package's fast tests, in one environment, then the
                               cpu corpus built for avx2 and portable (as tests_isa), then
-                              tests_cuda, tests_ascend and tests_ascend_compile
+                              tests_cuda, tests_ascend, tests_ascend_compile, tests_plugins
+                              and tests_arm64
     nox -s tests_cuda         the cuda target in Triton's interpreter (and PTX for sm_90)
     nox -s tests_ascend       the ascend target simulated in Triton's interpreter
     nox -s tests_ascend_compile  every ascend kernel through triton-ascend's compiler front half
@@ -130,8 +131,8 @@ def tests(session: nox.Session) -> None:
     session.run("pytest", *tests_dirs(session, ALL), "-q", *FAST, *session.posargs)
     if not session.posargs:  # a selection (``nox -s tests -- -k x``) runs only what it names
         run_isas(session)
-        # the whole suite: the cuda and ascend targets' sessions follow
-        for name in ("tests_cuda", "tests_ascend", "tests_ascend_compile", "tests_plugins"):
+        # the whole suite: the cuda and ascend targets', the plugins' and the AArch64 sessions follow
+        for name in ("tests_cuda", "tests_ascend", "tests_ascend_compile", "tests_plugins", "tests_arm64"):
             session.notify(name)
 
 

@@ -1,16 +1,23 @@
 """The AArch64 ISA levels (``cuvil_backend_cpu.aarch64``) as the toolchain resolves them:
 on a (pretended) AArch64 host from its /proc/cpuinfo ``Features``, refused on another machine
-with what to do instead, and the cache-derived tile sizes. No cross compiler needed here;
-``test_emulated.py`` builds and runs the levels' code under qemu."""
+with what to do instead, and the cache-derived tile sizes; artifacts saved for a level here
+(with the cross compiler, when installed) and refused by ``cu.load`` on the wrong machine or
+CPU. ``test_emulated.py`` runs the levels' code under qemu."""
 
 from __future__ import annotations
 
+import json
 import platform
+import zipfile
 from pathlib import Path
 
 import pytest
+import torch
 
+import cuvil as cu
+from cuvil.aot import ArtifactError
 from cuvil_backend_cpu import aarch64
+from cuvil_backend_cpu import aot as aot_mod
 from cuvil_backend_cpu import toolchain as tc_mod
 from cuvil_backend_cpu.emulation import trampoline_source
 from cuvil_backend_cpu.toolchain import (
@@ -163,3 +170,78 @@ def test_trampoline_source_calls_in_the_kernels_types() -> None:
     assert "(double)d[1], (uint8_t)i[1]);" in text
     void = trampoline_source([ctypes.c_void_p], None)
     assert "typedef void (*cuvil_fn)(void *);" in void and "return 0;" in void
+
+
+# -- artifacts ---------------------------------------------------------------------------------------------
+
+
+def _softmax(x: torch.Tensor) -> torch.Tensor:
+    return torch.softmax(x * 2, dim=-1)
+
+
+def _manifest(path: Path) -> dict[str, object]:
+    with zipfile.ZipFile(path) as z:
+        return json.loads(z.read("manifest.json"))  # type: ignore[no-any-return]
+
+
+def _save(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, export: str | None) -> Path:
+    monkeypatch.setenv("CUVIL_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("CUVIL_CPU_ISA", raising=False)
+    monkeypatch.setattr(tc_mod, "_exporters", {})  # found anew for this setting
+    if export is None:
+        monkeypatch.delenv("CUVIL_CPU_EXPORT_ISA", raising=False)
+    else:
+        monkeypatch.setenv("CUVIL_CPU_EXPORT_ISA", export)
+    return cu.save(_softmax, tmp_path / f"{export or 'host'}.cuvil", torch.randn(4, 8))
+
+
+@pytest.mark.skipif(
+    aarch64.is_aarch64(platform.machine()), reason="checks an AArch64 artifact on another machine"
+)
+@pytest.mark.skipif(
+    aarch64.cross_compiler() is None, reason="needs gcc-aarch64-linux-gnu (nox -s tests_arm64)"
+)
+def test_artifact_for_an_aarch64_level_is_refused_here(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = _save(tmp_path, monkeypatch, "sve")
+    requires = _manifest(path)["requires"]
+    assert isinstance(requires, dict)
+    assert requires["machine"] == "aarch64" and requires["isa"] == "sve"
+    assert requires["cpu_flags"] == list(aarch64.LEVELS["sve"].features)
+    with zipfile.ZipFile(path) as z:
+        kernels = [z.read(n) for n in z.namelist() if n.startswith("files/")]
+    # ELF, 64-bit, little-endian, e_machine 183 (EM_AARCH64): the cross compiler's, not the host's
+    assert kernels and all(
+        k[:5] == b"\x7fELF\x02" and int.from_bytes(k[18:20], "little") == 183 for k in kernels
+    )
+    with pytest.raises(ArtifactError) as e:
+        cu.load(path)
+    message = str(e.value)
+    assert f"built for aarch64 (sve), and this machine is {platform.machine().lower()}" in message
+    assert "save the artifact again on this machine, or with CUVIL_CPU_EXPORT_ISA=" in message
+    # on an AArch64 host that has SVE it passes the check; on one without, the check names sve
+    monkeypatch.setattr(platform, "machine", lambda: "aarch64")
+    monkeypatch.setattr(aot_mod, "cpuinfo", lambda: _info(V1))
+    assert aot_mod.CpuLoader().check(requires) is None
+    monkeypatch.setattr(aot_mod, "cpuinfo", lambda: _info(N1))
+    problem = aot_mod.CpuLoader().check(requires)
+    assert problem is not None and "this CPU lacks sve" in problem
+    assert (
+        "CUVIL_CPU_EXPORT_ISA=armv8-a or CUVIL_CPU_EXPORT_ISA=armv8.2-a or CUVIL_CPU_EXPORT_ISA=portable"
+        in problem
+    )
+
+
+def test_host_artifact_is_refused_on_an_aarch64_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    if aarch64.is_aarch64(platform.machine()):
+        pytest.skip("pretends to be an AArch64 host: this one is")
+    path = _save(tmp_path, monkeypatch, None)
+    machine = platform.machine().lower()
+    monkeypatch.setattr(platform, "machine", lambda: "aarch64")
+    monkeypatch.setattr(aot_mod, "cpuinfo", lambda: _info(N2))
+    with pytest.raises(ArtifactError) as e:
+        cu.load(path)
+    message = str(e.value)
+    assert f"its kernels are built for {machine} (" in message and "this machine is aarch64" in message
+    assert "CUVIL_CPU_EXPORT_ISA=sve2 or CUVIL_CPU_EXPORT_ISA=portable" in message

@@ -94,6 +94,19 @@ def test_unrunnable_level_is_an_error_for_the_default_target_and_for_cpu(tmp_pat
             assert "lacks" in line and "illegal instruction" in line  # names the host's missing features
 
 
+def test_aarch64_level_on_another_machine_is_an_error_saying_how_to_build_it(tmp_path, monkeypatch):
+    """An AArch64 level on a machine that cannot run it (every x86-64 host: the case runs
+    everywhere but on AArch64), without CUVIL_CPU_EMULATE: refused, naming the two ways."""
+    if platform.machine().lower() in ("aarch64", "arm64"):
+        pytest.skip("this host runs AArch64 levels")
+    monkeypatch.delenv("CUVIL_CPU_EMULATE", raising=False)
+    lines = _compile_in_child(tmp_path, "sve")
+    for line, which in zip(lines, ("default", "cpu")):
+        assert line.startswith(f"refused {which} |"), line
+        assert "CUVIL_CPU_ISA=sve builds AArch64 kernels" in line and "cannot run here" in line
+        assert "CUVIL_CPU_EXPORT_ISA=sve" in line and "CUVIL_CPU_EMULATE=qemu" in line
+
+
 @pytest.mark.parametrize("target", [None, "cpu"])
 def test_cli_aot_save_reports_one_line_and_writes_nothing(tmp_path, target):
     module = tmp_path / "model.py"

@@ -17,10 +17,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from cuvil_backend_cpu import aarch64
 from cuvil_backend_cpu.codegen import CKernel
 from cuvil_backend_cpu.kernel_cache import load_library
 from cuvil_backend_cpu.target import CpuHooks, launch
-from cuvil_backend_cpu.toolchain import cpuinfo
+from cuvil_backend_cpu.toolchain import EXPORT_ISA_ENV, cpuinfo, export_cpu_flags
 from cuvil_ir.graph_ir.nodes import Graph
 from cuvil_runtime import trust
 from cuvil_runtime.pipeline import ProgramExecutable, load_program
@@ -34,15 +35,21 @@ class CpuLoader(CpuHooks):
     def check(self, requires: Mapping[str, Any]) -> str | None:
         machine = platform.machine().lower()
         want = str(requires.get("machine", ""))
-        if want != machine:
-            return f"its kernels are built for {want or 'an unknown machine'}, and this machine is {machine}"
-        have = set(cpuinfo().get("flags", "").split())
+        info = cpuinfo()
+        if _same_machine(want, machine) is False:
+            return (
+                f"its kernels are built for {want or 'an unknown machine'} ({requires.get('isa')}), and this "
+                f"machine is {machine}: they cannot run here; save the artifact again on this machine, "
+                f"or with {_levels_hint(machine, info)}"
+            )
+        # /proc/cpuinfo's feature list: "flags" on x86-64, "Features" on AArch64
+        have = set(info.get("flags", "").split()) | aarch64.features(info)
         missing = [f for f in requires.get("cpu_flags", ()) if f not in have]
         if missing:
             return (
                 f"its kernels are built for {requires.get('isa')}, and this CPU lacks {' '.join(missing)} "
-                "(they would die with an illegal instruction); save the artifact again with "
-                "CUVIL_CPU_ISA=avx2 or CUVIL_CPU_ISA=portable for older CPUs"
+                f"(they would die with an illegal instruction); save the artifact again with "
+                f"{_levels_hint(machine, info)}"
             )
         absent = [lib for lib in requires.get("libraries", ()) if ctypes.util.find_library(str(lib)) is None]
         if absent:
@@ -59,6 +66,24 @@ class CpuLoader(CpuHooks):
             launch(load_library(blob, self._folder, name, f"kernel {name!r} of the artifact"), ck)
             for name, ck, blob in kernels
         ]
+
+
+def _same_machine(want: str, machine: str) -> bool:
+    return want == machine or (aarch64.is_aarch64(want) and aarch64.is_aarch64(machine))
+
+
+def _levels_hint(machine: str, info: dict[str, str]) -> str:
+    """The ``CUVIL_CPU_EXPORT_ISA`` values whose kernels this CPU runs (for older CPUs: a lower level)."""
+    if aarch64.is_aarch64(machine):
+        runs = [name for name in aarch64.LEVELS if not aarch64.missing(name, info)] or ["armv8-a"]
+    else:
+        runs = [name for name in ("avx512", "avx2") if not _lacks(name, info)]
+    return " or ".join(f"{EXPORT_ISA_ENV}={name}" for name in [*runs, "portable"])
+
+
+def _lacks(isa: str, info: dict[str, str]) -> bool:
+    have = set(info.get("flags", "").split())
+    return not set(export_cpu_flags(isa)) <= have
 
 
 __all__ = ["CpuLoader"]

@@ -17,9 +17,12 @@ so everything the generated code may rely on is decided here, once per process:
 * the ISA and vector width (the ISA and its flags are part of every kernel's
   cache key). By default the host's own (``-march=native``); ``$CUVIL_CPU_ISA``
   forces one of :data:`ISA_CHOICES` (``avx2`` or ``portable`` on an AVX-512
-  host, to test those code paths anywhere). An ISA this CPU cannot execute is a
+  host, to test those code paths anywhere; the AArch64 levels of
+  :mod:`cuvil_backend_cpu.aarch64`). An ISA this CPU cannot execute is a
   :class:`ToolchainError` naming the missing features, never a kernel that dies
-  with SIGILL.
+  with SIGILL. An AArch64 level on another machine is built by the cross compiler:
+  for an artifact (``$CUVIL_CPU_EXPORT_ISA``), or to run under qemu-aarch64
+  (``$CUVIL_CPU_EMULATE=qemu``, :mod:`cuvil_backend_cpu.emulation`).
 
 The probe costs one compile (about 0.05-0.15 s). Its result is kept in a small
 JSON file under the kernel cache root, keyed by everything it depends on
@@ -488,6 +491,7 @@ def _detect(requested: str, use_record: bool, export: bool = False) -> Toolchain
                 "simd_math": simd_math,
             },
         )
+    vector_bytes, tile_size = _host_tiles(isa, export)
     return Toolchain(
         cc=cc,
         version=version,
@@ -495,10 +499,10 @@ def _detect(requested: str, use_record: bool, export: bool = False) -> Toolchain
         flags=flags,
         libs=("-lmvec", "-lm") if simd_math else ("-lm",),
         simd_math=simd_math,
-        vector_bytes=_VECTOR_BYTES[isa],
+        vector_bytes=vector_bytes,
         cpu=cpu,
         requested=requested,
-        **_host_tiles(isa, export),
+        tile_size=tile_size,
     )
 
 
@@ -595,18 +599,16 @@ def _builds_elsewhere(requested: str, export: bool) -> bool:
     return emulation_requested() or export
 
 
-def _host_tiles(isa: str, export: bool) -> dict[str, int]:
+def _host_tiles(isa: str, export: bool) -> tuple[int, int]:
     """``vector_bytes`` and ``tile_size`` of ``isa``: an AArch64 host's own (its SVE vector length,
-    its caches) for its kernels, the level's defaults for an artifact's (any CPU of the level)."""
+    its caches) for its kernels, the level's defaults for an artifact's (any CPU of the level);
+    on x86-64 the ISA's width and the block measured there (32)."""
     level = aarch64.LEVELS.get(isa)
     if level is None:
-        return {}
+        return _VECTOR_BYTES[isa], 32
     if export:
-        return {"vector_bytes": level.vector_bytes, "tile_size": aarch64.tile_size(level.caches)}
-    return {
-        "vector_bytes": aarch64.host_vector_bytes(level),
-        "tile_size": aarch64.tile_size(aarch64.host_caches(level.caches)),
-    }
+        return level.vector_bytes, aarch64.tile_size(level.caches)
+    return aarch64.host_vector_bytes(level), aarch64.tile_size(aarch64.host_caches(level.caches))
 
 
 def _detect_cross(level: str, use_record: bool, export: bool) -> Toolchain:
