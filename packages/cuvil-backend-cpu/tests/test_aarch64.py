@@ -188,6 +188,7 @@ def _save(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, export: str | None) -
     monkeypatch.setenv("CUVIL_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.delenv("CUVIL_CPU_ISA", raising=False)
     monkeypatch.setattr(tc_mod, "_exporters", {})  # found anew for this setting
+    monkeypatch.delenv("CUVIL_CPU_EMULATE", raising=False)
     if export is None:
         monkeypatch.delenv("CUVIL_CPU_EXPORT_ISA", raising=False)
     else:
@@ -220,6 +221,7 @@ def test_artifact_for_an_aarch64_level_is_refused_here(
     message = str(e.value)
     assert f"built for aarch64 (sve), and this machine is {platform.machine().lower()}" in message
     assert "save the artifact again on this machine, or with CUVIL_CPU_EXPORT_ISA=" in message
+    assert "CUVIL_CPU_EMULATE=qemu" in message  # (test_emulated.py loads one so)
     # on an AArch64 host that has SVE it passes the check; on one without, the check names sve
     monkeypatch.setattr(platform, "machine", lambda: "aarch64")
     monkeypatch.setattr(aot_mod, "cpuinfo", lambda: _info(V1))

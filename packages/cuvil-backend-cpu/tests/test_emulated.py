@@ -172,3 +172,27 @@ def test_memory_round_trip_keeps_views_aliased(monkeypatch: pytest.MonkeyPatch, 
     for i in range(5):  # the loop's own order: each element reads the one written before it
         want[2 + i] = want[1 + i] * 3 + 1
     torch.testing.assert_close(base, want)
+
+
+def test_aarch64_artifact_loads_under_emulation(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Saved here for sve2 (the cross compiler), refused by cu.load (test_aarch64.py) unless
+    CUVIL_CPU_EMULATE=qemu, which runs the artifact's own kernels under qemu."""
+    import cuvil as cu
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(x * 2, dim=-1) + torch.erf(x)
+
+    monkeypatch.setenv("CUVIL_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("CUVIL_CPU_ISA", raising=False)
+    monkeypatch.delenv("CUVIL_CPU_EMULATE", raising=False)
+    monkeypatch.setenv("CUVIL_CPU_EXPORT_ISA", "sve2")
+    monkeypatch.setattr(tc_mod, "_exporters", {})
+    path = cu.save(f, tmp_path / "f.cuvil", torch.randn(4, 8))
+    monkeypatch.setenv("CUVIL_CPU_EMULATE", "qemu")
+    loaded = cu.load(path)
+    for n in (3, 9):
+        x = torch.randn(n, 8)
+        torch.testing.assert_close(loaded(x), f(x))
+    launches = loaded.executable._runner.kernels.values()
+    assert launches and all(isinstance(k.fn, emulation.EmulatedFunction) for k in launches)
+    assert {k.fn.library._server.toolchain.isa for k in launches} == {"sve2"}

@@ -6,7 +6,9 @@ and one shared object per kernel, built for a named ISA level
 :class:`CpuLoader` (``BackendSpec.loader``), which checks that this host can run
 those binaries (the machine, the ISA's CPU flags, the shared libraries they link)
 before anything is loaded, then loads each verified binary from a folder only this
-process uses (:func:`cuvil_backend_cpu.kernel_cache.load_library`).
+process uses (:func:`cuvil_backend_cpu.kernel_cache.load_library`). An AArch64 artifact
+on another machine is refused, unless ``$CUVIL_CPU_EMULATE=qemu`` asks to run its kernels
+under qemu-aarch64 (tests: :mod:`cuvil_backend_cpu.emulation`).
 """
 
 from __future__ import annotations
@@ -17,11 +19,19 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from cuvil_backend_cpu import aarch64
+from cuvil_backend_cpu import aarch64, emulation
 from cuvil_backend_cpu.codegen import CKernel
-from cuvil_backend_cpu.kernel_cache import load_library
+from cuvil_backend_cpu.kernel_cache import KernelCache, load_library
 from cuvil_backend_cpu.target import CpuHooks, launch
-from cuvil_backend_cpu.toolchain import EXPORT_ISA_ENV, cpuinfo, export_cpu_flags
+from cuvil_backend_cpu.toolchain import (
+    EMULATE_ENV,
+    EXPORT_ISA_ENV,
+    Toolchain,
+    ToolchainError,
+    cpuinfo,
+    emulation_toolchain,
+    export_cpu_flags,
+)
 from cuvil_ir.graph_ir.nodes import Graph
 from cuvil_runtime import trust
 from cuvil_runtime.pipeline import ProgramExecutable, load_program
@@ -36,11 +46,21 @@ class CpuLoader(CpuHooks):
         machine = platform.machine().lower()
         want = str(requires.get("machine", ""))
         info = cpuinfo()
-        if _same_machine(want, machine) is False:
+        if not _same_machine(want, machine):
+            try:
+                if _emulator(requires) is not None:
+                    return None  # $CUVIL_CPU_EMULATE: run under qemu (the level's CPU, its libraries)
+            except ToolchainError as e:
+                return f"its kernels are built for {want} ({requires.get('isa')}), and emulating them failed: {e}"
+            emulate = (
+                f" (to run it here under qemu-aarch64, for tests: {EMULATE_ENV}=qemu)"
+                if aarch64.is_aarch64(want)
+                else ""
+            )
             return (
                 f"its kernels are built for {want or 'an unknown machine'} ({requires.get('isa')}), and this "
                 f"machine is {machine}: they cannot run here; save the artifact again on this machine, "
-                f"or with {_levels_hint(machine, info)}"
+                f"or with {_levels_hint(machine, info)}{emulate}"
             )
         # /proc/cpuinfo's feature list: "flags" on x86-64, "Features" on AArch64
         have = set(info.get("flags", "").split()) | aarch64.features(info)
@@ -57,7 +77,8 @@ class CpuLoader(CpuHooks):
         return None
 
     def load(self, graph: Graph, exported: Exported) -> ProgramExecutable:
-        return load_program(self, graph, exported)
+        tc = _emulator(exported.requires)
+        return load_program(self if tc is None else _EmulatedLoader(tc), graph, exported)
 
     def launches(self, kernels: Sequence[tuple[str, CKernel, bytes]]) -> list[Launch]:
         if self._folder is None:
@@ -66,6 +87,35 @@ class CpuLoader(CpuHooks):
             launch(load_library(blob, self._folder, name, f"kernel {name!r} of the artifact"), ck)
             for name, ck, blob in kernels
         ]
+
+
+class _EmulatedLoader(CpuLoader):
+    """An AArch64 artifact's kernels loaded under qemu on another machine (``$CUVIL_CPU_EMULATE=qemu``,
+    tests): as the emulated ``cpu`` target loads its own (:mod:`cuvil_backend_cpu.emulation`)."""
+
+    def __init__(self, toolchain: Toolchain) -> None:
+        super().__init__()
+        self._cache = KernelCache(toolchain)  # builds the calls' trampolines
+
+    def launches(self, kernels: Sequence[tuple[str, CKernel, bytes]]) -> list[Launch]:
+        folder = trust.private_dir("aot")
+        tc = self._cache.toolchain
+        return [
+            launch(
+                emulation.load_library(
+                    tc, blob, folder, name, f"kernel {name!r} of the artifact", self._cache._trampoline
+                ),
+                ck,
+            )
+            for name, ck, blob in kernels
+        ]
+
+
+def _emulator(requires: Mapping[str, Any]) -> Toolchain | None:
+    """The toolchain that runs an AArch64 artifact's kernels under qemu here, if asked for."""
+    if not aarch64.is_aarch64(str(requires.get("machine", ""))):
+        return None
+    return emulation_toolchain(str(requires.get("isa", "")))
 
 
 def _same_machine(want: str, machine: str) -> bool:

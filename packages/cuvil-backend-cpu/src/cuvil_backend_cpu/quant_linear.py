@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from cuvil_backend_cpu.emulation import EmulatedLibrary
 from cuvil_backend_cpu.kernel_cache import KernelCache
 from cuvil_backend_cpu.toolchain import ToolchainError
 from cuvil_ir.graph_ir.ops import quant
@@ -58,12 +59,23 @@ class QuantLinearKernel:
         self._dequant = lib.cuvil_ql_dequant
         self._dequant.argtypes = [ctypes.c_int] + [ctypes.c_void_p] * 4 + [ctypes.c_char_p]
         self._dequant.restype = ctypes.c_int
+        #: an emulated kernel (:mod:`cuvil_backend_cpu.emulation`) takes tensors, not addresses
+        self._tensors = isinstance(lib, EmulatedLibrary)
         vw, mr, nr = ctypes.c_int64(), ctypes.c_int64(), ctypes.c_int64()
-        lib.cuvil_ql_info(ctypes.byref(vw), ctypes.byref(mr), ctypes.byref(nr))
+        info = lib.cuvil_ql_info
+        info.argtypes = [ctypes.POINTER(ctypes.c_int64)] * 3
+        info.restype = None
+        info(ctypes.byref(vw), ctypes.byref(mr), ctypes.byref(nr))
         #: the build's vector width (floats), rows of x and of W per register tile
         self.lanes, self.tile_rows, self.tile_cols = vw.value, mr.value, nr.value
         #: rows of activations up to which :meth:`linear_into` runs the GEMV
         self.gemv_max_rows = GEMV_ROWS_PER_TILE_ROW * self.tile_rows
+
+    def _pointers(self, *tensors: torch.Tensor | None) -> tuple[Any, ...]:
+        """The kernel's pointer arguments: addresses, or the tensors themselves when emulated."""
+        if self._tensors:
+            return tensors
+        return tuple(None if t is None else t.data_ptr() for t in tensors)
 
     def gemv(
         self,
@@ -93,16 +105,7 @@ class QuantLinearKernel:
             torch.get_num_threads(),
             int(bias is not None),
         )
-        rc = self._linear(
-            _FORMATS[fmt],
-            x.data_ptr(),
-            weight.data_ptr(),
-            None if scales is None else scales.data_ptr(),
-            None if zeros is None else zeros.data_ptr(),
-            None if bias is None else bias.data_ptr(),
-            out.data_ptr(),
-            params,
-        )
+        rc = self._linear(_FORMATS[fmt], *self._pointers(x, weight, scales, zeros, bias, out), params)
         if rc == 2:
             raise MemoryError(f"quant_linear: {fmt} {m}x{k} @ {n}x{k}: out of memory")
         if rc:
@@ -122,14 +125,7 @@ class QuantLinearKernel:
         n, k = weight.shape[0], quant.in_features(weight, fmt)
         out = torch.empty((n, k), dtype=torch.float32) if out is None else out
         params = struct.pack("8q", 0, n, k, 0, 0, group_size, torch.get_num_threads(), 0)
-        rc = self._dequant(
-            _FORMATS[fmt],
-            weight.data_ptr(),
-            None if scales is None else scales.data_ptr(),
-            None if zeros is None else zeros.data_ptr(),
-            out.data_ptr(),
-            params,
-        )
+        rc = self._dequant(_FORMATS[fmt], *self._pointers(weight, scales, zeros, out), params)
         if rc:
             raise ValueError(f"quant_linear: the kernel refused to dequantize {fmt} {n}x{k}")
         return out

@@ -538,6 +538,22 @@ def export_toolchain() -> Toolchain:
         return tc
 
 
+_emulators: dict[str, Toolchain] = {}
+
+
+def emulation_toolchain(level: str) -> Toolchain | None:
+    """The toolchain that runs kernels of AArch64 ``level`` under qemu here (an artifact's, for
+    :mod:`cuvil_backend_cpu.aot`), when ``$CUVIL_CPU_EMULATE`` asks for emulation and this
+    machine is not AArch64; ``None`` otherwise. Raises :class:`ToolchainError`."""
+    if not _builds_elsewhere(level, export=False):
+        return None
+    with _lock:
+        tc = _emulators.get(level)
+        if tc is None:
+            tc = _emulators[level] = _detect_cross(level, use_record=True, export=False)
+        return tc
+
+
 def check() -> str | None:
     """``None`` when kernels can be built here, else why not (for the backend's availability check).
     Raises :class:`IsaError` (a :class:`~cuvil_runtime.registry.TargetConfigError`) for a bad
@@ -722,6 +738,7 @@ __all__ = [
     "EMULATE_ENV",
     "EXPORT_ISA_ENV",
     "emulation_requested",
+    "emulation_toolchain",
     "ISA_CHOICES",
     "ISA_ENV",
     "SIMD_MATH_DECLARATIONS",
