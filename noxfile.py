@@ -214,6 +214,7 @@ ISAS = ["avx2", "portable"]
 ISA_TESTS = [
     "packages/cuvil-backend-cpu/tests/test_conformance.py",
     "packages/cuvil-backend-cpu/tests/test_row_kernels.py",  # softmax/log_softmax/layer_norm rows
+    "packages/cuvil-backend-cpu/tests/test_half.py",  # float16/bfloat16 conversions and rounding
 ]
 #: Says whether this CPU can run $CUVIL_CPU_ISA's code (an aarch64 host cannot run avx2 kernels).
 CAN_RUN_ISA = """

@@ -19,9 +19,10 @@ from typing import Any
 
 import sympy
 
-from cuvil_backend_cpu.c_functions import C_TYPES, CodegenError, c_call
+from cuvil_backend_cpu.c_functions import C_STORAGE, C_TYPES, CodegenError, c_call
+from cuvil_backend_cpu.half import HALF, HELPERS
 from cuvil_backend_cpu.loop_ir.nodes import Accumulate, Let, Loop, LoopFunc, Prefetch, Stmt, Store
-from cuvil_ir.graph_ir.types import DType
+from cuvil_ir.graph_ir.types import DType, stored_float
 from cuvil_ir.size_visitor import Quotient
 from cuvil_ir.tensor_ir import expr as E
 from cuvil_ir.tensor_ir.index_text import IndexPrinter
@@ -138,6 +139,8 @@ class _Gen(IndexPrinter):
         self.may_fail = False
         #: native lowerings the kernel calls: helper name -> its definition
         self.natives: dict[str, str] = {}
+        #: the kernel converts a half type: it includes half.HELPERS (set by what emits one)
+        self.half = False
 
     # -- index arithmetic (IndexPrinter's hooks) -------------------------------------
     def index(self, value: object) -> str:
@@ -184,13 +187,13 @@ class _Gen(IndexPrinter):
     def const(self, c: E.Const) -> str:
         v, d = c.value, c.dtype
         if d.is_floating:
-            f = float(v)
+            f = stored_float(float(v), d) if d in HALF else float(v)
             if math.isnan(f):
                 return "NAN"
             if math.isinf(f):
                 return "INFINITY" if f > 0 else "(-INFINITY)"
             text = repr(f)
-            return f"{text}f" if d == DType.f32 else text
+            return f"{text}f" if C_TYPES[d] == "float" else text
         if d == DType.bool:
             return "1" if v else "0"
         iv = int(v)
@@ -208,6 +211,9 @@ class _Gen(IndexPrinter):
         if isinstance(e, E.Arg):
             return f"a_{e.name}"
         if isinstance(e, E.Load):
+            if e.dtype in HALF:
+                self.half = True
+                return f"cu_ld_{e.dtype.value}(p_{e.buf}[{self.index(e.offset)}])"
             return f"p_{e.buf}[{self.index(e.offset)}]"
         if isinstance(e, E.Index):
             x = sympy.sympify(e.expr)
@@ -216,8 +222,13 @@ class _Gen(IndexPrinter):
                 and not x.is_integer
                 and not any(E.is_loop_symbol(s) for s in x.free_symbols)
             ):
-                return f"(({C_TYPES[e.dtype]}){self.derived_arg(x, 'double')})"
-            return f"(({C_TYPES[e.dtype]}){self.index(x)})"
+                text = f"(({C_TYPES[e.dtype]}){self.derived_arg(x, 'double')})"
+            else:
+                text = f"(({C_TYPES[e.dtype]}){self.index(x)})"
+            if e.dtype in HALF:
+                self.half = True
+                return f"cu_round_{e.dtype.value}({text})"
+            return text
         if isinstance(e, E.Reduce):
             raise CodegenError("a Reduce survived scheduling")
         return self.call(e)
@@ -251,7 +262,7 @@ class _Gen(IndexPrinter):
                 # an integer as wide as the float's lane: the flag's vector is the compare's
                 # mask itself (a uint8_t flag makes every vector iteration pack the mask, which
                 # doubles the cost of a row's max pass)
-                flag = "int32_t" if self.local_types[n] == DType.f32 else "int64_t"
+                flag = "int32_t" if C_TYPES[self.local_types[n]] == "float" else "int64_t"
                 self.lines.append(f"{ind}{flag} {n}_nan = 0;")
                 self.nan_flags.add(n)
             if s.reduces:
@@ -280,6 +291,10 @@ class _Gen(IndexPrinter):
         elif isinstance(s, Accumulate):
             x = self.expr(s.expr)
             n = s.name
+            if s.kind in ("sum", "prod") and self.local_types[n] in HALF:
+                # every half reduction accumulates in float32 ([Note: opmath]); rounding the
+                # accumulator at each step would not be eager's result
+                raise CodegenError(f"a {s.kind} accumulated in {self.local_types[n].value}")
             if s.kind == "sum":
                 self.lines.append(f"{ind}{n} += {x};")
             elif s.kind == "prod":
@@ -313,7 +328,17 @@ class _Gen(IndexPrinter):
             self.lines.append(f"{ind}}}")
         else:
             assert isinstance(s, Store)
-            self.lines.append(f"{ind}p_{s.buf}[{self.index(s.offset)}] = {self.expr(s.expr)};")
+            self.lines.append(f"{ind}p_{s.buf}[{self.index(s.offset)}] = {self.store_value(s)};")
+
+    def store_value(self, s: Store) -> str:
+        dtype = next(p.dtype for p in self.func.buffers if p.name == s.buf)
+        if dtype not in HALF:
+            return self.expr(s.expr)
+        x = s.expr
+        if isinstance(x, E.Call) and x.fn == "cast" and x.args[0].dtype == DType.f32:
+            x = x.args[0]  # the store rounds: no cu_round_* before it
+        self.half = True
+        return f"cu_st_{dtype.value}({self.expr(x)})"
 
     def generate(self, restrict: bool) -> CKernel:
         body_lines: list[str] = []
@@ -324,12 +349,14 @@ class _Gen(IndexPrinter):
         params = []
         for p in self.func.buffers:
             const = "const " if p.role == "in" else ""
-            params.append(f"{const}{C_TYPES[p.dtype]}*{q} p_{p.name}")
+            params.append(f"{const}{C_STORAGE[p.dtype]}*{q} p_{p.name}")
         params += [f"int64_t s_{s.name}" for s in self.func.sizes]
         derived = list(self.derived)
         params += [f"{key[1]} {self.derived[key]}" for key in derived]
         params += [f"{C_TYPES[d]} a_{n}" for n, d in self.func.args]
         head = [PRELUDE]
+        if self.half:
+            head.append(HELPERS)
         if self.simd_math:
             from cuvil_backend_cpu.toolchain import SIMD_MATH_DECLARATIONS
 

@@ -8,13 +8,18 @@ a given ``opt_level``. Lowering and the scheduler read only these fields.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from cuvil_backend_cpu.externs import FAST_EXTERNS, OUT_VARIANTS
+from cuvil_backend_cpu.half import HALF
 from cuvil_backend_cpu.loop_ir.schedule import SchedulePolicy
 from cuvil_ir.tensor_ir.hoist import must_realize
 from cuvil_ir.tensor_ir.lower import FusionPolicy
 from cuvil_runtime.target import CompileOptions
 
 FUSION = FusionPolicy(
+    # float16 and bfloat16 are held as bits and computed in float ([Note: half precision in C])
+    dtypes=FusionPolicy().dtypes | HALF,
     out_variants=frozenset(OUT_VARIANTS) - frozenset(FAST_EXTERNS),
     # oneDNN runs these about twice as fast on channels-last tensors (measured here)
     channels_last_ops=frozenset(
@@ -23,6 +28,11 @@ FUSION = FusionPolicy(
     realize_reduction=must_realize,
     native="cpu",  # cu.custom_op(..., lower={"cpu": "<C expression>"})
 )
+
+
+#: the fusion policy where the toolchain's half conversions failed their probe
+#: (``Toolchain.half``): float16/bfloat16 ops are torch calls
+FUSION_NO_HALF = replace(FUSION, dtypes=FUSION.dtypes - HALF)
 
 
 def schedule_policy(options: CompileOptions) -> SchedulePolicy:

@@ -14,6 +14,10 @@ so everything the generated code may rely on is decided here, once per process:
   needs a libmvec new enough to have every function in
   :data:`SIMD_MATH_FUNCTIONS` (glibc 2.35), which only a real compile, link
   and call can tell;
+* whether kernels may hold float16 and bfloat16 (``half``): the conversions
+  (:data:`cuvil_backend_cpu.half.HELPERS`, plain integer and float arithmetic)
+  are built with the kernels' flags and checked against torch's bits; where they
+  disagree (a compiler that miscompiles them) half-precision ops stay torch's;
 * the ISA and vector width (the ISA and its flags are part of every kernel's
   cache key). By default the host's own (``-march=native``); ``$CUVIL_CPU_ISA``
   forces one of :data:`ISA_CHOICES` (``avx2`` or ``portable`` on an AVX-512
@@ -41,10 +45,11 @@ import subprocess
 import sys
 import tempfile
 import threading
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cuvil_backend_cpu import __version__
+from cuvil_backend_cpu import __version__, half
 from cuvil_runtime import trust
 from cuvil_runtime.cache import default_cache_dir
 from cuvil_runtime.registry import TargetConfigError
@@ -119,6 +124,8 @@ class Toolchain:
     libs: tuple[str, ...]  #: linker inputs, after the source on the command line
     simd_math: bool  #: libmvec vector math usable (see :data:`SIMD_MATH_DECLARATIONS`)
     vector_bytes: int  #: 64 for avx512, 32 for avx2, 16 for neon/generic/portable
+    #: kernels may hold float16/bfloat16: the half conversions built with these flags give torch's bits
+    half: bool = True
     #: The CPU model: ``-march=native`` code may not run on another CPU with the same ``isa``, so
     #: a cache folder shared between machines (an NFS home) must not hand one machine's kernels to another.
     cpu: str = ""
@@ -129,9 +136,8 @@ class Toolchain:
     @property
     def identity(self) -> str:
         """Everything that changes the compiled bytes, as a stable string (part of every cache key)."""
-        return "\n".join(
-            [self.cc, self.version, self.isa, self.cpu, " ".join(self.flags), " ".join(self.libs)]
-        )
+        fields = [self.cc, self.version, self.isa, self.cpu, " ".join(self.flags), " ".join(self.libs)]
+        return "\n".join(fields if self.half else [*fields, "no half"])
 
     def command(self, source: str | os.PathLike[str], output: str | os.PathLike[str]) -> list[str]:
         """The command line that compiles ``source`` into the shared object ``output``."""
@@ -361,6 +367,21 @@ def _probe(cc: str, flags: tuple[str, ...], requested: str) -> bool:
     return False
 
 
+def _probe_half(cc: str, flags: tuple[str, ...]) -> bool:
+    """Whether the half-precision conversions built with ``flags`` give torch's bits
+    (:func:`cuvil_backend_cpu.half.probe`); a failure keeps half types out of kernels,
+    with a warning saying why."""
+    with tempfile.TemporaryDirectory(prefix="cuvil-cc-probe-") as tmp:
+        reason = half.probe(cc, flags, tmp)
+    if reason is not None:
+        warnings.warn(
+            f"float16/bfloat16 ops run as torch calls on the cpu target: {reason}",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+    return reason is None
+
+
 # -- the on-disk probe record ------------------------------------------------------------------------------
 
 
@@ -378,15 +399,19 @@ def _record_path(cc: str, version: str, isa: str, cpu: str, flags: tuple[str, ..
     return folder / f"toolchain-{hashlib.sha256(key.encode()).hexdigest()[:24]}.json"
 
 
-def _read_record(path: Path) -> bool | None:
-    """The recorded ``simd_math``, or ``None`` when there is no readable record."""
+def _read_record(path: Path) -> tuple[bool, bool] | None:
+    """The recorded ``(simd_math, half)``, or ``None`` when there is no readable record."""
     data = trust.read_private_file(path)  # ours, not writable by others, not a link
     try:
         record = json.loads(data) if data is not None else None
     except ValueError:
         return None
-    value = record.get("simd_math") if isinstance(record, dict) else None
-    return value if isinstance(value, bool) else None
+    if not isinstance(record, dict):
+        return None
+    simd_math, half_ok = record.get("simd_math"), record.get("half")
+    if isinstance(simd_math, bool) and isinstance(half_ok, bool):
+        return simd_math, half_ok
+    return None
 
 
 def _write_record(path: Path, record: dict[str, object]) -> None:
@@ -437,9 +462,12 @@ def _detect(requested: str, use_record: bool, export: bool = False) -> Toolchain
     # exported kernels run on any CPU of their level: not keyed by this one
     cpu = f"any {platform.machine().lower()} with {isa}" if export else _cpu_model(info)
     record = _record_path(cc, version, isa, cpu, flags)
-    simd_math = _read_record(record) if use_record else None
-    if simd_math is None:
+    found = _read_record(record) if use_record else None
+    if found is not None:
+        simd_math, half_ok = found
+    else:
         simd_math = _probe(cc, flags, requested)
+        half_ok = _probe_half(cc, flags)
         _write_record(
             record,
             {
@@ -449,6 +477,7 @@ def _detect(requested: str, use_record: bool, export: bool = False) -> Toolchain
                 "flags": list(flags),
                 "cpu": cpu,
                 "simd_math": simd_math,
+                "half": half_ok,
             },
         )
     return Toolchain(
@@ -461,6 +490,7 @@ def _detect(requested: str, use_record: bool, export: bool = False) -> Toolchain
         vector_bytes=_VECTOR_BYTES[isa],
         cpu=cpu,
         requested=requested,
+        half=half_ok,
     )
 
 
