@@ -51,12 +51,12 @@ static inline float cu_ld_bf16(uint16_t h) { return cu_float((uint32_t)h << 16);
 static inline float cu_round_bf16(float x) {
   const uint32_t u = cu_bits(x);
   const float r = cu_float((u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u);
-  return (u & 0x7FFFFFFFu) > 0x7F800000u ? x : r;  /* NaN: the rounding could make it inf */
+  return x != x ? x : r;  /* NaN: the rounding could make it inf (or -0.0) */
 }
 static inline uint16_t cu_st_bf16(float x) {
   const uint32_t u = cu_bits(x);
   const uint32_t r = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
-  return (uint16_t)((u & 0x7FFFFFFFu) > 0x7F800000u ? 0x7FC0u : r);
+  return (uint16_t)(x != x ? 0x7FC0u : r);
 }
 /* float16: 5 exponent bits (bias 15), 10 mantissa bits. A normal value moves its
    exponent from bias 15 to 127; the bits of a subnormal one, read as a float's
@@ -77,7 +77,7 @@ static inline float cu_round_f16(float x) {
   const float s = (cu_float(a) + 0.5f) - 0.5f;
   r = a < 0x38800000u ? s : r;
   r = cu_float(cu_bits(r) | (u & 0x80000000u));
-  return a > 0x7F800000u ? x : r;
+  return x != x ? x : r;
 }
 static inline uint16_t cu_st_f16(float x) {
   const uint32_t u = cu_bits(x), a = u & 0x7FFFFFFFu;
@@ -85,7 +85,7 @@ static inline uint16_t cu_st_f16(float x) {
   const uint32_t small = cu_bits(cu_float(a) + 0.5f) - 0x3F000000u;  /* multiples of 2^-24 */
   uint32_t m = a < 0x38800000u ? small : normal;
   m = a >= 0x477FF000u ? 0x7C00u : m;
-  m = a > 0x7F800000u ? 0x7E00u : m;
+  m = x != x ? 0x7E00u : m;
   return (uint16_t)(m | ((u >> 16) & 0x8000u));
 }
 """
