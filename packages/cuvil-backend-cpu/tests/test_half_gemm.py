@@ -98,3 +98,26 @@ def test_a_float32_copy_of_a_weight_goes_when_the_half_gemm_wins(private_cache, 
     x = torch.randn(3, 48).to(torch.bfloat16)
     _close(half_gemm.linear(x, w, None, onednn=externs._ONEDNN), torch.nn.functional.linear(x, w))
     assert not [k for k in half_gemm._PREPARED if k[0] == id(w)]
+
+
+@pytest.mark.parametrize("dtype", HALVES, ids=str)
+@pytest.mark.parametrize("forced", ["eager", "f32"])
+def test_half_sdpa_matches_eager(private_cache, monkeypatch, forced, dtype) -> None:
+    """sdpa in a half type: torch's in the type, or widened through the float32 path (the
+    flash kernel at these sizes), rounded once; with a causal mask, a bool mask and a
+    half additive mask."""
+    monkeypatch.setenv(gemm_choice.GEMM_ENV, forced)
+    F = torch.nn.functional
+
+    def attend(q, k, v, keep, bias):
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        b = F.scaled_dot_product_attention(q, k, v, attn_mask=keep)
+        return a, b, F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 128, 32, generator=g).to(dtype) for _ in range(3))
+    keep = torch.rand(128, 128, generator=g) > 0.2
+    bias = (torch.randn(128, 128, generator=g) * 2).to(dtype)
+    f = cu.compile(attend, target="cpu", fallback="error")
+    for got, want in zip(f(q, k, v, keep, bias), attend(q, k, v, keep, bias)):
+        _close(got, want)
