@@ -30,3 +30,10 @@ HALF_XFAIL: dict[str, str] = {}
 @pytest.mark.parametrize("program", conformance_params(HALF_XFAIL, dtype=torch.bfloat16))
 def test_conformance_in_half(program: Program, dtype: torch.dtype) -> None:
     check_program(program, "cpu", dtype=dtype)
+
+
+@pytest.mark.parametrize("program", conformance_params())
+def test_conformance_under_autocast(program: Program) -> None:
+    """Each program called under ``torch.autocast("cpu", dtype=torch.bfloat16)``: the
+    compiled variant has autocast's casts in its graph ([Note: autocast captured])."""
+    check_program(program, "cpu", autocast=torch.bfloat16)

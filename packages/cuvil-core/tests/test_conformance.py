@@ -93,3 +93,8 @@ def test_half_runs_convert_inputs_and_modules() -> None:
     params = conformance_params(dtype=torch.float16)
     skipped = {p.id for p in params if any(m.name == "skip" for m in p.marks)}
     assert skipped == set(EAGER_REFUSES)
+
+
+@pytest.mark.parametrize("program", conformance_params())
+def test_reference_conforms_under_autocast(program: Program) -> None:
+    check_program(program, "reference", autocast=torch.bfloat16)

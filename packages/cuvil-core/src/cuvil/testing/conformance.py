@@ -29,6 +29,7 @@ pytest is imported inside :func:`conformance_params`, the one function that need
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -130,6 +131,7 @@ def compile_and_check(
     *,
     compile_kwargs: Mapping[str, Any] | None = None,
     dtype: torch.dtype | None = None,
+    autocast: torch.dtype | None = None,
 ) -> CompiledFunction:
     """:func:`check_program`, returning the compiled callable (its ``graphs``, ``artifacts``, ``stats``)."""
     options = dict(compile_kwargs or {})
@@ -140,14 +142,21 @@ def compile_and_check(
     if dtype is not None and program.is_module:
         fn = fn.to(dtype)  # type: ignore[union-attr]
     compiled = cuvil_compile(fn, target=target, fallback="error", **options)
-    tol = tolerance(program, dtype)
+    tol = tolerance(program, dtype or autocast)
     label = target if dtype is None else f"{target} in {str(dtype).removeprefix('torch.')}"
+    if autocast is not None:
+        label += f" under cpu autocast {str(autocast).removeprefix('torch.')}"
+
+    def amp() -> Any:
+        return torch.autocast("cpu", dtype=autocast) if autocast is not None else contextlib.nullcontext()
 
     def run(variant: int) -> None:
         args, kwargs = in_dtype(program.call_args(variant), dtype)
-        expected = fn(*args, **kwargs)
+        with amp():
+            expected = fn(*args, **kwargs)
         args, kwargs = in_dtype(program.call_args(variant), dtype)  # fresh: eager must not leak into compiled
-        actual = compiled(*args, **kwargs)
+        with amp():
+            actual = compiled(*args, **kwargs)
         where = f"{program.name} on {label}, variant {variant}"
         assert_same(actual, expected, rtol=tol.get("rtol"), atol=tol.get("atol"), where=where)
 
@@ -175,16 +184,20 @@ def check_program(
     *,
     compile_kwargs: Mapping[str, Any] | None = None,
     dtype: torch.dtype | None = None,
+    autocast: torch.dtype | None = None,
 ) -> Stats:
     """Compile ``program`` for ``target`` (``fallback="error"``), run every shape variant, compare with eager.
 
     ``compile_kwargs`` go to ``cuvil.compile`` too (``opt_level``, ``dynamic``,
     ...; not ``target`` or ``fallback``). ``dtype``: run the program in that float
-    type (see the module docstring). A target that cannot compile a
+    type (see the module docstring); ``autocast``: call it (eager and compiled) under
+    ``torch.autocast("cpu", dtype=autocast)``, within that type's tolerance. A target that cannot compile a
     program raises ``cuvil.CompileError``; a wrong result, a fallback or an
     extra compile fails an assertion. Returns the compiled callable's ``stats``.
     """
-    return compile_and_check(program, target, compile_kwargs=compile_kwargs, dtype=dtype).stats
+    return compile_and_check(
+        program, target, compile_kwargs=compile_kwargs, dtype=dtype, autocast=autocast
+    ).stats
 
 
 def conformance_params(
