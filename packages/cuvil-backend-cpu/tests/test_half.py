@@ -231,3 +231,23 @@ def test_no_half_kernels_where_the_probe_failed() -> None:
     graph(torch.ones(3, dtype=torch.bfloat16))
     assert externs(lower(graph.graphs[0], policy)) == ["mul", "add"]
     assert externs(lower(graph.graphs[0], CpuTarget().fusion_policy(CompileOptions()))) == []
+
+
+@pytest.mark.parametrize("dtype", HALVES, ids=str)
+def test_half_row_kernels_keep_their_float32_values_in_a_scratch_row(dtype: torch.dtype) -> None:
+    """A half softmax computes ``exp`` once: the sum phase keeps ``exp(x - max)`` in a
+    float32 Scratch row (its output cannot hold it unrounded) and the store reads it back;
+    rows longer than the stack part of the scratch go to the heap. Results are eager's
+    within half tolerance at both lengths."""
+    from cuvil_backend_cpu.codegen import SCRATCH_STACK
+
+    def f(x):
+        return torch.softmax(x * 0.125, -1)
+
+    compiled = cu.compile(f, target="cpu", fallback="error")
+    for cols in (77, SCRATCH_STACK + 3):
+        x = inputs(dtype, 5, cols)[0]
+        assert_eager(compiled(x), f(x), exact=False)
+    (kernel,) = executable_of(compiled).kernel_texts.values()
+    assert "scratch %st0: f32" in kernel["loop_ir"] and kernel["c"].count("expf(") == 2  # sum, store
+    assert kernel["loop_ir"].count("exp(") == 1  # once per element: the store reads the row

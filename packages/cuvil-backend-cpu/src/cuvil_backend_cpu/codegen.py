@@ -21,7 +21,7 @@ import sympy
 
 from cuvil_backend_cpu.c_functions import C_STORAGE, C_TYPES, CodegenError, c_call
 from cuvil_backend_cpu.half import HALF, HELPERS
-from cuvil_backend_cpu.loop_ir.nodes import Accumulate, Let, Loop, LoopFunc, Prefetch, Stmt, Store
+from cuvil_backend_cpu.loop_ir.nodes import Accumulate, Let, Loop, LoopFunc, Prefetch, Scratch, Stmt, Store
 from cuvil_ir.graph_ir.types import DType, stored_float
 from cuvil_ir.size_visitor import Quotient
 from cuvil_ir.tensor_ir import expr as E
@@ -100,6 +100,9 @@ static inline double cu_rem(double a, double b) {
 
 #: the most bytes of a row a Prefetch statement touches (see loop_ir.statements.prefetches)
 PREFETCH_BYTES = 8192
+#: elements of a Scratch row kept on the stack (16 KiB of floats per thread); longer rows
+#: are allocated per row, a cost that many elements of work hide
+SCRATCH_STACK = 4096
 _OMP_REDUCTION = {"sum": "+", "prod": "*", "max": "max", "min": "min", "any": "|", "all": "&"}
 
 
@@ -141,6 +144,9 @@ class _Gen(IndexPrinter):
         self.natives: dict[str, str] = {}
         #: the kernel converts a half type: it includes half.HELPERS (set by what emits one)
         self.half = False
+        #: Scratch arrays in scope: name -> element dtype
+        self.scratch: dict[str, DType] = {}
+        self.needs_stdlib = False
 
     # -- index arithmetic (IndexPrinter's hooks) -------------------------------------
     def index(self, value: object) -> str:
@@ -252,7 +258,22 @@ class _Gen(IndexPrinter):
 
     # -- statements ------------------------------------------------------------------
     def emit(self, s: Stmt, ind: str) -> None:
-        if isinstance(s, Loop):
+        if isinstance(s, Scratch):
+            # a row on the stack up to SCRATCH_STACK elements (per thread: each iteration of a
+            # parallel loop declares its own), on the heap beyond
+            ctype, n, p = C_TYPES[s.dtype], self.index(s.extent), f"p_{s.name}"
+            self.lines.append(f"{ind}{ctype} {s.name}_stack[{SCRATCH_STACK}];")
+            self.lines.append(
+                f"{ind}{ctype}* restrict {p} = ({n}) <= {SCRATCH_STACK} ? {s.name}_stack"
+                f" : ({ctype}*)malloc(sizeof({ctype}) * (size_t)({n}));"
+            )
+            self.scratch[s.name] = s.dtype
+            for b in s.body:
+                self.emit(b, ind)
+            del self.scratch[s.name]
+            self.lines.append(f"{ind}if ({p} != {s.name}_stack) free({p});")
+            self.needs_stdlib = True
+        elif isinstance(s, Loop):
             v = s.var.name[1:]
             clauses = ""
             # a float max/min also collects "saw a NaN" (OpenMP's max/min combiners drop NaN)
@@ -331,6 +352,8 @@ class _Gen(IndexPrinter):
             self.lines.append(f"{ind}p_{s.buf}[{self.index(s.offset)}] = {self.store_value(s)};")
 
     def store_value(self, s: Store) -> str:
+        if s.buf in self.scratch:
+            return self.expr(s.expr)
         dtype = next(p.dtype for p in self.func.buffers if p.name == s.buf)
         if dtype not in HALF:
             return self.expr(s.expr)
@@ -355,6 +378,8 @@ class _Gen(IndexPrinter):
         params += [f"{key[1]} {self.derived[key]}" for key in derived]
         params += [f"{C_TYPES[d]} a_{n}" for n, d in self.func.args]
         head = [PRELUDE]
+        if self.needs_stdlib:
+            head.append("#include <stdlib.h>")
         if self.half:
             head.append(HELPERS)
         if self.simd_math:
