@@ -33,7 +33,7 @@ def linear_into(
 
 def matmul_into(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
     if a.dim() >= 2 and b.dim() >= 2 and half_gemm.applies(a, b):
-        out.copy_(half_gemm.matmul(a, b))  # in the half type or widened: [Note: half-precision GEMMs]
+        half_gemm.matmul_into(out, a, b)  # in the half type or widened: [Note: half-precision GEMMs]
     elif a.dim() >= 2 and b.dim() >= 2:
         torch.matmul(a, b, out=out)
     else:  # torch's matrix-vector forms want an out of another shape (and would resize ours)

@@ -111,19 +111,20 @@ def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, onednn: boo
     return run[choice]()
 
 
-def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``torch.matmul`` of half tensors (both at least 2-d): in the half type or widened
-    to float32, the faster for this shape (see the module)."""
+def matmul_into(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+    """``torch.matmul(a, b, out=out)`` of half tensors (both at least 2-d): in the half
+    type or widened to float32, the faster for this shape (see the module)."""
     m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
     batch = max(a.numel() // max(m * k, 1), b.numel() // max(k * n, 1))
     if 0 in (m, k, n, batch):
-        return torch.matmul(a, b)
+        torch.matmul(a, b, out=out)
+        return
     run: dict[str, Callable[[], Any]] = {
-        "eager": lambda: torch.matmul(a, b),
-        "f32": lambda: torch.matmul(a.float(), b.float()).to(a.dtype),
+        "eager": lambda: torch.matmul(a, b, out=out),
+        "f32": lambda: out.copy_(torch.matmul(a.float(), b.float())),  # the copy rounds once
     }
     shape = gemm_choice.key(batch * m, k, n, False, dtype=a.dtype, batch=batch)
-    return run[gemm_choice.choose(shape, run)]()
+    run[gemm_choice.choose(shape, run)]()
 
 
-__all__ = ["HALF_DTYPES", "applies", "linear", "matmul"]
+__all__ = ["HALF_DTYPES", "applies", "linear", "matmul_into"]
