@@ -54,6 +54,9 @@ HATCHLING = "hatchling"
 #: the model zoo (packages/cuvil-core/tests/test_model_zoo.py): real architectures from small
 #: configs; a test dependency only, pinned so a new release cannot change CI under us
 TRANSFORMERS = "transformers==5.24.0"
+#: torchao's weight-only configs, which cu.quantize converts (tests/test_quantize.py); a test
+#: dependency only, no requirements of its own (it uses the installed torch), pinned
+TORCHAO = "torchao==0.18.0"
 
 #: package id -> (folder, sibling folders it depends on, itself last)
 PACKAGES = {
@@ -120,7 +123,7 @@ def tests_dirs(session: nox.Session, folders: list[str]) -> list[str]:
 def tests(session: nox.Session) -> None:
     """Every package's fast tests in one environment (what CI runs), the optional
     integrations (ONNX, MLIR) included."""
-    install(session, ALL, PYTEST, HYPOTHESIS, HATCHLING, TRANSFORMERS, *INTEGRATIONS)
+    install(session, ALL, PYTEST, HYPOTHESIS, HATCHLING, TRANSFORMERS, TORCHAO, *INTEGRATIONS)
     session.run("pytest", *tests_dirs(session, ALL), "-q", *FAST, *session.posargs)
     if not session.posargs:  # a selection (``nox -s tests -- -k x``) runs only what it names
         run_isas(session)
@@ -215,6 +218,7 @@ ISA_TESTS = [
     "packages/cuvil-backend-cpu/tests/test_conformance.py",
     "packages/cuvil-backend-cpu/tests/test_row_kernels.py",  # softmax/log_softmax/layer_norm rows
     "packages/cuvil-backend-cpu/tests/test_half.py",  # float16/bfloat16 conversions and rounding
+    "packages/cuvil-backend-cpu/tests/test_quant_linear.py",  # bf16/int8/int4 weight-only linears
 ]
 #: Says whether this CPU can run $CUVIL_CPU_ISA's code (an aarch64 host cannot run avx2 kernels).
 CAN_RUN_ISA = """

@@ -185,7 +185,12 @@ def test_cuvil_dump_writes_every_stage(tmp_path, monkeypatch):
     # the IR after every pass, numbered in the order they ran (lowering's only when the
     # program cache did not already hold this graph's Tensor IR)
     passes = sorted(p.name for p in (folder / "passes").iterdir())
-    ran = ["graph_ir-attention_pattern", "graph_ir-small_matmul", "graph_ir-epilogues"]
+    ran = [
+        "graph_ir-repeated_heads",
+        "graph_ir-attention_pattern",
+        "graph_ir-small_matmul",
+        "graph_ir-epilogues",
+    ]
     if not ex.report.program_cache_hit:
         ran += ["graph_ir-specialize", "tensor_ir-lower", "tensor_ir-plan_memory"]
         assert (folder / "passes" / passes[-1]).read_text() == ex.stages["tensor_ir"]

@@ -51,6 +51,55 @@ def test_each_gemm_matches_eager_and_follows_weight_updates(private_cache, monke
     assert not any(private_cache.rglob("gemm-*.json"))  # forced: nothing measured
 
 
+def test_our_gemv_runs_decode_rows_when_forced_and_matches_eager(private_cache, monkeypatch) -> None:
+    """``CUVIL_CPU_GEMM=gemv``: float32 linears of few rows run quant_linear.c's GEMV (a
+    spy says it ran), with and without bias, matching eager; more rows than the GEMV
+    takes run a GEMM as before."""
+    from cuvil_backend_cpu import quant_linear
+
+    monkeypatch.setenv(gemm_choice.GEMM_ENV, "gemv")
+    ran: list[tuple[int, ...]] = []
+    real = quant_linear.QuantLinearKernel.gemv
+
+    def spy(self, out, x, *args, **kwargs):
+        ran.append((tuple(x.shape), kwargs["fmt"]))
+        return real(self, out, x, *args, **kwargs)
+
+    monkeypatch.setattr(quant_linear.QuantLinearKernel, "gemv", spy)
+    m = _mlp()
+    f = cu.compile(m, target="cpu", fallback="error")
+    with torch.no_grad():
+        for rows in (1, 3, quant_linear.F32_GEMV_ROWS, 40):
+            x = torch.randn(rows, 48)
+            got, want = f(x), m(x)
+            assert got.dtype == want.dtype and got.shape == want.shape
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    assert sorted({r for r, _ in ran}) == [(1, 48), (1, 80), (3, 48), (3, 80), (16, 48), (16, 80)]
+    assert {fmt for _, fmt in ran} == {"f32"}
+    assert f.stats.compiles == 1
+
+
+@pytest.mark.parametrize("n,k", [(1, 1), (5, 3), (31, 33), (64, 100), (257, 129)])
+def test_f32_gemv_against_float64(n: int, k: int) -> None:
+    """The GEMV on float32 weights, odd sizes (tails of the vector width and of its blocks
+    of rows), strided activations, bias: against a float64 product."""
+    from cuvil_backend_cpu import quant_linear
+    from cuvil_backend_cpu.kernel_cache import KernelCache
+
+    gemv = quant_linear.f32_gemv(KernelCache())
+    g = torch.Generator().manual_seed(n * 1000 + k)
+    w, b = torch.randn(n, k, generator=g), torch.randn(n, generator=g)
+    for x in (torch.randn(3, k, generator=g), torch.randn(2, 2 * k, generator=g)[:, ::2], torch.randn(1, 1, k)):
+        for bias in (None, b):
+            got = gemv(x, w, bias)
+            assert got is not None and got.shape == (*x.shape[:-1], n)
+            want = torch.nn.functional.linear(x.double(), w.double(), None if bias is None else bias.double())
+            scale = (x.double().abs() @ w.double().abs().t()).max().item() + 1
+            torch.testing.assert_close(got.double(), want, rtol=0, atol=4e-6 * scale)
+    assert gemv(torch.randn(quant_linear.F32_GEMV_ROWS + 1, k), w, None) is None  # a GEMM's rows
+    assert gemv(torch.randn(2, k).double(), w.double(), None) is None
+
+
 def test_first_call_of_a_shape_measures_and_remembers(private_cache, monkeypatch) -> None:
     m = _mlp()
     f = cu.compile(m, target="cpu", fallback="error")

@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from cuvil_ir.graph_ir.ops.quant import weight_only_linear
 from cuvil_ir.testing import CaseTable, In, OpCase, Sz, check_case, spec
 
 T = torch.Tensor
@@ -43,6 +44,41 @@ case("baddbmm", torch.baddbmm, (X, Y, Z), [S(2, 3, 5), S(2, 3, 4), S(2, 4, 5)], 
 case("linear", F.linear, (X, Y, Z), [S(2, 3, 4), S(5, 4, static=True), S(5, static=True)], ops={"linear"})
 case("linear-no-bias", F.linear, (X, Y), [S(3, 4), S(2, 4, static=True)], ops={"linear"})
 case("linear-1d-weight", F.linear, (X, Y), [S(2, 4), S(4, static=True)], ops={"linear"})
+
+# weight-only low-precision linears (cuvil_ir/graph_ir/ops/quant.py): weights and their scales
+# are parameters (static sizes); the int4 weight holds two values a byte
+_WOL = {"weight_only_linear"}
+U8 = S(5, 32, dtype=torch.uint8, static=True, low=0, high=256)
+case(
+    "wol-bf16",
+    weight_only_linear,
+    (X, Y),
+    [S(2, 3, 8), S(5, 8, dtype=torch.bfloat16, static=True)],
+    fmt="bf16",
+    ops=_WOL,
+)
+case(
+    "wol-int8-bias",
+    weight_only_linear,
+    (X, Y, Z, None, In(3)),
+    [
+        S(3, 8),
+        S(5, 8, dtype=torch.int8, static=True, low=-128, high=128),
+        S(5, static=True),
+        S(5, static=True),
+    ],
+    fmt="int8",
+    ops=_WOL,
+)
+case(
+    "wol-int4",
+    weight_only_linear,
+    (X, Y, Z, In(3)),
+    [S(2, 64), U8, S(5, 2, static=True), S(5, 2, static=True)],
+    fmt="int4",
+    group_size=32,
+    ops=_WOL,
+)
 
 # -- convolution and pooling --------------------------------------------------------------------
 case(

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from cuvil_backend_cpu import epilogues, gemm_choice, half_gemm
+from cuvil_backend_cpu.quant_linear import F32_GEMV_ROWS
 
 
 def linear_into(
@@ -131,23 +132,53 @@ def linear(x: torch.Tensor, w: torch.Tensor, *bias: torch.Tensor, has_bias: bool
     (torch's default) for this shape on this host, measured at its first call
     ([Note: GEMM choice] in :mod:`cuvil_backend_cpu.gemm_choice`); on float16/bfloat16
     through :func:`cuvil_backend_cpu.half_gemm.linear`."""
-    b = bias[0] if has_bias else None
-    if half_gemm.applies(x, w, b):
+    return _linear(x, w, bias[0] if has_bias else None, has_bias, None)
+
+
+def linear_with_gemv(gemv: Callable[..., torch.Tensor | None]) -> Callable[..., torch.Tensor]:
+    """:func:`linear` with ``gemv`` (``quant_linear.f32_gemv``: our GEMV, ``None`` where it
+    does not apply) a third candidate for few rows."""
+
+    def run(x: torch.Tensor, w: torch.Tensor, *bias: torch.Tensor, has_bias: bool) -> torch.Tensor:
+        return _linear(x, w, bias[0] if has_bias else None, has_bias, gemv)
+
+    return run
+
+
+def _linear(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    b: torch.Tensor | None,
+    has_bias: bool,
+    gemv: Callable[..., torch.Tensor | None] | None,
+) -> torch.Tensor:
+    if half_gemm.applies(x, w, b):  # [Note: half-precision GEMMs]
         return half_gemm.linear(x, w, b, _ONEDNN)
     rows = x.numel() // max(x.shape[-1], 1)
     if not (_ONEDNN and x.dtype == torch.float32 and w.dtype == torch.float32 and rows > 0 and w.numel() > 0):
         return torch.nn.functional.linear(x, w, b)
-    xc = x.contiguous()
+    offer_gemv = gemv is not None and rows <= F32_GEMV_ROWS and w.is_contiguous()
+    fast, choice = gemm_choice.known(rows, w.shape[1], w.shape[0], has_bias, 3 if offer_gemv else 2)
+    if choice is None:  # this shape's first call: measured (or looked up) once
+        xc = x.contiguous()
+        run: dict[str, Callable[[], Any]] = {
+            "onednn": lambda: _onednn_linear(xc, w, b, rows),
+            "mkl": lambda: torch.nn.functional.linear(x, w, b),
+        }
+        if offer_gemv:
+            run["gemv"] = lambda: gemv(xc, w, b)  # type: ignore[misc]
+        choice = gemm_choice.choose(gemm_choice.key(rows, w.shape[1], w.shape[0], has_bias), run, fast)
+    if choice == "gemv" and gemv is not None:
+        out = gemv(x, w, b)
+        if out is not None:
+            return out
+    if choice == "onednn":
+        return _onednn_linear(x.contiguous(), w, b, rows)
+    return torch.nn.functional.linear(x, w, b)
 
-    def onednn() -> torch.Tensor:
-        return torch.ops.mkldnn._linear_pointwise(xc, _packed_linear_weight(w, rows), b, "none", [], "")
 
-    def mkl() -> torch.Tensor:
-        return torch.nn.functional.linear(x, w, b)
-
-    shape = gemm_choice.key(rows, w.shape[1], w.shape[0], has_bias)
-    choice = gemm_choice.choose(shape, {"onednn": onednn, "mkl": mkl})
-    return onednn() if choice == "onednn" else mkl()
+def _onednn_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, rows: int) -> torch.Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x, _packed_linear_weight(w, rows), b, "none", [], "")
 
 
 _ONEDNN = _onednn_available()

@@ -3,12 +3,15 @@ per shape, and remembered.
 
 [Note: GEMM choice] The cpu target has two GEMMs for ``F.linear``: oneDNN's
 (``torch.ops.mkldnn._linear_pointwise`` on a weight packed once per version) and
-torch's default (MKL's ``sgemm`` through ``F.linear``). Which is faster depends on
-the host and the shape: on an AVX-512 EPYC oneDNN was 2.5x MKL on transformer-sized
-linears, while each oneDNN call costs about 10 us of setup that small products never
-win back; on AVX2 hosts the two are closer and the order changes with the shape.
-So the first call of a shape times both, on the call's own operands, interleaved,
-and keeps the faster; later calls of that shape look the answer up.
+torch's default (MKL's ``sgemm`` through ``F.linear``), and for a few rows (decode
+steps, at most ``quant_linear.F32_GEMV_ROWS``) a third, our own GEMV (``gemv``:
+``quant_linear.c`` on float32 weights, which streams each weight row once). Which is
+faster depends on the host and the shape: on an AVX-512 EPYC oneDNN was 2.5x MKL on
+transformer-sized linears, while each oneDNN call costs about 10 us of setup that small
+products never win back; on AVX2 hosts the two are closer and the order changes with
+the shape. So the first call of a shape times the candidates, on the call's own
+operands, interleaved, and keeps the fastest; later calls of that shape look the
+answer up.
 
 The key is ``(rows bucket, in features, out features, bias, threads)``: the number of
 rows is a symbolic size (batch x sequence) that changes between calls, so rows are
@@ -17,8 +20,8 @@ falls in it. Answers are kept in memory and in a JSON record in the kernel cache
 private folder (``gemm-<host, ISA, torch, threads>.json``, written atomically, read
 only when private: docs/security.md), so a warm start measures nothing. The record
 is data, never code: a bad entry can only pick the slower of two correct GEMMs.
-``CUVIL_CPU_GEMM=onednn|mkl`` forces one (benchmarks, bisecting a numerical
-difference: the two round differently, within float32 GEMM tolerance).
+``CUVIL_CPU_GEMM=onednn|mkl|gemv`` forces one where it applies (benchmarks, bisecting a
+numerical difference: they round differently, within float32 GEMM tolerance).
 
 Float16 and bfloat16 products choose among other candidates, under keys that name the
 dtype (``eager``, ``onednn``, ``f32``: [Note: half-precision GEMMs] in
@@ -42,11 +45,11 @@ import torch
 
 from cuvil_runtime import trust
 
-#: forces a GEMM: "onednn" or "mkl" (anything else, or unset: measure)
+#: forces a GEMM: "onednn", "mkl" or "gemv" (anything else, or unset: measure)
 GEMM_ENV = "CUVIL_CPU_GEMM"
 #: timed calls of each candidate, interleaved, at the first call of a shape
 REPEATS = 5
-CANDIDATES = ("onednn", "mkl", "eager", "f32")
+CANDIDATES = ("onednn", "mkl", "gemv", "eager", "f32")
 
 _lock = threading.Lock()
 _choices: dict[str, str] | None = None
@@ -120,24 +123,40 @@ def _measure(run: dict[str, Callable[[], Any]]) -> str:
     return min(run, key=lambda name: (statistics.median(times[name]), CANDIDATES.index(name)))
 
 
-def choose(shape_key: str, run: dict[str, Callable[[], Any]]) -> str:
+#: (rows bucket, in, out, bias, threads, $CUVIL_CPU_GEMM, candidates) -> the answer: what
+#: a call after the first of its shape asks, without building the record's key
+_fast: dict[tuple[Any, ...], str] = {}
+
+
+def known(rows: int, k: int, n: int, has_bias: bool, candidates: int) -> tuple[tuple[Any, ...], str | None]:
+    """The answer already given for this shape (``candidates``: how many were offered), and
+    the key :func:`choose` remembers it under when there is none yet."""
+    fast = (_bucket(rows), k, n, has_bias, torch.get_num_threads(), os.environ.get(GEMM_ENV), candidates)
+    return fast, _fast.get(fast)
+
+
+def choose(shape_key: str, run: dict[str, Callable[[], Any]], fast: tuple[Any, ...] | None = None) -> str:
     """The GEMM for ``shape_key``: forced by ``$CUVIL_CPU_GEMM``, remembered, or measured
-    now by calling each of ``run`` (name -> a call of that GEMM on this call's operands)."""
+    now by calling each of ``run`` (name -> a call of that GEMM on this call's operands);
+    remembered under ``fast`` too (:func:`known`)."""
     forced = os.environ.get(GEMM_ENV, "").strip().lower()
     if forced in run:
-        return forced
-    known = _choices.get(shape_key) if _choices is not None else None
-    if known in run:  # every call after a shape's first: no lock
-        return known  # type: ignore[return-value]
-    with _lock:
-        choices = _load()
-        found = choices.get(shape_key)
-        if found in run:
-            return found
-        best = _measure(run)
-        choices[shape_key] = best
-        _save(choices)
-        return best
+        found: str = forced
+    else:
+        known_choice = _choices.get(shape_key) if _choices is not None else None
+        if known_choice in run:  # a shape's later calls: no lock
+            found = known_choice  # type: ignore[assignment]
+        else:
+            with _lock:
+                choices = _load()
+                found = choices.get(shape_key)  # type: ignore[assignment]
+                if found not in run:
+                    found = _measure(run)
+                    choices[shape_key] = found
+                    _save(choices)
+    if fast is not None:
+        _fast[fast] = found
+    return found
 
 
 def forget() -> None:
@@ -145,6 +164,7 @@ def forget() -> None:
     global _choices
     with _lock:
         _choices = None
+        _fast.clear()
 
 
-__all__ = ["CANDIDATES", "GEMM_ENV", "choose", "forget", "key"]
+__all__ = ["CANDIDATES", "GEMM_ENV", "choose", "forget", "key", "known"]

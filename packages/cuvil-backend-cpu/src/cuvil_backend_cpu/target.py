@@ -20,7 +20,15 @@ from typing import Any
 import cuvil_backend_cpu
 import cuvil_ir
 import cuvil_runtime
-from cuvil_backend_cpu import attention, attention_pattern, epilogues, externs, small_matmul
+from cuvil_backend_cpu import (
+    attention,
+    attention_pattern,
+    epilogues,
+    externs,
+    quant_linear,
+    repeated_heads,
+    small_matmul,
+)
 from cuvil_backend_cpu.codegen import C_TYPES, CKernel, generate_c
 from cuvil_backend_cpu.declared import CAPABILITIES, STAGES
 from cuvil_backend_cpu.kernel_cache import KernelCache
@@ -64,6 +72,9 @@ class CpuHooks:
         return externs.implementation(op, reference, channels_last)
 
     def out_variant(self, op: str) -> Callable[..., Any]:
+        if op == quant_linear.OP:
+            # (a loaded artifact: the kernel where this host has a C compiler, else the reference)
+            return quant_linear.out_variant(None)
         return externs.OUT_VARIANTS[op]
 
 
@@ -91,12 +102,23 @@ class CpuTarget(CpuHooks):
     # -- the KernelBackend hooks ----------------------------------------------------------
     def extern(self, op: str, reference: Callable[..., Any], channels_last: bool) -> Callable[..., Any]:
         """As :class:`CpuHooks`', except attention, which runs our own kernel (built by this
-        target's kernel cache; a loaded artifact, which may have no compiler, runs eager's)."""
+        target's kernel cache; a loaded artifact, which may have no compiler, runs eager's),
+        and float32 linears, whose GEMM choice includes our GEMV for few rows."""
         if op == "sdpa":
             return attention.extern(self.cache, reference)
+        if op == "linear" and "linear" in externs.FAST_EXTERNS:
+            # our GEMV a third candidate for few rows ([Note: GEMM choice])
+            return externs.linear_with_gemv(quant_linear.f32_gemv(self.cache))
         if op == "cpu_attention":
             return attention.pattern_extern(self.cache, reference)
         return super().extern(op, reference, channels_last)
+
+    def out_variant(self, op: str) -> Callable[..., Any]:
+        """As :class:`CpuHooks`', except weight-only linears, which run our own kernel built by
+        this target's kernel cache."""
+        if op == quant_linear.OP:
+            return quant_linear.out_variant(self.cache)
+        return super().out_variant(op)
 
     def fusion_policy(self, options: CompileOptions) -> FusionPolicy:
         return FUSION if self.cache.toolchain.half else FUSION_NO_HALF
@@ -145,6 +167,9 @@ class CpuTarget(CpuHooks):
 GRAPH_PASSES: Pipeline[Graph] = Pipeline(
     "graph_ir",
     [
+        Pass(
+            "repeated_heads", repeated_heads.rewrite, "grouped-query attention reads its key heads unrepeated"
+        ),
         Pass("attention_pattern", attention_pattern.rewrite, "hand-written attention to the flash kernel"),
         Pass(
             "small_matmul", small_matmul.rewrite, "matrix products with a small inner size to multiply-adds"

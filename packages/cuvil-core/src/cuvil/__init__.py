@@ -19,6 +19,7 @@ from cuvil.inspection import explain
 from cuvil.mlir import run_mlir, to_mlir
 from cuvil.onnx.api import compile_onnx, export_onnx
 from cuvil.plugins import reload_plugins
+from cuvil.quantize import QuantizedLinear, quantize
 
 __version__ = "0.1.0"
 
@@ -77,6 +78,7 @@ __all__ = [
     "CompiledFunction",
     "CuvilFallbackWarning",
     "CustomOp",
+    "QuantizedLinear",
     "SourceLoc",
     "Stats",
     "backends",
@@ -86,6 +88,7 @@ __all__ = [
     "explain",
     "export_onnx",
     "load",
+    "quantize",
     "reload_plugins",
     "run_mlir",
     "save",

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from cuvil import autocast, fast_path, warm
-from cuvil.arguments import PLAIN_TENSORS, check_tensors
+from cuvil.arguments import PLAIN_TENSORS, check_module_state, check_tensors
 from cuvil.artifacts import Artifact, ModuleSnapshot, lifted_keys, lifted_ok, run_artifact
 from cuvil.capabilities import check_capabilities
 from cuvil.compile_args import OptionError, check_dims, check_options, leaf_name
@@ -289,7 +289,8 @@ class CompiledFunction:
             objects = False  # plain tensors only
         else:
             bargs, bkwargs = self._check_call(args, kwargs)
-            leaves, spec = arg_objects.flatten((bargs, bkwargs), sizes=self.int_sizes)
+            registered: list[Any] = []
+            leaves, spec = arg_objects.flatten((bargs, bkwargs), sizes=self.int_sizes, registered=registered)
             if not self.int_sizes and self.dynamic:  # sizes passed as such (the torch.compile backend)
                 leaves = [arg_objects.plain(x) for x in leaves]
             if not kwargs and all(type(a) in PLAIN_TENSORS for a in args):
@@ -298,7 +299,7 @@ class CompiledFunction:
         key: tuple[Any, ...] = (spec, tuple(leaf_key(x, self.dynamic) for x in leaves))
         if objects:
             # registered objects' state besides their tensors ([Note: objects in the argument tree])
-            key += (arg_objects.object_states((bargs, bkwargs)),)
+            key += (arg_objects.object_states((bargs, bkwargs), registered),)
         extra = self._extra_key()
         amp = autocast.state(leaves)
         art = self._find(key, extra, amp, leaves, self.artifacts)
@@ -426,6 +427,8 @@ class CompiledFunction:
             target = get_target(target_name)
             # before capture: an unsupported tensor must not reach tracing or kernels
             check_tensors(leaves, names, target.capabilities.devices, target_name)
+            if self.module is not None:
+                check_module_state(self.module)
             if autocast.uncaptured(amp):  # before a warm start too: it could not be reproduced
                 raise autocast.at_call(autocast.uncaptured(amp))
             check_options(dict(self.options), target.capabilities, target_name)

@@ -93,4 +93,27 @@ def check_tensors(leaves: Sequence[Any], names: Sequence[str], devices: frozense
                 )
 
 
-__all__ = ["check_tensors", "tensor_problem"]
+def check_module_state(module: torch.nn.Module) -> None:
+    """Raise :class:`CompileError` for a parameter or buffer that is a tensor subclass holding
+    other tensors (torchao's quantized weights): each parameter slot becomes one dense graph
+    input, and the data of such a tensor is not its own. ``cu.quantize(model)`` converts torchao's
+    weight-only linears to Cuvil's ``weight_only_linear`` layers (docs/quantization.md)."""
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    for kind, named in (("parameter", module.named_parameters()), ("buffer", module.named_buffers())):
+        for name, t in named:
+            if type(t) in PLAIN_TENSORS or not is_traceable_wrapper_subclass(t):
+                continue
+            what = f"{type(t).__module__}.{type(t).__name__}"
+            hint = (
+                "convert the model first with cu.quantize(model): torchao's int8/int4 weight-only "
+                "linears become Cuvil's weight_only_linear layers, with the same codes"
+                if what.startswith("torchao.")
+                else "pass a module whose parameters are plain tensors"
+            )
+            raise CompileError(
+                f"{kind} {name!r} is a {what} tensor subclass, which compiled code cannot read; {hint}"
+            )
+
+
+__all__ = ["check_module_state", "check_tensors", "tensor_problem"]

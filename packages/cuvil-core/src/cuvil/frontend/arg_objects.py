@@ -181,19 +181,35 @@ def plain(value: Any) -> Any:
     return int(value) if type(value) is SizeArg else value
 
 
-def lift(tree: Any, sizes: bool = False) -> Any:
+def lift(tree: Any, sizes: bool = False, registered: list[Any] | None = None) -> Any:
     """``tree`` with every attribute object in it replaced by an :class:`ObjectNode`
     (inside builtin containers and other attribute objects); ``tree`` itself when it holds
     none. An object met twice (shared, or a cycle) stays a leaf: flattening cannot keep
     the sharing. With ``sizes``, the int attributes of attribute objects are
-    :class:`SizeArg` leaves ([Note: int attributes are sizes])."""
+    :class:`SizeArg` leaves ([Note: int attributes are sizes]). ``registered`` collects
+    the registered pytree objects met (:func:`is_object_node`), and what lies deeper
+    than it looks (which may hold some)."""
+    # one walk, counting the attribute objects met; a second, which keeps the shared ones
+    # as leaves, only when one was met twice (rare: a call's objects seldom share)
     seen: dict[int, int] = {}
-    _count(tree, seen, 0)
-    return _lift(tree, seen, 0, sizes)
+    found: list[Any] = []
+    out = _lift(tree, seen, 0, sizes, found, counting=True)
+    if any(n > 1 for n in seen.values()):
+        seen = {}
+        _count(tree, seen, 0)
+        found.clear()
+        out = _lift(tree, seen, 0, sizes, found, counting=False)
+    if registered is not None:
+        registered += found
+    return out
+
+
+#: what lift and _count never look into
+_LEAVES = (torch.Tensor, *_VALUES)
 
 
 def _count(x: Any, seen: dict[int, int], depth: int) -> None:
-    if isinstance(x, (torch.Tensor, *_VALUES)) or depth > _DEPTH:
+    if isinstance(x, _LEAVES) or depth > _DEPTH:
         return
     if attribute_object(x):
         seen[id(x)] = seen.get(id(x), 0) + 1
@@ -208,29 +224,41 @@ def _count(x: Any, seen: dict[int, int], depth: int) -> None:
         _count(k, seen, depth + 1)
 
 
-def _lift(x: Any, seen: dict[int, int], depth: int, sizes: bool) -> Any:
-    if isinstance(x, (torch.Tensor, *_VALUES)) or depth > _DEPTH:
+def _lift(x: Any, seen: dict[int, int], depth: int, sizes: bool, found: list[Any], counting: bool) -> Any:
+    """``x`` lifted; ``counting``: count the attribute objects in ``seen`` as they are met
+    (the first walk), else keep those ``seen`` counted twice as leaves."""
+    if isinstance(x, _LEAVES):
+        return x
+    if depth > _DEPTH:
+        found.append(x)  # not looked into: may hold registered objects (object_states walks)
         return x
     if attribute_object(x):
-        if seen.get(id(x), 0) > 1:
+        if counting:
+            seen[id(x)] = seen.get(id(x), 0) + 1
+        elif seen.get(id(x), 0) > 1:
             return x
         d = vars(x)
-        values = [_lift(v, seen, depth + 1, sizes) for v in d.values()]
+        values = [_lift(v, seen, depth + 1, sizes, found, counting) for v in d.values()]
         return ObjectNode(type(x), tuple(d), [size_arg(v) for v in values] if sizes else values)
     if type(x) in pytree.BUILTIN_TYPES or pytree.is_namedtuple_instance(x):
         handler = pytree.SUPPORTED_NODES[pytree._get_node_type(x)]
         kids, context = handler.flatten_fn(x)
-        new = [_lift(k, seen, depth + 1, sizes) for k in kids]
+        new = [_lift(k, seen, depth + 1, sizes, found, counting) for k in kids]
         if all(a is b for a, b in zip(new, kids)):
             return x
         return handler.unflatten_fn(new, context)
+    if is_object_node(x):
+        found.append(x)
     return x
 
 
-def flatten(tree: Any, sizes: bool = False) -> tuple[list[Any], pytree.TreeSpec]:
+def flatten(
+    tree: Any, sizes: bool = False, registered: list[Any] | None = None
+) -> tuple[list[Any], pytree.TreeSpec]:
     """``pytree.tree_flatten`` of an argument tree, attribute objects flattened by their
-    attributes (:func:`lift`; ``sizes``: their int attributes as :class:`SizeArg`)."""
-    return pytree.tree_flatten(lift(tree, sizes))  # type: ignore[no-any-return]
+    attributes (:func:`lift`; ``sizes``: their int attributes as :class:`SizeArg`;
+    ``registered`` collects the registered pytree objects in it)."""
+    return pytree.tree_flatten(lift(tree, sizes, registered))  # type: ignore[no-any-return]
 
 
 def flatten_with_path(tree: Any) -> tuple[list[tuple[Any, Any]], pytree.TreeSpec]:
@@ -280,9 +308,12 @@ def has_objects(spec: pytree.TreeSpec) -> bool:
     return any(has_objects(c) for c in spec.children())
 
 
-def object_states(tree: Any) -> tuple[Any, ...]:
+def object_states(tree: Any, registered: list[Any] | None = None) -> tuple[Any, ...]:
     """The state of every registered object in ``tree`` but its tensors' values and sizes:
-    part of the structure key (rule 2)."""
+    part of the structure key (rule 2). ``registered``: what :func:`flatten` found of them
+    (none found: no walk)."""
+    if registered is not None and not registered:
+        return ()
     return tuple(state(node) for _, node in nodes(tree) if is_object_node(node))
 
 

@@ -1,0 +1,495 @@
+/* Weight-only low-precision matrix products for the cpu target (driven by
+ * cuvil_backend_cpu/quant_linear.py; the formats are docs/quantization.md's):
+ *
+ *   y[m,n] = sum_k x[m,k] * W[n,k] (+ bias[n]),   x, y, accumulation in float32
+ *
+ * with W stored as
+ *   QL_BF16  uint16 bf16 bits [N][K]                    W = f32(bits << 16)
+ *   QL_INT8  int8 [N][K], scale[N]                      W = q * scale[n]
+ *   QL_F32   float32 [N][K]                            W itself (plain float32 linears of few rows:
+ *                                                       the same GEMV, chosen against oneDNN and MKL)
+ *   QL_INT4  uint8 [N][K/2], scale[N][K/G], zero[N][K/G] W = (q - 8) * scale[n,g] + zero[n,g],
+ *            q in 0..15; in each run of 32 values of a row, byte i holds value i in its low nibble
+ *            and value i + 16 in its high nibble, so a load of VW bytes unpacks into two vectors of
+ *            consecutive k (no shuffles, whatever VW is up to 16).
+ *
+ * Decode (M small) reads every weight once per token, so the kernel is a GEMV that streams W: the
+ * OpenMP threads split the rows of W (N) into contiguous ranges; each block of NR rows is dequantized
+ * in registers (bf16 by a 16-bit shift, int8/int4 by widening and converting) and multiplied into
+ * MR rows of x at a time, accumulators MR x NR vectors along k, reduced across lanes once per row.
+ * Rows of x past MR re-read the block's weights from L1 (NR rows of K/2 bytes for int4).
+ * cuvil_ql_dequant writes W as float32 (the larger-M path: a GEMM library call then multiplies).
+ *
+ * One source for every ISA: GCC vector types of VW lanes and __builtin_convertvector (the compiler
+ * picks vpmovzxbd/vpmovsxbd/vcvtdq2ps for the -march it is given); explicit FMA intrinsics where the
+ * ISA has them because kernels build with -std=c11, where GCC does not contract a*b+c. Nothing here
+ * needs AVX512-BF16 or VNNI (their dot products take bf16/int8 activations, which is not this
+ * contract: activations stay float32), nor the compiler runtime's __truncsfbf2 (no float -> bf16
+ * conversion happens in C).
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(CUVIL_QL_VW)
+/* a forced width in plain vector arithmetic: tests run the AVX-512 (16) and SSE/NEON (4) tilings on
+   any host, so a host without AVX-512 still checks that path's logic */
+#define VW CUVIL_QL_VW
+#elif defined(__AVX512F__)
+#include <immintrin.h>
+#define VW 16
+#define FMA(a, b, c) ((vf)_mm512_fmadd_ps((__m512)(a), (__m512)(b), (__m512)(c)))
+#elif defined(__AVX2__)
+#include <immintrin.h>
+#define VW 8
+#if defined(__FMA__)
+#define FMA(a, b, c) ((vf)_mm256_fmadd_ps((__m256)(a), (__m256)(b), (__m256)(c)))
+#endif
+#elif defined(__ARM_NEON)
+#include <arm_neon.h>
+#define VW 4
+#define FMA(a, b, c) ((vf)vfmaq_f32((float32x4_t)(c), (float32x4_t)(a), (float32x4_t)(b)))
+#else
+#define VW 4
+#endif
+#ifndef FMA
+#define FMA(a, b, c) ((a) * (b) + (c))
+#endif
+
+#if VW != 4 && VW != 8 && VW != 16
+#error "CUVIL_QL_VW must be 4, 8 or 16 (an int4 run of 32 values is two halves of 16)"
+#endif
+
+typedef float vf __attribute__((vector_size(VW * 4)));
+typedef int32_t vi __attribute__((vector_size(VW * 4)));
+typedef uint32_t vu __attribute__((vector_size(VW * 4)));
+typedef uint16_t vu16 __attribute__((vector_size(VW * 2)));
+typedef int8_t vi8 __attribute__((vector_size(VW)));
+typedef uint8_t vu8 __attribute__((vector_size(VW)));
+
+#define NR 4 /* rows of W per block */
+/* rows of x per tile: MR x NR accumulators + MR x loads + the NR dequantized rows fit the register file
+   (32 vector registers with AVX-512, 16 otherwise) */
+#if VW >= 16
+#define MR 4
+#else
+#define MR 2
+#endif
+
+enum { QL_BF16 = 0, QL_INT8 = 1, QL_INT4 = 2, QL_F32 = 3 };
+
+/* params: M, N, K, ldx (x's row stride), ldy, group (int4), threads, has_bias */
+enum { P_M, P_N, P_K, P_LDX, P_LDY, P_GROUP, P_THREADS, P_BIAS, P_COUNT };
+
+/* below this many weight elements the work stays on one thread (a parallel region costs a few us) */
+#define PARALLEL_MIN (1 << 15)
+
+#define INLINE static inline __attribute__((always_inline))
+
+/* Each row of W is a stream of its own, and a row of 4096 int8 values is one 4 KiB page, the span a
+   hardware prefetcher follows: so the tile prefetches the next block's rows (NR rows on) at the offset
+   it reads, one block ahead, each row from its first line. */
+#define PREFETCH(p) __builtin_prefetch((const void *)(p), 0, 3)
+
+INLINE vf vload(const float *p) {
+    vf v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+INLINE vf splat(float x) { return x - (vf){0}; }
+
+INLINE float hsum(vf v) {
+    float s = 0.0f;
+    for (int i = 0; i < VW; i++) s += v[i];
+    return s;
+}
+
+INLINE float bf16_scalar(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* Widening loads. GCC 12 widens a vector of bytes to 32-bit lanes in one __builtin_convertvector by
+   extracting lanes one by one, so x86 builds use the one-instruction widening intrinsics
+   (vpmovsxbd, vpmovzxbd, vpmovzxwd); the generic path widens in two steps (8 -> 16 -> 32 bits), which
+   GCC does vectorize, and serves forced widths, SSE2 and NEON. */
+#if !defined(CUVIL_QL_VW) && defined(__AVX512F__)
+INLINE vi widen_i8(const void *p) { return (vi)_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)); }
+INLINE vi widen_u8(const void *p) { return (vi)_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p)); }
+INLINE vu widen_u16(const void *p) { return (vu)_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)); }
+#elif !defined(CUVIL_QL_VW) && defined(__AVX2__)
+INLINE vi widen_i8(const void *p) { return (vi)_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)); }
+INLINE vi widen_u8(const void *p) { return (vi)_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)); }
+INLINE vu widen_u16(const void *p) { return (vu)_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)); }
+#else
+typedef int16_t vi16 __attribute__((vector_size(VW * 2)));
+INLINE vi widen_i8(const void *p) {
+    vi8 b;
+    memcpy(&b, p, sizeof b);
+    return __builtin_convertvector(__builtin_convertvector(b, vi16), vi);
+}
+INLINE vi widen_u8(const void *p) {
+    vu8 b;
+    memcpy(&b, p, sizeof b);
+    return (vi)__builtin_convertvector(__builtin_convertvector(b, vu16), vu);
+}
+INLINE vu widen_u16(const void *p) {
+    vu16 h;
+    memcpy(&h, p, sizeof h);
+    return __builtin_convertvector(h, vu);
+}
+#endif
+
+INLINE vf bf16_load(const uint16_t *p) { return (vf)(widen_u16(p) << 16); }
+
+INLINE vf int8_load(const int8_t *p) { return __builtin_convertvector(widen_i8(p), vf); }
+
+/* VW bytes of an int4 run: the low nibbles (values j.. of the run) and the high ones (j+16..) */
+INLINE void int4_load(const uint8_t *p, vf *lo, vf *hi) {
+    vi q = widen_u8(p);
+    *lo = __builtin_convertvector(q & 15, vf);
+    *hi = __builtin_convertvector(q >> 4, vf);
+}
+
+/* One tile: out[m*NR + n] = sum_k x[m,k] W[n,k] for m < mr, n < nr, W unscaled for int8 (its scale is
+   a factor of the whole row: applied once, by the caller). mr and nr are constants at every call site
+   (always_inline), so the loops over them unroll and the accumulators live in registers. */
+INLINE void tile_bf16(const float *x, int64_t ldx, const uint16_t *w, int64_t K, float *out, int mr, int nr) {
+    vf acc[MR][NR];
+    for (int m = 0; m < mr; m++)
+        for (int n = 0; n < nr; n++) acc[m][n] = (vf){0};
+    int64_t k = 0;
+    const int64_t step = 64 / 2; /* values in a cache line of W */
+    for (; k + step <= K; k += step) {
+        for (int n = 0; n < nr; n++) PREFETCH(w + (n + NR) * K + k);
+        for (int64_t kk = k; kk < k + step; kk += VW) {
+            vf xv[MR];
+            for (int m = 0; m < mr; m++) xv[m] = vload(x + m * ldx + kk);
+            for (int n = 0; n < nr; n++) {
+                vf wv = bf16_load(w + n * K + kk);
+                for (int m = 0; m < mr; m++) acc[m][n] = FMA(xv[m], wv, acc[m][n]);
+            }
+        }
+    }
+    for (; k + VW <= K; k += VW) {
+        vf xv[MR];
+        for (int m = 0; m < mr; m++) xv[m] = vload(x + m * ldx + k);
+        for (int n = 0; n < nr; n++) {
+            vf wv = bf16_load(w + n * K + k);
+            for (int m = 0; m < mr; m++) acc[m][n] = FMA(xv[m], wv, acc[m][n]);
+        }
+    }
+    for (int m = 0; m < mr; m++)
+        for (int n = 0; n < nr; n++) {
+            float s = hsum(acc[m][n]);
+            for (int64_t t = k; t < K; t++) s += x[m * ldx + t] * bf16_scalar(w[n * K + t]);
+            out[m * NR + n] = s;
+        }
+}
+
+INLINE void tile_f32(const float *x, int64_t ldx, const float *w, int64_t K, float *out, int mr, int nr) {
+    vf acc[MR][NR];
+    for (int m = 0; m < mr; m++)
+        for (int n = 0; n < nr; n++) acc[m][n] = (vf){0};
+    int64_t k = 0;
+    const int64_t step = 64 / 4; /* values in a cache line of W */
+    for (; k + step <= K; k += step) {
+        for (int n = 0; n < nr; n++) PREFETCH(w + (n + NR) * K + k);
+        for (int64_t kk = k; kk < k + step; kk += VW) {
+            vf xv[MR];
+            for (int m = 0; m < mr; m++) xv[m] = vload(x + m * ldx + kk);
+            for (int n = 0; n < nr; n++) {
+                vf wv = vload(w + n * K + kk);
+                for (int m = 0; m < mr; m++) acc[m][n] = FMA(xv[m], wv, acc[m][n]);
+            }
+        }
+    }
+    for (; k + VW <= K; k += VW) {
+        vf xv[MR];
+        for (int m = 0; m < mr; m++) xv[m] = vload(x + m * ldx + k);
+        for (int n = 0; n < nr; n++) {
+            vf wv = vload(w + n * K + k);
+            for (int m = 0; m < mr; m++) acc[m][n] = FMA(xv[m], wv, acc[m][n]);
+        }
+    }
+    for (int m = 0; m < mr; m++)
+        for (int n = 0; n < nr; n++) {
+            float s = hsum(acc[m][n]);
+            for (int64_t t = k; t < K; t++) s += x[m * ldx + t] * w[n * K + t];
+            out[m * NR + n] = s;
+        }
+}
+
+INLINE void tile_int8(const float *x, int64_t ldx, const int8_t *w, int64_t K, float *out, int mr, int nr) {
+    vf acc[MR][NR];
+    for (int m = 0; m < mr; m++)
+        for (int n = 0; n < nr; n++) acc[m][n] = (vf){0};
+    int64_t k = 0;
+    const int64_t step = 64 / 1; /* values in a cache line of W */
+    for (; k + step <= K; k += step) {
+        for (int n = 0; n < nr; n++) PREFETCH(w + (n + NR) * K + k);
+        for (int64_t kk = k; kk < k + step; kk += VW) {
+            vf xv[MR];
+            for (int m = 0; m < mr; m++) xv[m] = vload(x + m * ldx + kk);
+            for (int n = 0; n < nr; n++) {
+                vf wv = int8_load(w + n * K + kk);
+                for (int m = 0; m < mr; m++) acc[m][n] = FMA(xv[m], wv, acc[m][n]);
+            }
+        }
+    }
+    for (; k + VW <= K; k += VW) {
+        vf xv[MR];
+        for (int m = 0; m < mr; m++) xv[m] = vload(x + m * ldx + k);
+        for (int n = 0; n < nr; n++) {
+            vf wv = int8_load(w + n * K + k);
+            for (int m = 0; m < mr; m++) acc[m][n] = FMA(xv[m], wv, acc[m][n]);
+        }
+    }
+    for (int m = 0; m < mr; m++)
+        for (int n = 0; n < nr; n++) {
+            float s = hsum(acc[m][n]);
+            for (int64_t t = k; t < K; t++) s += x[m * ldx + t] * (float)w[n * K + t];
+            out[m * NR + n] = s;
+        }
+}
+
+#if !defined(CUVIL_QL_VW) && !defined(CUVIL_QL_NO_TABLE) && defined(__AVX512F__)
+#define QL_INT4_TABLE 1
+/* int4 with AVX-512: a vector of 16 floats is a table of the 16 values a group's codes stand for,
+ * (i - 8) s + zero, built once per group and row, and vpermps looks the codes up in it (it reads the
+ * low 4 bits of each lane: no masking). A value costs a lookup (a shuffle, not a floating-point
+ * operation) and one multiply-add. */
+INLINE void tile_int4(const float *x, int64_t ldx, const float *xs, const uint8_t *w, const float *scale,
+                      const float *zero, int64_t K, int64_t G, float *out, int mr, int nr) {
+    (void)xs;
+    const int64_t ng = K / G, row = K / 2;
+    const vf codes = {-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7};
+    vf acc[MR][NR];
+    for (int m = 0; m < mr; m++)
+        for (int n = 0; n < nr; n++) acc[m][n] = (vf){0};
+    for (int64_t g = 0; g < ng; g++) {
+        vf table[NR];
+        for (int n = 0; n < nr; n++) table[n] = FMA(codes, splat(scale[n * ng + g]), splat(zero[n * ng + g]));
+        const float *xg = x + g * G;
+        const uint8_t *wg = w + g * (G / 2);
+        for (int64_t c = 0; c < G; c += 32) {
+            if ((c & 127) == 0) /* (once a cache line of each row, or more often for groups under 128) */
+                for (int n = 0; n < nr; n++) PREFETCH(wg + (n + NR) * row + c / 2);
+            vf xl[MR], xh[MR];
+            for (int m = 0; m < mr; m++) {
+                xl[m] = vload(xg + m * ldx + c);
+                xh[m] = vload(xg + m * ldx + c + 16);
+            }
+            for (int n = 0; n < nr; n++) {
+                const __m512i q = (__m512i)widen_u8(wg + n * row + c / 2);
+                const vf lo = (vf)_mm512_permutexvar_ps(q, (__m512)table[n]);
+                const vf hi = (vf)_mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), (__m512)table[n]);
+                for (int m = 0; m < mr; m++) acc[m][n] = FMA(xh[m], hi, FMA(xl[m], lo, acc[m][n]));
+            }
+        }
+    }
+    for (int m = 0; m < mr; m++)
+        for (int n = 0; n < nr; n++) out[m * NR + n] = hsum(acc[m][n]);
+}
+#else
+/* int4: per group g, W = q * s + mz with mz = zero - 8 s, so
+ *   sum_k x[k] W[k] = sum_g ( s[g] * sum_{k in g} x[k] q[k]  +  mz[g] * sum_{k in g} x[k] ).
+ * The inner loop is only widen, convert and one multiply-add per value (the dequantizing
+ * multiply-add moves to once per group), and the sums of x per group (xs[m][g], shared by every row
+ * of W) are computed once per call. K is a whole number of groups, a group of runs of 32. */
+INLINE void tile_int4(const float *x, int64_t ldx, const float *xs, const uint8_t *w, const float *scale,
+                      const float *zero, int64_t K, int64_t G, float *out, int mr, int nr) {
+    const int64_t ng = K / G, row = K / 2;
+    vf acc[MR][NR];
+    float zacc[MR][NR];
+    for (int m = 0; m < mr; m++)
+        for (int n = 0; n < nr; n++) {
+            acc[m][n] = (vf){0};
+            zacc[m][n] = 0.0f;
+        }
+    for (int64_t g = 0; g < ng; g++) {
+        vf p[MR][NR];
+        for (int m = 0; m < mr; m++)
+            for (int n = 0; n < nr; n++) p[m][n] = (vf){0};
+        const float *xg = x + g * G;
+        const uint8_t *wg = w + g * (G / 2);
+        for (int64_t c = 0; c < G; c += 32) {
+            if ((c & 127) == 0) /* (once a cache line of each row, or more often for groups under 128) */
+                for (int n = 0; n < nr; n++) PREFETCH(wg + (n + NR) * row + c / 2);
+            for (int j = 0; j < 16; j += VW) {
+                vf xl[MR], xh[MR];
+                for (int m = 0; m < mr; m++) {
+                    xl[m] = vload(xg + m * ldx + c + j);
+                    xh[m] = vload(xg + m * ldx + c + 16 + j);
+                }
+                for (int n = 0; n < nr; n++) {
+                    vf lo, hi;
+                    int4_load(wg + n * row + c / 2 + j, &lo, &hi);
+                    for (int m = 0; m < mr; m++) p[m][n] = FMA(xh[m], hi, FMA(xl[m], lo, p[m][n]));
+                }
+            }
+        }
+        for (int n = 0; n < nr; n++) {
+            const float sn = scale[n * ng + g], mz = zero[n * ng + g] - 8.0f * sn;
+            for (int m = 0; m < mr; m++) {
+                acc[m][n] = FMA(p[m][n], splat(sn), acc[m][n]);
+                zacc[m][n] += mz * xs[m * ng + g];
+            }
+        }
+    }
+    for (int m = 0; m < mr; m++)
+        for (int n = 0; n < nr; n++) out[m * NR + n] = hsum(acc[m][n]) + zacc[m][n];
+}
+
+#endif
+
+typedef struct {
+    int fmt;
+    const float *x;
+    const void *w;
+    const float *scale, *zero, *bias;
+    const float *xs; /* int4: sums of x per group, [M][K / G] */
+    float *y;
+    int64_t M, N, K, ldx, ldy, G;
+} job;
+
+/* the tile of rows ROW.. of W for (MR_, NR_) known at compile time: every case spelled out so each
+   gets its own unrolled code */
+#define TILE(MR_, NR_, ROW)                                                                                 \
+    do {                                                                                                    \
+        const int64_t r_ = (ROW);                                                                           \
+        if (j->fmt == QL_F32)                                                                               \
+            tile_f32(x, j->ldx, (const float *)j->w + r_ * K, K, out, MR_, NR_);                            \
+        else if (j->fmt == QL_BF16)                                                                         \
+            tile_bf16(x, j->ldx, (const uint16_t *)j->w + r_ * K, K, out, MR_, NR_);                        \
+        else if (j->fmt == QL_INT8)                                                                         \
+            tile_int8(x, j->ldx, (const int8_t *)j->w + r_ * K, K, out, MR_, NR_);                          \
+        else                                                                                                \
+            tile_int4(x, j->ldx, j->xs + m0 * (K / j->G), (const uint8_t *)j->w + r_ * (K / 2),              \
+                      j->scale + r_ * (K / j->G), j->zero + r_ * (K / j->G), K, j->G, out, MR_, NR_);       \
+    } while (0)
+
+#if MR >= 4
+#define TILE_CASES(NR_, ROW)                                                                                \
+    case 1: TILE(1, NR_, ROW); break;                                                                       \
+    case 2: TILE(2, NR_, ROW); break;                                                                       \
+    case 3: TILE(3, NR_, ROW); break;                                                                       \
+    case 4: TILE(4, NR_, ROW); break;
+#else
+#define TILE_CASES(NR_, ROW)                                                                                \
+    case 1: TILE(1, NR_, ROW); break;                                                                       \
+    case 2: TILE(2, NR_, ROW); break;
+#endif
+
+static void tile(const job *j, int64_t m0, int mr, int64_t n0, int nr, float *out) {
+    const int64_t K = j->K;
+    const float *x = j->x + m0 * j->ldx;
+    if (nr == NR) {
+        switch (mr) { TILE_CASES(NR, n0) }
+        return;
+    }
+    /* the last rows of W, fewer than NR: nr is not a constant here, so one row at a time */
+    float rows[MR * NR];
+    for (int n = 0; n < nr; n++) {
+        switch (mr) { TILE_CASES(1, n0 + n) }
+        for (int m = 0; m < mr; m++) rows[m * NR + n] = out[m * NR];
+    }
+    memcpy(out, rows, sizeof rows);
+}
+
+static void block(const job *j, int64_t n0) {
+    const int nr = (int)(j->N - n0 < NR ? j->N - n0 : NR);
+    for (int64_t m0 = 0; m0 < j->M; m0 += MR) {
+        const int mr = (int)(j->M - m0 < MR ? j->M - m0 : MR);
+        float out[MR * NR];
+        tile(j, m0, mr, n0, nr, out);
+        for (int m = 0; m < mr; m++) {
+            float *yr = j->y + (m0 + m) * j->ldy + n0;
+            for (int n = 0; n < nr; n++) {
+                float v = out[m * NR + n];
+                if (j->fmt == QL_INT8) v *= j->scale[n0 + n];
+                yr[n] = j->bias ? v + j->bias[n0 + n] : v;
+            }
+        }
+    }
+}
+
+/* y = x @ W^T (+ bias). Returns 0; 1 for parameters it does not take (the caller checks them first:
+   this only keeps a bad call from reading out of bounds); 2 when out of memory. */
+int cuvil_ql_linear(int fmt, const float *x, const void *w, const float *scale, const float *zero,
+                    const float *bias, float *y, const int64_t *p) {
+    job j = {fmt, x, w, scale, zero, p[P_BIAS] ? bias : 0, 0, y, p[P_M], p[P_N], p[P_K], p[P_LDX], p[P_LDY],
+             p[P_GROUP]};
+    if (fmt < QL_BF16 || fmt > QL_F32 || j.M < 0 || j.N < 0 || j.K < 0)
+        return 1;
+    float *xs = 0;
+    if (fmt == QL_INT4) {
+        if (j.G < 32 || j.G % 32 || j.K % j.G)
+            return 1;
+#if !defined(QL_INT4_TABLE)
+        const int64_t ng = j.K / j.G;
+        xs = malloc((size_t)(j.M * ng + 1) * sizeof *xs);
+        if (!xs)
+            return 2;
+        for (int64_t m = 0; m < j.M; m++)
+            for (int64_t g = 0; g < ng; g++) {
+                float s = 0.0f;
+                for (int64_t k = g * j.G; k < (g + 1) * j.G; k++) s += x[m * j.ldx + k];
+                xs[m * ng + g] = s;
+            }
+        j.xs = xs;
+#endif
+    }
+    const int64_t blocks = (j.N + NR - 1) / NR;
+    const int threads = (int)(p[P_THREADS] > 0 ? p[P_THREADS] : 1);
+    /* contiguous ranges of rows per thread (static schedule): each thread streams its part of W once */
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && j.N * j.K >= PARALLEL_MIN)
+    for (int64_t b = 0; b < blocks; b++) block(&j, b * NR);
+    free(xs);
+    return 0;
+}
+
+/* W as float32 [N][K] (row stride K) */
+int cuvil_ql_dequant(int fmt, const void *w, const float *scale, const float *zero, float *out, const int64_t *p) {
+    const int64_t N = p[P_N], K = p[P_K], G = p[P_GROUP];
+    if (fmt < QL_BF16 || fmt > QL_F32 || (fmt == QL_INT4 && (G < 32 || G % 32 || K % G)))
+        return 1;
+    const int threads = (int)(p[P_THREADS] > 0 ? p[P_THREADS] : 1);
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && N * K >= PARALLEL_MIN)
+    for (int64_t n = 0; n < N; n++) {
+        float *o = out + n * K;
+        if (fmt == QL_F32) {
+            memcpy(o, (const float *)w + n * K, (size_t)K * sizeof *o);
+        } else if (fmt == QL_BF16) {
+            const uint16_t *r = (const uint16_t *)w + n * K;
+            for (int64_t k = 0; k < K; k++) o[k] = bf16_scalar(r[k]);
+        } else if (fmt == QL_INT8) {
+            const int8_t *r = (const int8_t *)w + n * K;
+            const float s = scale[n];
+            for (int64_t k = 0; k < K; k++) o[k] = (float)r[k] * s;
+        } else {
+            const uint8_t *r = (const uint8_t *)w + n * (K / 2);
+            const int64_t ng = K / G;
+            for (int64_t g = 0; g < ng; g++) {
+                const float s = scale[n * ng + g], z = zero[n * ng + g] - 8.0f * s;
+                for (int64_t c = g * G; c < (g + 1) * G; c += 32)
+                    for (int i = 0; i < 16; i++) {
+                        const uint8_t b = r[c / 2 + i];
+                        o[c + i] = (float)(b & 15) * s + z;
+                        o[c + 16 + i] = (float)(b >> 4) * s + z;
+                    }
+            }
+        }
+    }
+    return 0;
+}
+
+/* what this build is: its vector width and rows of x per tile (tests and benchmarks print it) */
+void cuvil_ql_info(int64_t *vw, int64_t *mr, int64_t *nr) {
+    *vw = VW;
+    *mr = MR;
+    *nr = NR;
+}

@@ -1,0 +1,285 @@
+"""``weight_only_linear`` (bf16, int8 and int4 weights) as the ``cpu`` target's own kernel.
+
+``quant_linear.c`` is written once (not generated) and built by the target's kernel cache like
+any generated kernel (same compiler, flags and ISA: ``CUVIL_CPU_ISA`` picks the AVX-512, AVX2 or
+portable code). Few rows of activations (decode: :attr:`QuantLinearKernel.gemv_max_rows`) run its GEMV, which
+streams the packed weight once, dequantizing in registers; more rows (prefill) dequantize the
+weight to float32 in panels of at most :data:`PANEL_BYTES` and multiply each with torch's GEMM,
+where a library GEMM's cache blocking is worth more than the bytes saved.
+
+:func:`out_variant` is what a ``weight_only_linear`` extern call runs on the ``cpu`` target: it
+writes into the buffer the memory plan gives it. Activations that are not float32 CPU tensors
+run the op's reference (dequantize, then ``F.linear``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import struct
+import threading
+import weakref
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from cuvil_backend_cpu.kernel_cache import KernelCache
+from cuvil_backend_cpu.toolchain import ToolchainError
+from cuvil_ir.graph_ir.ops import quant
+
+SOURCE = (Path(__file__).parent / "quant_linear.c").read_text()
+
+#: the Graph IR op this module runs
+OP = quant.WeightOnlyLinear.name
+
+#: the C kernel's format codes ("f32": plain float32 weights, :func:`f32_gemv`)
+_FORMATS = {"bf16": 0, "int8": 1, "int4": 2, "f32": 3}
+
+#: rows of activations, per row of the kernel's register tile, up to which the GEMV kernel runs
+#: (128 rows with AVX-512's tiles of 4, 64 with AVX2's of 2); more rows dequantize the weight and
+#: call a GEMM. Measured on one thread (docs/quantization.md, "More rows"): the tiled GEMV was
+#: ahead of dequantize + GEMM up to 128 rows and even at 256 with AVX-512, even at 64 with AVX2.
+GEMV_ROWS_PER_TILE_ROW = 32
+#: float32 bytes of weight dequantized at a time on the GEMM path (bounds its extra memory)
+PANEL_BYTES = 16 << 20
+
+
+class QuantLinearKernel:
+    """The compiled kernels of ``quant_linear.c``, loaded from ``cache``."""
+
+    def __init__(self, cache: KernelCache, lanes: int | None = None) -> None:
+        """``lanes`` forces the vector width (tests: the AVX-512 tiling on any host)."""
+        source = SOURCE if lanes is None else f"#define CUVIL_QL_VW {lanes}\n{SOURCE}"
+        lib = cache.load(cache.build(source, name="quant_linear"), source, name="quant_linear")
+        self._linear = lib.cuvil_ql_linear
+        self._linear.argtypes = [ctypes.c_int] + [ctypes.c_void_p] * 6 + [ctypes.c_char_p]
+        self._linear.restype = ctypes.c_int
+        self._dequant = lib.cuvil_ql_dequant
+        self._dequant.argtypes = [ctypes.c_int] + [ctypes.c_void_p] * 4 + [ctypes.c_char_p]
+        self._dequant.restype = ctypes.c_int
+        vw, mr, nr = ctypes.c_int64(), ctypes.c_int64(), ctypes.c_int64()
+        lib.cuvil_ql_info(ctypes.byref(vw), ctypes.byref(mr), ctypes.byref(nr))
+        #: the build's vector width (floats), rows of x and of W per register tile
+        self.lanes, self.tile_rows, self.tile_cols = vw.value, mr.value, nr.value
+        #: rows of activations up to which :meth:`linear_into` runs the GEMV
+        self.gemv_max_rows = GEMV_ROWS_PER_TILE_ROW * self.tile_rows
+
+    def gemv(
+        self,
+        out: torch.Tensor,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        scales: torch.Tensor | None,
+        zeros: torch.Tensor | None,
+        bias: torch.Tensor | None,
+        *,
+        fmt: str,
+        group_size: int,
+    ) -> None:
+        """``out[M, N] = x[M, K] @ W^T (+ bias)`` by the kernel: ``x`` float32 with unit stride
+        along K (any row stride), ``out`` float32 with unit stride along N, the weight and its
+        parameters contiguous (the caller's checks)."""
+        m, k = x.shape
+        n = out.shape[1]
+        params = struct.pack(
+            "8q",
+            m,
+            n,
+            k,
+            x.stride(0),
+            out.stride(0),
+            group_size,
+            torch.get_num_threads(),
+            int(bias is not None),
+        )
+        rc = self._linear(
+            _FORMATS[fmt],
+            x.data_ptr(),
+            weight.data_ptr(),
+            None if scales is None else scales.data_ptr(),
+            None if zeros is None else zeros.data_ptr(),
+            None if bias is None else bias.data_ptr(),
+            out.data_ptr(),
+            params,
+        )
+        if rc == 2:
+            raise MemoryError(f"quant_linear: {fmt} {m}x{k} @ {n}x{k}: out of memory")
+        if rc:
+            raise ValueError(f"quant_linear: the kernel refused {fmt} {n}x{k} (group {group_size})")
+
+    def dequantize(
+        self,
+        weight: torch.Tensor,
+        scales: torch.Tensor | None,
+        zeros: torch.Tensor | None,
+        *,
+        fmt: str,
+        group_size: int,
+        out: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """The weight (rows of it: a contiguous slice) as float32 ``[N, K]``."""
+        n, k = weight.shape[0], quant.in_features(weight, fmt)
+        out = torch.empty((n, k), dtype=torch.float32) if out is None else out
+        params = struct.pack("8q", 0, n, k, 0, 0, group_size, torch.get_num_threads(), 0)
+        rc = self._dequant(
+            _FORMATS[fmt],
+            weight.data_ptr(),
+            None if scales is None else scales.data_ptr(),
+            None if zeros is None else zeros.data_ptr(),
+            out.data_ptr(),
+            params,
+        )
+        if rc:
+            raise ValueError(f"quant_linear: the kernel refused to dequantize {fmt} {n}x{k}")
+        return out
+
+    def linear_into(
+        self,
+        out: torch.Tensor,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        scales: torch.Tensor | None,
+        zeros: torch.Tensor | None,
+        bias: torch.Tensor | None,
+        *,
+        fmt: str,
+        group_size: int,
+    ) -> None:
+        """``out = x @ dequantize(W)^T (+ bias)`` for float32 2-d ``x`` and ``out`` (``out``
+        with unit stride along N): the GEMV for few rows, else dequantized panels and torch's
+        GEMM."""
+        if x.stride(1) != 1 and x.shape[1] > 1:
+            x = x.contiguous()
+        weight, scales, zeros, bias = _dense(weight), _dense(scales), _dense(zeros), _dense(bias)
+        if x.shape[0] <= self.gemv_max_rows:
+            self.gemv(out, x, weight, scales, zeros, bias, fmt=fmt, group_size=group_size)
+            return
+        n, k = weight.shape[0], x.shape[1]
+        rows = max(self.tile_cols, PANEL_BYTES // max(4 * k, 1))
+        buf = torch.empty((min(rows, n), k), dtype=torch.float32)
+        for n0 in range(0, n, rows):
+            n1 = min(n, n0 + rows)
+            panel = self.dequantize(
+                weight[n0:n1],
+                None if scales is None else scales[n0:n1],
+                None if zeros is None else zeros[n0:n1],
+                fmt=fmt,
+                group_size=group_size,
+                out=buf[: n1 - n0],
+            )
+            dest = out[:, n0:n1]
+            if bias is None:
+                torch.mm(x, panel.t(), out=dest)
+            else:
+                torch.addmm(bias[n0:n1], x, panel.t(), out=dest)
+
+
+def _dense(t: torch.Tensor | None) -> Any:
+    return t if t is None or t.is_contiguous() else t.contiguous()
+
+
+#: rows of activations up to which a float32 linear may run the GEMV (:func:`f32_gemv`): decode
+#: steps and small batches; more rows are GEMMs, where oneDNN's and MKL's blocking win
+F32_GEMV_ROWS = 16
+
+
+def f32_gemv(cache: KernelCache) -> Callable[..., torch.Tensor | None]:
+    """A float32 linear by this GEMV (``F.linear(x, w, b)`` for ``x`` of at most
+    :data:`F32_GEMV_ROWS` rows, ``w`` contiguous float32 ``[N, K]``), or ``None`` where it
+    does not apply: the ``gemv`` candidate of the cpu target's GEMM choice
+    ([Note: GEMM choice] in :mod:`cuvil_backend_cpu.gemm_choice`), measured against oneDNN
+    and MKL per shape. The GEMV streams each row of ``w`` once; at decode, where every
+    weight is read once per token, it measured ahead of torch's ``mv``-shaped GEMM on
+    the bytes it streams (docs/quantization.md)."""
+    ql = kernel(cache)
+
+    def run(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor | None:
+        k = x.shape[-1]
+        rows = x.numel() // max(k, 1)
+        if not (
+            0 < rows <= F32_GEMV_ROWS
+            and k > 0
+            and x.dtype == w.dtype == torch.float32
+            and w.dim() == 2
+            and w.is_contiguous()
+            and (b is None or (b.dtype == torch.float32 and b.is_contiguous()))
+        ):
+            return None
+        x2 = x.reshape(rows, k)
+        if x2.stride(1) != 1:
+            x2 = x2.contiguous()
+        out = torch.empty((*x.shape[:-1], w.shape[0]), dtype=torch.float32)
+        if out.numel():
+            ql.gemv(out.view(rows, w.shape[0]), x2, w, None, None, b, fmt="f32", group_size=0)
+        return out
+
+    return run
+
+
+_KERNELS: weakref.WeakKeyDictionary[KernelCache, QuantLinearKernel] = weakref.WeakKeyDictionary()
+_LOCK = threading.Lock()
+
+
+def kernel(cache: KernelCache) -> QuantLinearKernel:
+    """The kernels built and loaded from ``cache``, once per cache."""
+    with _LOCK:
+        found = _KERNELS.get(cache)
+        if found is None:
+            found = _KERNELS[cache] = QuantLinearKernel(cache)
+        return found
+
+
+def out_variant(cache: KernelCache | None) -> Callable[..., None]:
+    """What a ``weight_only_linear`` extern call runs: ``(out, x, weight, *params[, bias],
+    **attrs)`` writing ``out``. ``cache=None`` (a loaded artifact) builds the kernel with this
+    host's compiler if it has one, else runs the reference and copies."""
+    ql: QuantLinearKernel | None = None
+    if cache is None:
+        try:
+            cache = KernelCache()
+        except ToolchainError:
+            cache = None
+    if cache is not None:
+        ql = kernel(cache)
+    reference = quant.reference
+
+    def run(
+        out: torch.Tensor,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        *rest: torch.Tensor,
+        fmt: str,
+        group_size: int,
+        has_bias: bool,
+    ) -> None:
+        if ql is None or x.dtype != torch.float32 or x.device.type != "cpu" or not out.is_contiguous():
+            out.copy_(reference(x, weight, *rest, fmt=fmt, group_size=group_size, has_bias=has_bias))
+            return
+        params = rest[: len(rest) - int(has_bias)]
+        scales = params[0] if params else None
+        zeros = params[1] if len(params) > 1 else None
+        bias = rest[-1] if has_bias else None
+        k = x.shape[-1]
+        x2 = x.reshape(-1, k) if x.dim() != 2 else x
+        o2 = out.view(-1, out.shape[-1]) if out.dim() != 2 else out
+        if x2.shape[0] == 0 or o2.shape[1] == 0:
+            return
+        if k == 0:
+            o2.copy_(bias.expand_as(o2) if bias is not None else torch.zeros_like(o2))
+            return
+        ql.linear_into(o2, x2, weight, scales, zeros, bias, fmt=fmt, group_size=group_size)
+
+    return run
+
+
+__all__ = [
+    "F32_GEMV_ROWS",
+    "GEMV_ROWS_PER_TILE_ROW",
+    "OP",
+    "PANEL_BYTES",
+    "QuantLinearKernel",
+    "f32_gemv",
+    "kernel",
+    "out_variant",
+]

@@ -1,0 +1,237 @@
+"""The ``cpu`` target's weight-only linear kernels (``quant_linear.c``) against a
+dequantize-then-matmul reference computed in float64, independent of the library's own
+dequantization: odd sizes (K and N off the vector width, and off the group where the format
+allows), M = 1, 3, 17, with and without bias, strided activations, the GEMV and the
+dequantize + GEMM paths, every tiling (the host's, and 16, 8 and 4 lanes forced in plain vector
+arithmetic); then through ``cu.compile`` with ``fallback="error"``. ``nox -s tests_isa`` runs this
+file with ``CUVIL_CPU_ISA=avx2`` and ``portable`` too (the AVX2 intrinsics and the SSE2 code)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+import cuvil as cu
+from cuvil_backend_cpu import quant_linear
+from cuvil_backend_cpu.kernel_cache import KernelCache
+from cuvil_backend_cpu.quant_linear import QuantLinearKernel
+from cuvil_ir.graph_ir.ops.quant import QuantFormatError, pack_int4, weight_only_linear
+
+
+@pytest.fixture(scope="module", params=[None, 16, 8, 4], ids=["host", "lanes16", "lanes8", "lanes4"])
+def ql(request: pytest.FixtureRequest) -> QuantLinearKernel:
+    """The host's kernel, and kernels with 16, 8 and 4 lanes forced (the AVX-512, AVX2 and
+    SSE/NEON tilings in plain vector arithmetic), so every host checks every tiling's logic."""
+    if request.param is None:
+        return quant_linear.kernel(KernelCache())
+    return QuantLinearKernel(KernelCache(), lanes=request.param)
+
+
+class Weight:
+    """A random weight of ``fmt``: the stored tensors and the float64 matrix they stand for,
+    computed here from the codes (not by the library's dequantize)."""
+
+    def __init__(self, fmt: str, n: int, k: int, group: int = 0, seed: int = 0) -> None:
+        g = torch.Generator().manual_seed(seed)
+        self.fmt, self.group = fmt, group
+        self.scales = self.zeros = None
+        if fmt == "bf16":
+            self.weight = torch.randn(n, k, generator=g).bfloat16()
+            self.w64 = self.weight.double()
+        elif fmt == "int8":
+            self.weight = torch.randint(-128, 128, (n, k), generator=g, dtype=torch.int8)
+            self.scales = torch.rand(n, generator=g) * 0.02 + 1e-3
+            self.w64 = self.weight.double() * self.scales.double()[:, None]
+        else:
+            q = torch.randint(0, 16, (n, k), generator=g, dtype=torch.uint8)
+            self.weight = pack_int4(q)
+            self.scales = torch.rand(n, k // group, generator=g) * 0.02 + 1e-3
+            self.zeros = torch.randn(n, k // group, generator=g) * 0.01
+            per = (q.double().reshape(n, k // group, group) - 8) * self.scales.double()[..., None]
+            self.w64 = (per + self.zeros.double()[..., None]).reshape(n, k)
+
+    def params(self) -> tuple[torch.Tensor, ...]:
+        return tuple(t for t in (self.scales, self.zeros) if t is not None)
+
+    def check(self, got: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | None) -> None:
+        want = x.double() @ self.w64.t() + (0 if bias is None else bias.double())
+        # float32 accumulation over K terms: bounded by K eps times the sum of |x| |w|
+        tol = 4e-6 * (x.double().abs() @ self.w64.abs().t()).max().item() + 1e-6
+        assert got.dtype == torch.float32 and got.shape == want.shape
+        err = (got.double() - want).abs().max().item()
+        assert err <= tol, f"{self.fmt}: error {err:.3g} > {tol:.3g}"
+
+
+#: (fmt, N, K, group): K and N off every vector width; int4's K a whole number of groups
+SIZES = [
+    ("bf16", 5, 37, 0),
+    ("bf16", 33, 200, 0),
+    ("int8", 7, 37, 0),
+    ("int8", 9, 130, 0),
+    ("int4", 5, 96, 32),
+    ("int4", 7, 192, 64),
+    ("int4", 9, 384, 128),
+    ("int4", 6, 256, 256),
+]
+
+
+@pytest.mark.parametrize("fmt,n,k,group", SIZES)
+@pytest.mark.parametrize("m", [1, 3, 17])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_gemv_against_float64(
+    ql: QuantLinearKernel, fmt: str, n: int, k: int, group: int, m: int, with_bias: bool
+) -> None:
+    w = Weight(fmt, n, k, group)
+    g = torch.Generator().manual_seed(1)
+    bias = torch.randn(n, generator=g) if with_bias else None
+    x = torch.randn(m, k + 5, generator=g)[:, 2 : k + 2]  # rows strided, not contiguous
+    out = torch.empty(m, n)
+    ql.gemv(out, x, w.weight, *_two(w.params()), bias, fmt=fmt, group_size=group)
+    w.check(out, x, bias)
+
+
+def _two(params: tuple[torch.Tensor, ...]) -> tuple[Any, Any]:
+    return (params + (None, None))[:2]  # (scales, zeros), None where the format has none
+
+
+@pytest.mark.parametrize("fmt,n,k,group", [SIZES[1], SIZES[3], SIZES[5]])
+def test_gemm_path_in_panels(
+    ql: QuantLinearKernel, fmt: str, n: int, k: int, group: int, monkeypatch: Any
+) -> None:
+    """More rows than the GEMV takes: the weight dequantized in panels (three of them here),
+    each multiplied by torch's GEMM into its columns of the output."""
+    monkeypatch.setattr(quant_linear, "PANEL_BYTES", 4 * k * 3)  # three rows of W a panel
+    w = Weight(fmt, n, k, group)
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(ql.gemv_max_rows + 3, k, generator=g)
+    bias = torch.randn(n, generator=g)
+    out = torch.empty(x.shape[0], n)
+    ql.linear_into(out, x, w.weight, *_two(w.params()), bias, fmt=fmt, group_size=group)
+    w.check(out, x, bias)
+
+
+@pytest.mark.parametrize("fmt,n,k,group", [SIZES[0], SIZES[2], SIZES[4]])
+def test_dequantize_kernel(ql: QuantLinearKernel, fmt: str, n: int, k: int, group: int) -> None:
+    w = Weight(fmt, n, k, group)
+    got = ql.dequantize(w.weight, *_two(w.params()), fmt=fmt, group_size=group)
+    torch.testing.assert_close(got.double(), w.w64, rtol=1e-6, atol=1e-7)
+
+
+def test_transposed_and_batched_activations_through_the_out_variant() -> None:
+    """What compiled code calls: any leading dims, a transposed (inner stride > 1) input copied."""
+    run = quant_linear.out_variant(KernelCache())
+    w = Weight("int4", 9, 128, 32)
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(128, 6, generator=g).t().reshape(2, 3, 128)  # (a copy: reshape of a transpose)
+    xt = torch.randn(128, 4, generator=g).t()  # inner stride 4
+    for inp in (x, xt):
+        out = torch.empty(*inp.shape[:-1], 9)
+        run(out, inp, w.weight, *w.params(), fmt="int4", group_size=32, has_bias=False)
+        w.check(out.reshape(-1, 9), inp.reshape(-1, 128), None)
+
+
+def test_bad_input_is_a_clear_error() -> None:
+    x = torch.randn(2, 64)
+    q = torch.zeros(4, 32, dtype=torch.uint8)
+    s = torch.ones(4, 2)
+    with pytest.raises(QuantFormatError, match="group size 48 is not one of 32, 64, 128, 256"):
+        weight_only_linear(x, q, s, s, fmt="int4", group_size=48)
+    with pytest.raises(QuantFormatError, match="not a whole number of groups of 128"):
+        weight_only_linear(x, q, torch.ones(4, 0), torch.ones(4, 0), fmt="int4", group_size=128)
+    with pytest.raises(QuantFormatError, match="int8 weights are 2-d torch.int8 tensors"):
+        weight_only_linear(x, q, s, fmt="int8")
+    with pytest.raises(QuantFormatError, match="unknown format 'int3'"):
+        weight_only_linear(x, q, fmt="int3")
+    with pytest.raises(QuantFormatError, match=r"int4 zeros must be float32 of shape \(4, 2\)"):
+        weight_only_linear(x, q, s, None, fmt="int4", group_size=32)
+
+
+# -- through cu.compile ---------------------------------------------------------------------------
+
+
+class _Spy:
+    """Counts the kernel's GEMV calls (and makes them)."""
+
+    def __init__(self, monkeypatch: Any) -> None:
+        self.calls = 0
+        real = QuantLinearKernel.gemv
+
+        def gemv(this: QuantLinearKernel, *args: Any, **kw: Any) -> None:
+            self.calls += 1
+            real(this, *args, **kw)
+
+        monkeypatch.setattr(QuantLinearKernel, "gemv", gemv)
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "int8", "int4"])
+@torch.no_grad()
+def test_compiled_model_runs_the_kernel(fmt: str, monkeypatch: Any) -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(96, 64), torch.nn.SiLU(), torch.nn.Linear(64, 40, bias=False), torch.nn.ReLU()
+    ).eval()
+    cu.quantize(model, fmt, group_size=32)
+    spy = _Spy(monkeypatch)
+    f = cu.compile(model, target="cpu", fallback="error")
+    for shape in ((1, 96), (3, 7, 96), (17, 96)):
+        x = torch.randn(*shape)
+        torch.testing.assert_close(f(x), model(x), rtol=1e-5, atol=1e-5)
+    assert spy.calls == 6, "the cpu target did not run its kernel"
+    assert f.stats.compiles == 2 and f.stats.fallbacks == 0, f.stats.recompile_reasons  # 2-d and 3-d
+    text = f.artifacts[-1].executable.stages["tensor_ir"]
+    assert "weight_only_linear(" in text and f'fmt = "{fmt}"' in text
+
+
+@torch.no_grad()
+def test_saved_and_loaded_model_keeps_its_quantized_weights(tmp_path: Any, monkeypatch: Any) -> None:
+    """The packed weights travel in the artifact; loaded on a host with a C compiler, the op
+    runs the kernel (built by that host's kernel cache)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.GELU(), torch.nn.Linear(96, 8)).eval()
+    cu.quantize(model, "int4", group_size=32)
+    x = torch.randn(2, 64)
+    path = cu.save(model, tmp_path / "q.cuvil", x)
+    loaded = cu.load(path)
+    spy = _Spy(monkeypatch)
+    torch.testing.assert_close(loaded(x), model(x), rtol=1e-5, atol=1e-5)
+    assert spy.calls == 2
+    torch.testing.assert_close(loaded(torch.randn(5, 64)).shape, torch.Size([5, 8]))
+
+
+_LOAD_WITHOUT_COMPILER = """
+import sys, torch, cuvil as cu
+from cuvil_backend_cpu import quant_linear
+loaded = cu.load(sys.argv[1])
+x, want = torch.load(sys.argv[2])
+with torch.no_grad():
+    torch.testing.assert_close(loaded(x), want, rtol=1e-5, atol=1e-5)
+print("ok", quant_linear._KERNELS and "kernel" or "reference")
+"""
+
+
+@torch.no_grad()
+def test_loaded_artifact_without_a_compiler_runs_the_reference(tmp_path: Any) -> None:
+    """A host with no C compiler loads the artifact and runs the op's reference (a host with
+    one builds the kernel: the test above)."""
+    import os
+    import subprocess
+    import sys
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.Tanh(), torch.nn.Linear(32, 8)).eval()
+    cu.quantize(model, "int8")
+    x = torch.randn(3, 64)
+    path = cu.save(model, tmp_path / "q.cuvil", x)
+    torch.save((x, model(x)), tmp_path / "io.pt")
+    env = {**os.environ, "CC": str(tmp_path / "no-such-cc")}
+    proc = subprocess.run(
+        [sys.executable, "-c", _LOAD_WITHOUT_COMPILER, str(path), str(tmp_path / "io.pt")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["ok", "reference"]
