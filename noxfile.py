@@ -221,6 +221,7 @@ ISAS = ["avx2", "portable"]
 ISA_TESTS = [
     "packages/cuvil-backend-cpu/tests/test_conformance.py",
     "packages/cuvil-backend-cpu/tests/test_row_kernels.py",  # softmax/log_softmax/layer_norm rows
+    "packages/cuvil-backend-cpu/tests/test_half.py",  # float16/bfloat16 conversions and rounding
     "packages/cuvil-backend-cpu/tests/test_quant_linear.py",  # bf16/int8/int4 weight-only linears
 ]
 #: Says whether this CPU can run $CUVIL_CPU_ISA's code (an aarch64 host cannot run avx2 kernels).

@@ -234,6 +234,8 @@ def render_markdown(data: dict[str, Any]) -> str:
         f"- OS: {m.get('os', '?')}",
         _isa_line(m, cfg),
         _rates_line(data.get("roofline")),
+        f"- dtype: {cfg.get('dtype', 'float32')} (modules `.to(dtype)`, float32 inputs cast; outputs compared "
+        f"with eager's in the same dtype at rtol {cfg.get('rtol', '?')}, atol {cfg.get('atol', '?')})",
         f"- Cuvil target: `{cfg.get('target', '?')}`; torch.compile: inductor, default settings"
         + ("; **quick run** (short timings)" if cfg.get("quick") else ""),
         f"- command: `{cfg.get('command', '?')}`",

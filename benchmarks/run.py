@@ -34,7 +34,7 @@ import torch
 
 from benchmarks import report, roofline
 from benchmarks.measure_one import EXTRA_IMPLS, IMPLS, build_impl, cache_env, tc_graph_breaks, tc_graph_count
-from benchmarks.workloads import Workload, select
+from benchmarks.workloads import DTYPE_ENV, Workload, bench_dtype, select
 
 ROOT = Path(__file__).resolve().parent.parent
 MiB = 1 << 20
@@ -110,10 +110,22 @@ def _max_abs_err(out: Any, ref: Any) -> float | None:
         return None
 
 
+def tolerance() -> tuple[float, float]:
+    """``(rtol, atol)`` of the output check: :data:`RTOL`/:data:`ATOL` for float32, the
+    conformance kit's for a half-precision run (``--dtype``: [Note: half-precision tolerances])."""
+    dtype = bench_dtype()
+    if dtype in (torch.bfloat16, torch.float16):
+        from cuvil.testing.conformance import TOLERANCES
+
+        return TOLERANCES[dtype]["rtol"], TOLERANCES[dtype]["atol"]
+    return RTOL, ATOL
+
+
 def check(out: Any, ref: Any) -> str:
     """``"ok"``, or why ``out`` does not match the eager result."""
+    rtol, atol = tolerance()
     try:
-        torch.testing.assert_close(out, ref, rtol=RTOL, atol=ATOL)
+        torch.testing.assert_close(out, ref, rtol=rtol, atol=atol)
         return "ok"
     except AssertionError as exc:
         err = _max_abs_err(out, ref)
@@ -383,9 +395,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--skip-roofline", action="store_true", help="no copy bandwidth / SGEMM rate / per-workload bound"
     )
+    parser.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16", "float16"),
+        default=None,
+        help="run every workload in this dtype: modules .to(dtype), float32 inputs cast (sets "
+        f"{DTYPE_ENV}, here and in the children); workloads that cannot are left out",
+    )
     args = parser.parse_args(argv)
     if args.isa is not None:
         os.environ["CUVIL_CPU_ISA"] = args.isa  # before any cpu target exists; children inherit it
+    if args.dtype is not None:
+        os.environ[DTYPE_ENV] = args.dtype  # the workloads read it when built; children inherit it
 
     workloads = select(args.workloads)
     torch.set_num_threads(args.threads)
@@ -409,8 +430,9 @@ def main(argv: list[str] | None = None) -> int:
             "sweep": not args.skip_sweep,
             "isa": os.environ.get("CUVIL_CPU_ISA", "") or "native",
             "roofline": not args.skip_roofline,
-            "rtol": RTOL,
-            "atol": ATOL,
+            "dtype": args.dtype or "float32",
+            "rtol": tolerance()[0],
+            "atol": tolerance()[1],
             "command": " ".join(["python -m benchmarks.run", *(argv if argv is not None else sys.argv[1:])]),
         },
         "results": [],

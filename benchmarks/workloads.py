@@ -10,6 +10,7 @@ Only plain torch ops are used (``F.*``, ``nn.Linear``/``LayerNorm``/``Conv2d``/
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +22,29 @@ from torch import nn
 from benchmarks.zoo import zoo_workloads
 
 SEED = 0
+
+#: the float dtype the workloads run in (``benchmarks.run --dtype bfloat16``): modules are
+#: converted with ``.to(dtype)`` and float32 inputs cast; an environment variable, so the
+#: child processes that measure first calls build the same
+DTYPE_ENV = "CUVIL_BENCH_DTYPE"
+
+
+def bench_dtype() -> torch.dtype | None:
+    """The dtype of :data:`DTYPE_ENV` (``None``: the workloads as written, float32)."""
+    name = os.environ.get(DTYPE_ENV, "").strip()
+    if not name:
+        return None
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise ValueError(f"{DTYPE_ENV}={name!r} is not a torch floating dtype (bfloat16, float16)")
+    return dtype
+
+
+def _in_bench_dtype(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    dtype = bench_dtype()
+    if dtype is None:
+        return args
+    return tuple(a.to(dtype) if isinstance(a, torch.Tensor) and a.dtype == torch.float32 else a for a in args)
 
 
 def _gen(offset: int = 0) -> torch.Generator:
@@ -216,6 +240,12 @@ class Workload:
     sweep: tuple[int, ...]
     sweep_axis: str = "batch"
     sweep_group: str | None = None
+    #: why the workload cannot run in another dtype (``--dtype``), or ``None``
+    float32_only: str | None = None
+
+    def __post_init__(self) -> None:
+        raw = self.inputs  # inputs in the run's dtype (bench_dtype), read when called
+        object.__setattr__(self, "inputs", lambda size: _in_bench_dtype(raw(size)))
 
     def build(self) -> tuple[Any, tuple[Any, ...]]:
         """(callable, example arguments) at the timed size."""
@@ -226,6 +256,9 @@ class Workload:
         fn = self.make()
         if isinstance(fn, nn.Module):
             fn = _prepare(fn)
+            dtype = bench_dtype()
+            if dtype is not None:
+                fn = fn.to(dtype)
         return fn
 
 
@@ -311,6 +344,7 @@ WORKLOADS: dict[str, Workload] = {
             inputs=lambda b: (_randn(b, 3, 64, 64),),
             default_size=4,
             sweep=(1, 2, 3, 4, 8),
+            float32_only="its weight `w` is a float32 global: x @ w of another dtype is an error in eager",
         ),
     ]
 }
@@ -323,10 +357,15 @@ WORKLOADS.update((wl.name, wl) for wl in zoo_workloads(Workload))
 def select(names: str | None) -> list[Workload]:
     """The workloads named in a comma-separated list (all of them for None/"all";
     "suite": all but the model zoo; "zoo": the zoo only)."""
+    fits = bench_dtype() is None or bench_dtype() == torch.float32
     if not names or names == "all":
-        return list(WORKLOADS.values())
+        return [wl for wl in WORKLOADS.values() if fits or wl.float32_only is None]
     if names in ("suite", "zoo"):
-        return [wl for wl in WORKLOADS.values() if (wl.kind == "zoo") == (names == "zoo")]
+        return [
+            wl
+            for wl in WORKLOADS.values()
+            if (wl.kind == "zoo") == (names == "zoo") and (fits or wl.float32_only is None)
+        ]
     chosen = []
     for name in (n.strip() for n in names.split(",")):
         if not name:

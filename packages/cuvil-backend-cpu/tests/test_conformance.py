@@ -1,4 +1,5 @@
 """The program corpus on the ``cpu`` target: every program compiles and matches eager.
+(In half precision and under autocast: test_conformance_half.py.)
 
 See :mod:`cuvil.testing.conformance` for what one check asserts.
 """

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from cuvil.testing import PROGRAMS, Program, get_program
-from cuvil.testing.conformance import assert_same, check_program, conformance_params
+from cuvil.testing.conformance import EAGER_REFUSES, assert_same, check_program, conformance_params
 
 
 @pytest.mark.parametrize("program", conformance_params())
@@ -74,3 +74,27 @@ def test_importing_the_kit_does_not_import_pytest() -> None:
     # pytest is no dependency of cuvil: only conformance_params imports it (docs/testing.md)
     code = "import sys, cuvil.testing.conformance; assert 'pytest' not in sys.modules, 'pytest imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_half_runs_convert_inputs_and_modules() -> None:
+    """``dtype=`` runs a program in a half type: float32 inputs and a module's parameters
+    are converted for eager and compiled alike (the compiled graph's inputs are bf16), and
+    the tolerance is the type's or the program's, the looser."""
+    from cuvil.testing.conformance import TOLERANCES, compile_and_check, tolerance
+
+    module = next(p for p in PROGRAMS if p.is_module and p.name not in EAGER_REFUSES)
+    compiled = compile_and_check(module, "reference", dtype=torch.bfloat16)
+    dtypes = {v.type.dtype.value for v in compiled.graphs[0].inputs if hasattr(v.type, "dtype")}
+    assert "bf16" in dtypes and "f32" not in dtypes, dtypes
+    loose = Program("loose", PROGRAMS[0].fn, PROGRAMS[0].make_inputs, atol=0.5, rtol=0.5)
+    assert tolerance(loose, torch.float16) == {"atol": 0.5, "rtol": 0.5}
+    assert tolerance(PROGRAMS[0], torch.float16) == TOLERANCES[torch.float16]
+    assert tolerance(PROGRAMS[0], None) == PROGRAMS[0].tolerance
+    params = conformance_params(dtype=torch.float16)
+    skipped = {p.id for p in params if any(m.name == "skip" for m in p.marks)}
+    assert skipped == set(EAGER_REFUSES)
+
+
+@pytest.mark.parametrize("program", conformance_params())
+def test_reference_conforms_under_autocast(program: Program) -> None:
+    check_program(program, "reference", autocast=torch.bfloat16)

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from cuvil_backend_cpu.half import HALF
 from cuvil_ir import scalar_functions
 from cuvil_ir.graph_ir.types import DType
 from cuvil_ir.tensor_ir import expr as E
@@ -29,7 +30,10 @@ class CodegenError(NotImplementedError):
     """Loop IR the C generator cannot express (a bug: lowering should have made it an extern)."""
 
 
+#: the C type of a value in registers (a half type is a ``float``: [Note: half precision in C])
 C_TYPES = {
+    DType.f16: "float",
+    DType.bf16: "float",
     DType.f32: "float",
     DType.f64: "double",
     DType.i64: "int64_t",
@@ -39,6 +43,9 @@ C_TYPES = {
     DType.u8: "uint8_t",
     DType.bool: "uint8_t",
 }
+
+#: the C type of an element in memory, where it differs from :data:`C_TYPES`
+C_STORAGE = {**C_TYPES, DType.f16: "uint16_t", DType.bf16: "uint16_t"}
 
 _INFIX = {
     "add": "+",
@@ -70,7 +77,7 @@ _MATH = {
 
 
 def _sfx(src: DType) -> str:
-    return "f" if src == DType.f32 else ""
+    return "f" if C_TYPES.get(src) == "float" else ""
 
 
 def _one(g: Any, d: DType) -> str:
@@ -80,6 +87,12 @@ def _one(g: Any, d: DType) -> str:
 def _cast(g: Any, a: list[str], d: DType, src: DType) -> str:
     if d == DType.bool:
         return f"(({a[0]}) != 0)"
+    if d in HALF:
+        if src == d:
+            return a[0]
+        # through float, as c10::Half/BFloat16 convert (double and integers round twice)
+        g.half = True
+        return f"cu_round_{d.value}((float)({a[0]}))"
     return f"(({C_TYPES[d]})({a[0]}))"
 
 
@@ -165,10 +178,21 @@ C_FORMS: dict[str, CForm] = {
 }
 
 
+#: functions whose float result is one of their operands (or its negation): a half
+#: result needs no rounding
+_EXACT = frozenset({"where", "max", "min", "neg", "abs"})
+
+
 def c_call(g: Any, fn: str, args: list[str], dtype: DType, src: DType) -> str:
     """The C text of ``fn(*args)`` (a name of ``FUNCTIONS``): its form in :data:`C_FORMS`,
     or, for a function without one, its decomposition ([Note: scalar decompositions]),
-    computed in the result dtype."""
+    computed in the result dtype. A half result of any other arithmetic is computed in
+    float and rounded (lowering computes half math in float32 itself, [Note: opmath];
+    this keeps a rule that did not correct)."""
+    if dtype in HALF and fn not in _EXACT and fn != "cast":
+        wide = DType.f32
+        g.half = True
+        return f"cu_round_{dtype.value}({c_call(g, fn, args, wide, wide if src in HALF else src)})"
     form = C_FORMS.get(fn)
     if form is not None:
         return form(g, args, dtype, src)
@@ -184,4 +208,4 @@ def c_call(g: Any, fn: str, args: list[str], dtype: DType, src: DType) -> str:
     )
 
 
-__all__ = ["C_FORMS", "C_TYPES", "CForm", "CodegenError", "c_call"]
+__all__ = ["C_FORMS", "C_STORAGE", "C_TYPES", "CForm", "CodegenError", "c_call"]

@@ -19,9 +19,10 @@ from typing import Any
 
 import sympy
 
-from cuvil_backend_cpu.c_functions import C_TYPES, CodegenError, c_call
-from cuvil_backend_cpu.loop_ir.nodes import Accumulate, Let, Loop, LoopFunc, Prefetch, Stmt, Store
-from cuvil_ir.graph_ir.types import DType
+from cuvil_backend_cpu.c_functions import C_STORAGE, C_TYPES, CodegenError, c_call
+from cuvil_backend_cpu.half import HALF, HELPERS
+from cuvil_backend_cpu.loop_ir.nodes import Accumulate, Let, Loop, LoopFunc, Prefetch, Scratch, Stmt, Store
+from cuvil_ir.graph_ir.types import DType, stored_float
 from cuvil_ir.size_visitor import Quotient
 from cuvil_ir.tensor_ir import expr as E
 from cuvil_ir.tensor_ir.index_text import IndexPrinter
@@ -99,6 +100,9 @@ static inline double cu_rem(double a, double b) {
 
 #: the most bytes of a row a Prefetch statement touches (see loop_ir.statements.prefetches)
 PREFETCH_BYTES = 8192
+#: elements of a Scratch row kept on the stack (16 KiB of floats per thread); longer rows
+#: are allocated per row, a cost that many elements of work hide
+SCRATCH_STACK = 4096
 _OMP_REDUCTION = {"sum": "+", "prod": "*", "max": "max", "min": "min", "any": "|", "all": "&"}
 
 
@@ -138,6 +142,11 @@ class _Gen(IndexPrinter):
         self.may_fail = False
         #: native lowerings the kernel calls: helper name -> its definition
         self.natives: dict[str, str] = {}
+        #: the kernel converts a half type: it includes half.HELPERS (set by what emits one)
+        self.half = False
+        #: Scratch arrays in scope: name -> element dtype
+        self.scratch: dict[str, DType] = {}
+        self.needs_stdlib = False
 
     # -- index arithmetic (IndexPrinter's hooks) -------------------------------------
     def index(self, value: object) -> str:
@@ -184,13 +193,13 @@ class _Gen(IndexPrinter):
     def const(self, c: E.Const) -> str:
         v, d = c.value, c.dtype
         if d.is_floating:
-            f = float(v)
+            f = stored_float(float(v), d) if d in HALF else float(v)
             if math.isnan(f):
                 return "NAN"
             if math.isinf(f):
                 return "INFINITY" if f > 0 else "(-INFINITY)"
             text = repr(f)
-            return f"{text}f" if d == DType.f32 else text
+            return f"{text}f" if C_TYPES[d] == "float" else text
         if d == DType.bool:
             return "1" if v else "0"
         iv = int(v)
@@ -208,6 +217,9 @@ class _Gen(IndexPrinter):
         if isinstance(e, E.Arg):
             return f"a_{e.name}"
         if isinstance(e, E.Load):
+            if e.dtype in HALF:
+                self.half = True
+                return f"cu_ld_{e.dtype.value}(p_{e.buf}[{self.index(e.offset)}])"
             return f"p_{e.buf}[{self.index(e.offset)}]"
         if isinstance(e, E.Index):
             x = sympy.sympify(e.expr)
@@ -216,8 +228,13 @@ class _Gen(IndexPrinter):
                 and not x.is_integer
                 and not any(E.is_loop_symbol(s) for s in x.free_symbols)
             ):
-                return f"(({C_TYPES[e.dtype]}){self.derived_arg(x, 'double')})"
-            return f"(({C_TYPES[e.dtype]}){self.index(x)})"
+                text = f"(({C_TYPES[e.dtype]}){self.derived_arg(x, 'double')})"
+            else:
+                text = f"(({C_TYPES[e.dtype]}){self.index(x)})"
+            if e.dtype in HALF:
+                self.half = True
+                return f"cu_round_{e.dtype.value}({text})"
+            return text
         if isinstance(e, E.Reduce):
             raise CodegenError("a Reduce survived scheduling")
         return self.call(e)
@@ -241,7 +258,22 @@ class _Gen(IndexPrinter):
 
     # -- statements ------------------------------------------------------------------
     def emit(self, s: Stmt, ind: str) -> None:
-        if isinstance(s, Loop):
+        if isinstance(s, Scratch):
+            # a row on the stack up to SCRATCH_STACK elements (per thread: each iteration of a
+            # parallel loop declares its own), on the heap beyond
+            ctype, n, p = C_TYPES[s.dtype], self.index(s.extent), f"p_{s.name}"
+            self.lines.append(f"{ind}{ctype} {s.name}_stack[{SCRATCH_STACK}];")
+            self.lines.append(
+                f"{ind}{ctype}* restrict {p} = ({n}) <= {SCRATCH_STACK} ? {s.name}_stack"
+                f" : ({ctype}*)malloc(sizeof({ctype}) * (size_t)({n}));"
+            )
+            self.scratch[s.name] = s.dtype
+            for b in s.body:
+                self.emit(b, ind)
+            del self.scratch[s.name]
+            self.lines.append(f"{ind}if ({p} != {s.name}_stack) free({p});")
+            self.needs_stdlib = True
+        elif isinstance(s, Loop):
             v = s.var.name[1:]
             clauses = ""
             # a float max/min also collects "saw a NaN" (OpenMP's max/min combiners drop NaN)
@@ -251,7 +283,7 @@ class _Gen(IndexPrinter):
                 # an integer as wide as the float's lane: the flag's vector is the compare's
                 # mask itself (a uint8_t flag makes every vector iteration pack the mask, which
                 # doubles the cost of a row's max pass)
-                flag = "int32_t" if self.local_types[n] == DType.f32 else "int64_t"
+                flag = "int32_t" if C_TYPES[self.local_types[n]] == "float" else "int64_t"
                 self.lines.append(f"{ind}{flag} {n}_nan = 0;")
                 self.nan_flags.add(n)
             if s.reduces:
@@ -280,6 +312,10 @@ class _Gen(IndexPrinter):
         elif isinstance(s, Accumulate):
             x = self.expr(s.expr)
             n = s.name
+            if s.kind in ("sum", "prod") and self.local_types[n] in HALF:
+                # every half reduction accumulates in float32 ([Note: opmath]); rounding the
+                # accumulator at each step would not be eager's result
+                raise CodegenError(f"a {s.kind} accumulated in {self.local_types[n].value}")
             if s.kind == "sum":
                 self.lines.append(f"{ind}{n} += {x};")
             elif s.kind == "prod":
@@ -313,7 +349,19 @@ class _Gen(IndexPrinter):
             self.lines.append(f"{ind}}}")
         else:
             assert isinstance(s, Store)
-            self.lines.append(f"{ind}p_{s.buf}[{self.index(s.offset)}] = {self.expr(s.expr)};")
+            self.lines.append(f"{ind}p_{s.buf}[{self.index(s.offset)}] = {self.store_value(s)};")
+
+    def store_value(self, s: Store) -> str:
+        if s.buf in self.scratch:
+            return self.expr(s.expr)
+        dtype = next(p.dtype for p in self.func.buffers if p.name == s.buf)
+        if dtype not in HALF:
+            return self.expr(s.expr)
+        x = s.expr
+        if isinstance(x, E.Call) and x.fn == "cast" and x.args[0].dtype == DType.f32:
+            x = x.args[0]  # the store rounds: no cu_round_* before it
+        self.half = True
+        return f"cu_st_{dtype.value}({self.expr(x)})"
 
     def generate(self, restrict: bool) -> CKernel:
         body_lines: list[str] = []
@@ -324,12 +372,16 @@ class _Gen(IndexPrinter):
         params = []
         for p in self.func.buffers:
             const = "const " if p.role == "in" else ""
-            params.append(f"{const}{C_TYPES[p.dtype]}*{q} p_{p.name}")
+            params.append(f"{const}{C_STORAGE[p.dtype]}*{q} p_{p.name}")
         params += [f"int64_t s_{s.name}" for s in self.func.sizes]
         derived = list(self.derived)
         params += [f"{key[1]} {self.derived[key]}" for key in derived]
         params += [f"{C_TYPES[d]} a_{n}" for n, d in self.func.args]
         head = [PRELUDE]
+        if self.needs_stdlib:
+            head.append("#include <stdlib.h>")
+        if self.half:
+            head.append(HELPERS)
         if self.simd_math:
             from cuvil_backend_cpu.toolchain import SIMD_MATH_DECLARATIONS
 

@@ -14,13 +14,16 @@ from typing import Any
 
 import torch
 
-from cuvil_backend_cpu import epilogues, gemm_choice
+from cuvil_backend_cpu import epilogues, gemm_choice, half_gemm
 from cuvil_backend_cpu.quant_linear import F32_GEMV_ROWS
 
 
 def linear_into(
     out: torch.Tensor, x: torch.Tensor, w: torch.Tensor, *bias: torch.Tensor, has_bias: bool
 ) -> None:
+    if half_gemm.applies(x, w, *bias):  # without oneDNN: [Note: half-precision GEMMs]
+        out.copy_(half_gemm.linear(x, w, bias[0] if has_bias else None, onednn=False))
+        return
     x2 = x.reshape(-1, x.shape[-1])
     o2 = out.view(-1, out.shape[-1])
     if has_bias:
@@ -30,7 +33,9 @@ def linear_into(
 
 
 def matmul_into(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
-    if a.dim() >= 2 and b.dim() >= 2:
+    if a.dim() >= 2 and b.dim() >= 2 and half_gemm.applies(a, b):
+        half_gemm.matmul_into(out, a, b)  # in the half type or widened: [Note: half-precision GEMMs]
+    elif a.dim() >= 2 and b.dim() >= 2:
         torch.matmul(a, b, out=out)
     else:  # torch's matrix-vector forms want an out of another shape (and would resize ours)
         out.copy_(torch.matmul(a, b))
@@ -125,7 +130,8 @@ def _packed_linear_weight(w: torch.Tensor, rows: int) -> torch.Tensor:
 def linear(x: torch.Tensor, w: torch.Tensor, *bias: torch.Tensor, has_bias: bool) -> torch.Tensor:
     """``F.linear`` on float32 through the faster of oneDNN (packed weight) and MKL
     (torch's default) for this shape on this host, measured at its first call
-    ([Note: GEMM choice] in :mod:`cuvil_backend_cpu.gemm_choice`)."""
+    ([Note: GEMM choice] in :mod:`cuvil_backend_cpu.gemm_choice`); on float16/bfloat16
+    through :func:`cuvil_backend_cpu.half_gemm.linear`."""
     return _linear(x, w, bias[0] if has_bias else None, has_bias, None)
 
 
@@ -146,6 +152,8 @@ def _linear(
     has_bias: bool,
     gemv: Callable[..., torch.Tensor | None] | None,
 ) -> torch.Tensor:
+    if half_gemm.applies(x, w, b):  # [Note: half-precision GEMMs]
+        return half_gemm.linear(x, w, b, _ONEDNN)
     rows = x.numel() // max(x.shape[-1], 1)
     if not (_ONEDNN and x.dtype == torch.float32 and w.dtype == torch.float32 and rows > 0 and w.numel() > 0):
         return torch.nn.functional.linear(x, w, b)

@@ -1,4 +1,5 @@
-"""Which GEMM runs a float32 linear: measured on this host, per shape, and remembered.
+"""Which GEMM runs a linear or a half-precision matrix product: measured on this host,
+per shape, and remembered.
 
 [Note: GEMM choice] The cpu target has two GEMMs for ``F.linear``: oneDNN's
 (``torch.ops.mkldnn._linear_pointwise`` on a weight packed once per version) and
@@ -21,6 +22,10 @@ only when private: docs/security.md), so a warm start measures nothing. The reco
 is data, never code: a bad entry can only pick the slower of two correct GEMMs.
 ``CUVIL_CPU_GEMM=onednn|mkl|gemv`` forces one where it applies (benchmarks, bisecting a
 numerical difference: they round differently, within float32 GEMM tolerance).
+
+Float16 and bfloat16 products choose among other candidates, under keys that name the
+dtype (``eager``, ``onednn``, ``f32``: [Note: half-precision GEMMs] in
+:mod:`cuvil_backend_cpu.half_gemm`); ``CUVIL_CPU_GEMM=eager|f32`` forces those.
 """
 
 from __future__ import annotations
@@ -44,7 +49,7 @@ from cuvil_runtime import trust
 GEMM_ENV = "CUVIL_CPU_GEMM"
 #: timed calls of each candidate, interleaved, at the first call of a shape
 REPEATS = 5
-CANDIDATES = ("onednn", "mkl", "gemv")
+CANDIDATES = ("onednn", "mkl", "gemv", "eager", "f32")
 
 _lock = threading.Lock()
 _choices: dict[str, str] | None = None
@@ -54,8 +59,17 @@ def _bucket(rows: int) -> int:
     return 1 << max(rows - 1, 0).bit_length()
 
 
-def key(rows: int, k: int, n: int, has_bias: bool) -> str:
-    return f"{_bucket(rows)}x{k}x{n}{'+b' if has_bias else ''}@{torch.get_num_threads()}"
+def key(
+    rows: int, k: int, n: int, has_bias: bool, *, dtype: torch.dtype | None = None, batch: int | None = None
+) -> str:
+    """The shape key: rows by power-of-two buckets; a batched product (``batch``) and a
+    dtype other than float32 are part of it."""
+    text = f"{_bucket(rows)}x{k}x{n}{'+b' if has_bias else ''}@{torch.get_num_threads()}"
+    if batch is not None:
+        text = f"b{_bucket(batch)}:{text}"
+    if dtype is not None and dtype != torch.float32:
+        text = f"{text}:{str(dtype).removeprefix('torch.')}"
+    return text
 
 
 def _record_path() -> Path:

@@ -8,14 +8,19 @@ a given ``opt_level``. Lowering and the scheduler read only these fields.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from cuvil_backend_cpu import quant_linear
 from cuvil_backend_cpu.externs import FAST_EXTERNS, OUT_VARIANTS
+from cuvil_backend_cpu.half import HALF
 from cuvil_backend_cpu.loop_ir.schedule import SchedulePolicy
 from cuvil_ir.tensor_ir.hoist import must_realize
 from cuvil_ir.tensor_ir.lower import FusionPolicy
 from cuvil_runtime.target import CompileOptions
 
 FUSION = FusionPolicy(
+    # float16 and bfloat16 are held as bits and computed in float ([Note: half precision in C])
+    dtypes=FusionPolicy().dtypes | HALF,
     # (weight-only linears write into the plan's buffer too: cuvil_backend_cpu.quant_linear)
     out_variants=(frozenset(OUT_VARIANTS) - frozenset(FAST_EXTERNS)) | {quant_linear.OP},
     # oneDNN runs these about twice as fast on channels-last tensors (measured here)
@@ -25,6 +30,11 @@ FUSION = FusionPolicy(
     realize_reduction=must_realize,
     native="cpu",  # cu.custom_op(..., lower={"cpu": "<C expression>"})
 )
+
+
+#: the fusion policy where the toolchain's half conversions failed their probe
+#: (``Toolchain.half``): float16/bfloat16 ops are torch calls
+FUSION_NO_HALF = replace(FUSION, dtypes=FUSION.dtypes - HALF)
 
 
 def schedule_policy(options: CompileOptions) -> SchedulePolicy:

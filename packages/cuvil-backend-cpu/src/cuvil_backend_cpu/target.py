@@ -35,7 +35,7 @@ from cuvil_backend_cpu.emulation import EmulatedLibrary
 from cuvil_backend_cpu.kernel_cache import KernelCache, Library
 from cuvil_backend_cpu.loop_ir.nodes import Accumulate, Let, Loop, LoopFunc, Param, Store
 from cuvil_backend_cpu.loop_ir.schedule import schedule_kernel
-from cuvil_backend_cpu.policy import FUSION, schedule_policy
+from cuvil_backend_cpu.policy import FUSION, FUSION_NO_HALF, schedule_policy
 from cuvil_backend_cpu.toolchain import export_cpu_flags, export_toolchain
 from cuvil_ir.graph_ir.nodes import Graph
 from cuvil_ir.graph_ir.verifier import verify as verify_graph
@@ -122,7 +122,7 @@ class CpuTarget(CpuHooks):
         return super().out_variant(op)
 
     def fusion_policy(self, options: CompileOptions) -> FusionPolicy:
-        return FUSION
+        return FUSION if self.cache.toolchain.half else FUSION_NO_HALF
 
     def generate(self, kernel: Kernel, program: TensorProgram, options: CompileOptions) -> CKernel:
         policy = schedule_policy(options)

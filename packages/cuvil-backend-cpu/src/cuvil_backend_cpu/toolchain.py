@@ -14,6 +14,10 @@ so everything the generated code may rely on is decided here, once per process:
   needs a libmvec new enough to have every function in
   :data:`SIMD_MATH_FUNCTIONS` (glibc 2.35), which only a real compile, link
   and call can tell;
+* whether kernels may hold float16 and bfloat16 (``half``): the conversions
+  (:data:`cuvil_backend_cpu.half.HELPERS`, plain integer and float arithmetic)
+  are built with the kernels' flags and checked against torch's bits; where they
+  disagree (a compiler that miscompiles them) half-precision ops stay torch's;
 * the ISA and vector width (the ISA and its flags are part of every kernel's
   cache key). By default the host's own (``-march=native``); ``$CUVIL_CPU_ISA``
   forces one of :data:`ISA_CHOICES` (``avx2`` or ``portable`` on an AVX-512
@@ -44,10 +48,11 @@ import subprocess
 import sys
 import tempfile
 import threading
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cuvil_backend_cpu import __version__, aarch64
+from cuvil_backend_cpu import __version__, aarch64, half
 from cuvil_runtime import trust
 from cuvil_runtime.cache import default_cache_dir
 from cuvil_runtime.registry import TargetConfigError
@@ -135,6 +140,9 @@ class Toolchain:
     libs: tuple[str, ...]  #: linker inputs, after the source on the command line
     simd_math: bool  #: libmvec vector math usable (see :data:`SIMD_MATH_DECLARATIONS`)
     vector_bytes: int  #: 64 for avx512, 32 for avx2, 16 for generic/portable/AArch64 (SVE: see aarch64)
+    #: kernels may hold float16/bfloat16: the half conversions built with these flags give torch's bits
+    #: (probed on this machine; AArch64 levels built here for another machine are not probed: False)
+    half: bool = True
     #: The CPU model: ``-march=native`` code may not run on another CPU with the same ``isa``, so
     #: a cache folder shared between machines (an NFS home) must not hand one machine's kernels to another.
     cpu: str = ""
@@ -152,6 +160,8 @@ class Toolchain:
     def identity(self) -> str:
         """Everything that changes the compiled bytes, as a stable string (part of every cache key)."""
         parts = [self.cc, self.version, self.isa, self.cpu, " ".join(self.flags), " ".join(self.libs)]
+        if not self.half:
+            parts.append("no half")
         if self.tile_size != 32:  # (x86-64 identities stay what they were)
             parts.append(f"tile {self.tile_size}")
         if self.emulator:
@@ -393,6 +403,21 @@ def _probe(cc: str, flags: tuple[str, ...], requested: str) -> bool:
     return False
 
 
+def _probe_half(cc: str, flags: tuple[str, ...]) -> bool:
+    """Whether the half-precision conversions built with ``flags`` give torch's bits
+    (:func:`cuvil_backend_cpu.half.probe`); a failure keeps half types out of kernels,
+    with a warning saying why."""
+    with tempfile.TemporaryDirectory(prefix="cuvil-cc-probe-") as tmp:
+        reason = half.probe(cc, flags, tmp)
+    if reason is not None:
+        warnings.warn(
+            f"float16/bfloat16 ops run as torch calls on the cpu target: {reason}",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+    return reason is None
+
+
 # -- the on-disk probe record ------------------------------------------------------------------------------
 
 
@@ -410,15 +435,19 @@ def _record_path(cc: str, version: str, isa: str, cpu: str, flags: tuple[str, ..
     return folder / f"toolchain-{hashlib.sha256(key.encode()).hexdigest()[:24]}.json"
 
 
-def _read_record(path: Path) -> bool | None:
-    """The recorded ``simd_math``, or ``None`` when there is no readable record."""
+def _read_record(path: Path) -> tuple[bool, bool] | None:
+    """The recorded ``(simd_math, half)``, or ``None`` when there is no readable record."""
     data = trust.read_private_file(path)  # ours, not writable by others, not a link
     try:
         record = json.loads(data) if data is not None else None
     except ValueError:
         return None
-    value = record.get("simd_math") if isinstance(record, dict) else None
-    return value if isinstance(value, bool) else None
+    if not isinstance(record, dict):
+        return None
+    simd_math, half_ok = record.get("simd_math"), record.get("half")
+    if isinstance(simd_math, bool) and isinstance(half_ok, bool):
+        return simd_math, half_ok
+    return None
 
 
 def _write_record(path: Path, record: dict[str, object]) -> None:
@@ -477,9 +506,12 @@ def _detect(requested: str, use_record: bool, export: bool = False) -> Toolchain
     # exported kernels run on any CPU of their level: not keyed by this one
     cpu = f"any {platform.machine().lower()} with {isa}" if export else _cpu_model(info)
     record = _record_path(cc, version, isa, cpu, flags)
-    simd_math = _read_record(record) if use_record else None
-    if simd_math is None:
+    found = _read_record(record) if use_record else None
+    if found is not None:
+        simd_math, half_ok = found
+    else:
         simd_math = _probe(cc, flags, requested)
+        half_ok = _probe_half(cc, flags)
         _write_record(
             record,
             {
@@ -489,6 +521,7 @@ def _detect(requested: str, use_record: bool, export: bool = False) -> Toolchain
                 "flags": list(flags),
                 "cpu": cpu,
                 "simd_math": simd_math,
+                "half": half_ok,
             },
         )
     vector_bytes, tile_size = _host_tiles(isa, export)
@@ -503,6 +536,7 @@ def _detect(requested: str, use_record: bool, export: bool = False) -> Toolchain
         cpu=cpu,
         requested=requested,
         tile_size=tile_size,
+        half=half_ok,
     )
 
 
@@ -652,11 +686,13 @@ def _detect_cross(level: str, use_record: bool, export: bool) -> Toolchain:
     version = _compiler_version(cc)
     cpu = f"any {aarch64.MACHINE} with {level}" if export else f"{level} under qemu-aarch64"
     record = _record_path(cc, version, level, cpu, (*flags, *emulator))
-    simd_math = _read_record(record) if use_record else None
-    if simd_math is None:
-        simd_math = _probe_cross(cc, flags, level, emulator)
+    found = _read_record(record) if use_record else None
+    simd_math = found[0] if found is not None else _probe_cross(cc, flags, level, emulator)
+    if found is None:
+        # half: the conversions' probe loads them into this process, which cannot run AArch64
+        # code, so half-precision ops stay torch's in kernels built for another machine
         _write_record(record, {"cc": cc, "version": version, "isa": level, "flags": list(flags), "cpu": cpu,
-                               "emulator": list(emulator), "simd_math": simd_math})  # fmt: skip
+                               "emulator": list(emulator), "simd_math": simd_math, "half": False})  # fmt: skip
     return Toolchain(
         cc=cc,
         version=version,
@@ -669,6 +705,7 @@ def _detect_cross(level: str, use_record: bool, export: bool) -> Toolchain:
         requested=level,
         tile_size=aarch64.tile_size(spec.caches),
         emulator=emulator,
+        half=False,
     )
 
 

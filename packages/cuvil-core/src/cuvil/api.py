@@ -365,6 +365,9 @@ class CompiledFunction:
                 return self._eager(art.reason or "", args, kwargs)
         if hit:
             self.stats.cache_hits += 1
+        if art.amp:  # the graph holds autocast's casts ([Note: autocast captured])
+            with autocast.switched_off(art.amp):
+                return run_artifact(art, leaves, (args, kwargs))
         return run_artifact(art, leaves, (args, kwargs))
 
     def _check_types(self, key: tuple[Any, ...], names: list[str]) -> None:
@@ -426,8 +429,8 @@ class CompiledFunction:
             check_tensors(leaves, names, target.capabilities.devices, target_name)
             if self.module is not None:
                 check_module_state(self.module)
-            if amp:  # before a warm start too: a variant captured without autocast is wrong here
-                raise autocast.at_call(amp)
+            if autocast.uncaptured(amp):  # before a warm start too: it could not be reproduced
+                raise autocast.at_call(autocast.uncaptured(amp))
             check_options(dict(self.options), target.capabilities, target_name)
             if self.module is not None and torch.is_grad_enabled():
                 self._warn_parameters_need_no_grad()
@@ -435,7 +438,7 @@ class CompiledFunction:
                 arg_objects.check_round_trip(tree, lambda path: self._arg_name(path, tree))
             options = CompileOptions(opt_level=self.opt_level, extra=self.options)
             # a variant another process captured, when all it read is as it was (cuvil/warm.py)
-            wkey = warm.key(self, key, target, options) if warm.enabled() else None
+            wkey = warm.key(self, key, target, options, amp) if warm.enabled() else None
             captured = warm.lookup(self, wkey, leaves) if wkey is not None else None
             if captured is not None:
                 self.stats.warm_starts += 1
@@ -457,7 +460,7 @@ class CompiledFunction:
                     )
                     leaves = [arg_objects.plain(x) for x in leaves]
                     key = (key[0], tuple(leaf_key(x, self.dynamic) for x in leaves), *key[2:])
-                    wkey = warm.key(self, key, target, options) if warm.enabled() else None
+                    wkey = warm.key(self, key, target, options, amp) if warm.enabled() else None
                     captured = capture(
                         self.__name__, self.fn, self.module, leaves, names, spec, self.dynamic, self.dims
                     )

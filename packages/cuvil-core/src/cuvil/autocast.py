@@ -1,22 +1,35 @@
 """Autocast (``torch.autocast``, ``torch.amp.autocast``, ``torch.set_autocast_enabled``).
 
-Under autocast eager PyTorch runs some ops (matmul, linear, conv, ...) in a lower
-dtype; a graph captured without autocast's op rules would silently compute in fp32.
-Cuvil does not capture autocast yet, so:
+Under autocast eager PyTorch runs some ops (matmul, linear, conv, ...) in a lower dtype,
+some in float32, and casts the operands of others to their widest type. Cuvil captures
+CPU autocast ([Note: autocast captured]); CUDA autocast is not captured yet, so a graph
+on a CUDA device under it is a located :class:`CompileError`, as before (eager under
+``fallback="eager"``). Either way the autocast state of the call (enabled, and the
+dtype, for the inputs' device types) is part of the structure key: an artifact from
+outside autocast never runs inside it, nor the other way round.
 
-* the autocast state of the call (enabled, and the dtype, for the inputs' device
-  types) is part of the structure key: an artifact from outside autocast never runs
-  inside it, nor the other way round;
-* capturing while autocast is on for the graph's devices -- on at the call, or entered
-  in the function -- is a located :class:`CompileError` (eager under ``fallback="eager"``).
-
-Only the devices the tensors live on matter: CUDA autocast does not change CPU ops.
+[Note: autocast captured] Autocast decides per ATen op, by the op's *cast policy*: the
+op's eligible tensor operands (floating, not float64, on the autocast device) are cast
+to the autocast dtype (``lower``), to float32 (``fp32``), or to the widest floating
+dtype among them (``promote``); every other op runs on what it is given. torch keeps
+the policies in C++ (``aten/src/ATen/autocast_mode.cpp``: the ``AutocastCPU``
+registrations); :data:`CPU_POLICY` is that list, as data (a test checks it against the
+operators torch 2.13 registers for ``AutocastCPU``). While a capture runs under autocast
+(entered in the function, or on at the call), each torch call the tracer records is
+looked up by its name (:func:`policy`) and its operands are cast first, as recorded
+``cast`` nodes, so the graph says where every cast goes and computes exactly what eager
+computes; it needs no autocast when it runs (the artifact runs with autocast off). A
+torch call that stays an ``extern`` (a composite such as ``einsum``, whose inner
+``bmm`` autocast casts in C++) carries the autocast state and runs under it, types and
+values alike (``Extern``'s ``autocast`` attribute in :mod:`cuvil_ir.graph_ir.ops.core`);
+such calls are never expanded through ``torch._refs`` under autocast, where the casts
+inside them would be guessed.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -24,10 +37,87 @@ import torch
 from cuvil.errors import CompileError, SourceLoc
 
 HINT = (
-    "autocast regions are not supported yet: cast explicitly instead (x.to(torch.bfloat16) @ "
-    "w.to(torch.bfloat16)), or compile the function with a bf16 model and inputs, or leave "
+    "CUDA autocast regions are not captured yet: cast explicitly instead (x.to(torch.float16) @ "
+    "w.to(torch.float16)), or compile the function with a half model and inputs, or leave "
     "fallback='eager' (the default) so such calls run eagerly"
 )
+
+#: the device types whose autocast a capture reproduces
+CAPTURED_DEVICES = frozenset({"cpu"})
+
+LOWER, FP32, PROMOTE = "lower", "fp32", "promote"
+
+#: ATen op -> its cast policy under CPU autocast (torch 2.13's ``AutocastCPU`` kernels)
+CPU_POLICY: dict[str, str] = {
+    **dict.fromkeys(
+        """conv1d conv2d conv3d bmm mm linalg_vecdot baddbmm addmm addbmm linear _convolution
+        matmul conv_tbc mkldnn_rnn_layer conv_transpose1d conv_transpose2d conv_transpose3d prelu
+        scaled_dot_product_attention _native_multi_head_attention _addmm_activation""".split(),
+        LOWER,
+    ),
+    **dict.fromkeys(
+        """avg_pool3d binary_cross_entropy grid_sampler polar prod quantile nanquantile stft cdist
+        grid_sampler_2d _grid_sampler_2d_cpu_fallback grid_sampler_3d trace view_as_complex cholesky
+        cholesky_inverse cholesky_solve inverse lu_solve orgqr ormqr pinverse max_pool3d max_unpool2d
+        max_unpool3d adaptive_avg_pool3d reflection_pad1d reflection_pad2d replication_pad1d
+        replication_pad2d replication_pad3d mse_loss cosine_embedding_loss nll_loss nll_loss2d
+        hinge_embedding_loss poisson_nll_loss smooth_l1_loss cross_entropy_loss l1_loss huber_loss
+        margin_ranking_loss soft_margin_loss triplet_margin_loss multi_margin_loss ctc_loss kl_div
+        multilabel_margin_loss binary_cross_entropy_with_logits fft_fft fft_ifft fft_fft2 fft_ifft2
+        fft_fftn fft_ifftn fft_rfft fft_irfft fft_rfft2 fft_irfft2 fft_rfftn fft_irfftn fft_hfft
+        fft_ihfft linalg_cond linalg_matrix_rank linalg_solve linalg_cholesky linalg_svdvals
+        linalg_eigvals linalg_eigvalsh linalg_inv linalg_householder_product linalg_tensorinv
+        linalg_tensorsolve fake_quantize_per_tensor_affine geqrf _lu_with_info qr svd
+        triangular_solve fractional_max_pool2d fractional_max_pool3d adaptive_max_pool3d
+        multilabel_margin_loss_forward linalg_qr linalg_cholesky_ex linalg_svd linalg_eig linalg_eigh
+        linalg_lstsq linalg_inv_ex""".split(),
+        FP32,
+    ),
+    **dict.fromkeys("stack cat index_copy".split(), PROMOTE),
+}
+
+#: torch-level names that call an ATen op of another name (the Python operator, an alias,
+#: the ``torch.nn.functional`` wrapper)
+CALL_NAMES: dict[str, str] = {
+    "__matmul__": "matmul",
+    "__rmatmul__": "matmul",
+    "concat": "cat",
+    "concatenate": "cat",
+    "cross_entropy": "cross_entropy_loss",
+    "grid_sample": "grid_sampler",
+}
+
+
+def _pad_op(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+    """The ATen op ``F.pad`` runs: reflection and replication padding have fp32 kernels."""
+    mode = kwargs.get("mode", args[2] if len(args) > 2 else "constant")
+    x = args[0] if args else kwargs.get("input")
+    if mode not in ("reflect", "replicate") or not isinstance(x, torch.Tensor):
+        return None
+    pads = kwargs.get("pad", args[1] if len(args) > 1 else ())
+    dims = len(pads) // 2
+    return f"{'reflection' if mode == 'reflect' else 'replication'}_pad{dims}d"
+
+
+#: torch-level calls whose ATen op depends on their arguments
+_BY_ARGUMENTS: dict[str, Callable[[tuple[Any, ...], dict[str, Any]], str | None]] = {"pad": _pad_op}
+
+
+def policy(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+    """The CPU autocast policy of the torch call ``func(*args, **kwargs)``, or ``None``."""
+    name = getattr(func, "__name__", "")
+    module = getattr(func, "__module__", "") or ""
+    if name in _BY_ARGUMENTS:
+        op = _BY_ARGUMENTS[name](args, kwargs)
+        return CPU_POLICY.get(op) if op else None
+    if module.startswith("torch.linalg") or module == "torch._C._linalg":
+        name = name if name.startswith("linalg_") else f"linalg_{name}"
+    elif module.startswith("torch.fft") or module == "torch._C._fft":
+        name = name if name.startswith("fft_") else f"fft_{name}"
+    return CPU_POLICY.get(CALL_NAMES.get(name, name))
+
+
+# -- the state of a call and of a capture --------------------------------------------
 
 _is_any_enabled = torch._C._is_any_autocast_enabled
 
@@ -61,39 +151,72 @@ def entered_again(amp: tuple[tuple[str, torch.dtype], ...]) -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def switched_off(amp: tuple[tuple[str, torch.dtype], ...]) -> Iterator[None]:
+    """Autocast off for the devices of ``amp`` while a compiled program runs: its graph
+    has every cast autocast made in it, and extern calls that need autocast enter it."""
+    with contextlib.ExitStack() as stack:
+        for device, _ in amp:
+            stack.enter_context(torch.autocast(device, enabled=False))
+        yield
+
+
+@contextlib.contextmanager
+def kept() -> Iterator[None]:
+    """The thread's autocast state (per device: enabled, dtype) as it was, after a
+    capture: code that entered autocast and failed midway leaves nothing on."""
+    devices = ("cpu", "cuda")
+    saved = [(d, _enabled(d), torch.get_autocast_dtype(d)) for d in devices]
+    try:
+        yield
+    finally:
+        for device, on, dtype in saved:
+            if _enabled(device) != on:
+                torch.set_autocast_enabled(device, on)
+            if torch.get_autocast_dtype(device) != dtype:
+                torch.set_autocast_dtype(device, dtype)
+
+
 def describe(amp: tuple[tuple[str, torch.dtype], ...]) -> str:
     return ", ".join(f"{d} {str(t).removeprefix('torch.')}" for d, t in amp) if amp else "off"
 
 
+def uncaptured(amp: tuple[tuple[str, torch.dtype], ...]) -> tuple[tuple[str, torch.dtype], ...]:
+    """The part of an autocast state a capture cannot reproduce (devices outside
+    :data:`CAPTURED_DEVICES`)."""
+    return tuple((d, t) for d, t in amp if d not in CAPTURED_DEVICES)
+
+
 def at_call(amp: tuple[tuple[str, torch.dtype], ...]) -> CompileError:
-    """The error for a call made with autocast on (the function itself is not at fault)."""
+    """The error for a call made with uncaptured autocast on (the function is not at fault)."""
     return CompileError(f"called under autocast ({describe(amp)}), which Cuvil does not capture", None, HINT)
 
 
-def check_in_trace(tracer: Any) -> None:
-    """Raise when autocast is on, for a device of the graph being captured, while an op
-    is captured: the result would be computed in fp32 where eager computes in the lower
-    dtype. This catches every way in (a context manager object made elsewhere, library
-    code, ``torch.set_autocast_enabled``); :func:`check_entered` names the line."""
+def active(tracer: Any) -> tuple[tuple[str, torch.dtype], ...]:
+    """The autocast state for the graph's devices while a call is captured; a located
+    :class:`CompileError` where it is on for a device a capture cannot reproduce."""
     if not _is_any_enabled():
-        return
-    on = [(d, torch.get_autocast_dtype(d)) for d in _graph_devices(tracer) if _enabled(d)]
-    if on:
-        raise CompileError(f"op captured under autocast ({describe(tuple(on))})", tracer.source_loc(), HINT)
+        return ()
+    on = tuple((d, torch.get_autocast_dtype(d)) for d in _graph_devices(tracer) if _enabled(d))
+    bad = uncaptured(on)
+    if bad:
+        raise CompileError(f"op captured under autocast ({describe(bad)})", tracer.source_loc(), HINT)
+    return on
 
 
 def check_entered(tracer: Any, fn: Any, args: tuple[Any, ...], result: Any, loc: SourceLoc | None) -> None:
     """Raise when a call in compiled code made an enabled autocast context manager
     (``torch.autocast``, ``torch.amp.autocast`` or a subclass) or enabled autocast
-    (``torch.set_autocast_enabled``) for a device of the graph. ``autocast(enabled=False)``
-    (as models use around rotary embeddings) is fine: nothing is cast inside it."""
+    (``torch.set_autocast_enabled``) for a device of the graph that a capture cannot
+    reproduce (CPU autocast is captured). ``autocast(enabled=False)`` (as models use
+    around rotary embeddings) is fine: nothing is cast inside it."""
     if isinstance(result, torch.amp.autocast):
         device, on = result.device, bool(result._enabled)
     elif fn is torch.set_autocast_enabled and len(args) == 2:
         device, on = str(args[0]), bool(args[1])
     else:
         return
-    if on and device in _graph_devices(tracer):
+    if on and device in _graph_devices(tracer) and device not in CAPTURED_DEVICES:
         if fn is torch.set_autocast_enabled:
             # undo it: the error leaves the function before its own reset. It was off
             # before (on at the call, or on at an earlier op, is an error already).
@@ -106,3 +229,82 @@ def _graph_devices(tracer: Any) -> list[str]:
     values = [*tracer.inputs, *(x.value for x in tracer.lifted)]
     devices = {str(d).split(":")[0] for v in values if (d := getattr(v.type, "device", None))}
     return sorted(devices or {"cpu"})
+
+
+# -- casting a call's operands ---------------------------------------------------------
+
+
+def cast_operands(
+    tracer: Any,
+    func: Any,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    amp: tuple[tuple[str, torch.dtype], ...],
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """``func``'s operands as autocast gives them to the op ([Note: autocast captured]):
+    each eligible tensor (a proxy, or a real tensor, lifted first) cast by a recorded
+    ``to`` call; unchanged when ``func`` has no policy."""
+    rule = policy(func, args, kwargs)
+    if rule is None:
+        return args, kwargs
+    device, low = next((d, t) for d, t in amp if d == "cpu")
+    leaves = [x for x in _tensors((args, kwargs)) if _eligible(x, device)]
+    if not leaves:
+        return args, kwargs
+    if rule == LOWER:
+        to = low
+    elif rule == FP32:
+        to = torch.float32
+    else:
+        to = _dtype(leaves[0])
+        for x in leaves[1:]:
+            to = torch.promote_types(to, _dtype(x))
+
+    def convert(x: Any) -> Any:
+        if not (isinstance(x, torch.Tensor) and _eligible(x, device)) or _dtype(x) == to:
+            return x
+        if not hasattr(x, "ir_type"):  # a real tensor the code read: a graph input first
+            x = tracer.lift(x)
+        return tracer.handle(torch.Tensor.to, (x, to), {})
+
+    return _map((args, kwargs), convert)
+
+
+def _eligible(x: torch.Tensor, device: str) -> bool:
+    """What autocast casts: floating tensors on its device, float64 excepted."""
+    dtype = _dtype(x)
+    return dtype.is_floating_point and dtype != torch.float64 and _device(x) == device
+
+
+def _dtype(x: torch.Tensor) -> torch.dtype:
+    """A proxy's dtype from its IR type (asking the proxy would be a traced call)."""
+    ir = getattr(x, "ir_type", None)
+    return ir.dtype.torch if ir is not None else x.dtype
+
+
+def _device(x: torch.Tensor) -> str:
+    ir = getattr(x, "ir_type", None)
+    return str(ir.device).split(":")[0] if ir is not None else x.device.type
+
+
+def _tensors(tree: Any) -> Iterator[torch.Tensor]:
+    if isinstance(tree, torch.Tensor):
+        yield tree
+    elif isinstance(tree, (tuple, list)):
+        for x in tree:
+            yield from _tensors(x)
+    elif isinstance(tree, dict):
+        for x in tree.values():
+            yield from _tensors(x)
+
+
+def _map(tree: Any, fn: Callable[[Any], Any]) -> Any:
+    if isinstance(tree, torch.Tensor):
+        return fn(tree)
+    if isinstance(tree, tuple):
+        return tuple(_map(x, fn) for x in tree)
+    if isinstance(tree, list):
+        return [_map(x, fn) for x in tree]
+    if isinstance(tree, dict):
+        return {k: _map(v, fn) for k, v in tree.items()}
+    return tree

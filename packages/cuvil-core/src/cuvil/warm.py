@@ -115,7 +115,7 @@ def _identity(fn: Any, module: torch.nn.Module | None) -> list[Any]:
     return [getattr(fn, "__module__", None), fn.__qualname__, fingerprint(code)]
 
 
-def key(cf: Any, structure: tuple[Any, ...], target: Any, options: Any) -> str | None:
+def key(cf: Any, structure: tuple[Any, ...], target: Any, options: Any, amp: Any = ()) -> str | None:
     """The variant's key in the ``calls`` store, or ``None`` when it cannot have one."""
     try:
         spec_text = pytree.treespec_dumps(structure[0])
@@ -141,6 +141,7 @@ def key(cf: Any, structure: tuple[Any, ...], target: Any, options: Any) -> str |
         leaves,
         ident,
         state,
+        [[d, str(t)] for d, t in amp],  # the call's autocast: its casts are in the graph
     ]
     return hashlib.sha256(json.dumps(parts, default=repr).encode()).hexdigest()
 

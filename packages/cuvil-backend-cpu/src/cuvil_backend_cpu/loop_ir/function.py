@@ -8,7 +8,17 @@ from typing import Any
 
 import sympy
 
-from cuvil_backend_cpu.loop_ir.nodes import Accumulate, Let, Loop, LoopFunc, Param, Prefetch, Stmt, Store
+from cuvil_backend_cpu.loop_ir.nodes import (
+    Accumulate,
+    Let,
+    Loop,
+    LoopFunc,
+    Param,
+    Prefetch,
+    Scratch,
+    Stmt,
+    Store,
+)
 from cuvil_ir.graph_ir.types import DType
 from cuvil_ir.tensor_ir import expr as E
 from cuvil_ir.tensor_ir.program import Kernel, TensorProgram
@@ -49,7 +59,10 @@ def _collect(stmts: Sequence[Stmt], sizes: set[sympy.Symbol], args: dict[str, DT
                 args[x.name] = x.dtype
 
     for s in stmts:
-        if isinstance(s, Loop):
+        if isinstance(s, Scratch):
+            syms_of(s.extent)
+            _collect(s.body, sizes, args)
+        elif isinstance(s, Loop):
             syms_of(s.extent)
             syms_of(s.start)
             if s.work is not None:

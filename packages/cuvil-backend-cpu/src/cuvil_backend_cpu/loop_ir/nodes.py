@@ -78,7 +78,20 @@ class Prefetch:
     limit: sympy.Expr
 
 
-Stmt = Union[Loop, Let, Accumulate, Store, Prefetch]
+@dataclass(frozen=True, slots=True)
+class Scratch:
+    """A local array ``name`` of ``extent`` elements of ``dtype`` for the statements of
+    ``body``: where a half-precision row kernel keeps a value a reduction phase computed
+    (softmax's ``exp(x - max)``) at float32 precision for its store to read back, as a
+    float32 kernel keeps it in its own output row (``statements.find_stash``)."""
+
+    name: str
+    dtype: DType
+    extent: sympy.Expr
+    body: tuple[Stmt, ...]
+
+
+Stmt = Union[Loop, Let, Accumulate, Store, Prefetch, Scratch]
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +132,12 @@ def _stmt_lines(s: Stmt, indent: str) -> list[str]:
         work = f" if work >= {dim_str(s.work)}" if s.work is not None else ""
         head = f"{indent}{s.kind} {s.var} in [{dim_str(s.start)}, {dim_str(s.extent)}){red}{work} {{"
         lines = [head]
+        for b in s.body:
+            lines.extend(_stmt_lines(b, indent + "  "))
+        lines.append(indent + "}")
+        return lines
+    if isinstance(s, Scratch):
+        lines = [f"{indent}scratch %{s.name}: {s.dtype.value}[{dim_str(s.extent)}] {{"]
         for b in s.body:
             lines.extend(_stmt_lines(b, indent + "  "))
         lines.append(indent + "}")

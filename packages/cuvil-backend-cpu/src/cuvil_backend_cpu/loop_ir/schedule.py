@@ -33,7 +33,7 @@ import sympy
 from cuvil_backend_cpu.loop_ir.access import access_offsets, collapse, in_layout_order, outer_extent, tile
 from cuvil_backend_cpu.loop_ir.column_schedule import column_reduction
 from cuvil_backend_cpu.loop_ir.function import loop_func
-from cuvil_backend_cpu.loop_ir.nodes import Accumulate, Let, Loop, LoopFunc, Stmt, Store
+from cuvil_backend_cpu.loop_ir.nodes import Accumulate, Let, Loop, LoopFunc, Scratch, Stmt, Store
 from cuvil_backend_cpu.loop_ir.schedule_policy import SchedulePolicy, may_parallelize
 from cuvil_backend_cpu.loop_ir.statements import (
     Names,
@@ -144,20 +144,22 @@ def schedule_kernel(kernel: Kernel, program: TensorProgram, policy: SchedulePoli
     store_e = sub(store_expr)
     store_o = sympy.expand(store_off.xreplace(subst))
     stash = find_stash(phases, inner, store_e, kernel, policy, sub) if not reads_own(kernel) else None
+    scratch: Scratch | None = None
     level: list[Stmt] = []
     for pi, (v, r, body) in enumerate(phases):
         if stash is not None and stash[0] == pi:
             _, s_r, s_i, rsym, isym = stash
             t = E.Var(names("s"), s_r.dtype)
             body = E.replace(sub(body), s_r, t)
-            nest = reduction_nest(
-                v,
-                r,
-                body,
-                top=not outer,
-                pre=[Let(t.name, s_r, t.dtype), Store(kernel.buf, store_o.xreplace({isym: rsym}), t)],
-            )
-            store_e = E.replace(store_e, s_i, E.Load(kernel.buf, store_o, s_i.dtype))
+            if s_r.dtype == program.buffers[kernel.buf].dtype:
+                keep = Store(kernel.buf, store_o.xreplace({isym: rsym}), t)
+                kept: E.Expr = E.Load(kernel.buf, store_o, s_i.dtype)
+            else:  # a half output: the float32 value in a row of its own
+                scratch = Scratch(names("st"), s_r.dtype, sympy.sympify(inner[0][1]), ())
+                keep = Store(scratch.name, rsym, t)
+                kept = E.Load(scratch.name, isym, s_i.dtype)
+            nest = reduction_nest(v, r, body, top=not outer, pre=[Let(t.name, s_r, t.dtype), keep])
+            store_e = E.replace(store_e, s_i, kept)
         else:
             nest = reduction_nest(v, r, body, top=not outer)
         level.extend(nest)
@@ -180,6 +182,8 @@ def schedule_kernel(kernel: Kernel, program: TensorProgram, policy: SchedulePoli
             Loop(s, ext, kind, tuple(store), work=total if kind in ("par", "parvec") else None, start=start)
         ]
     level.extend(store)
+    if scratch is not None:
+        level = [Scratch(scratch.name, scratch.dtype, scratch.extent, tuple(level))]
     if outer and phases and policy.prefetch:
         level = [*prefetches(phases, outer, kernel, sub), *level]
     for j in range(len(outer) - 1, -1, -1):

@@ -139,7 +139,8 @@ def find_stash(
 ) -> Any:
     """A costly value the store computes that a reduction phase already computed at the
     same element (softmax's ``exp(x - max)``): the phase writes it into the output
-    buffer, and the store reads it back instead of computing it again.
+    buffer, and the store reads it back instead of computing it again (a half-precision
+    output, which cannot hold it unrounded, keeps a float32 one in a ``Scratch`` row).
 
     Returns ``(phase index, value over the reduction index, value over the store
     index, reduction symbol, store symbol)`` or ``None``.
@@ -148,22 +149,26 @@ def find_stash(
         return None
     isym, iext = inner[0]
     out_dtype = store_e.dtype
+    # a half output stashes the float32 value it is rounded from (into a Scratch row)
+    kinds = {out_dtype, DType.f32} if out_dtype in (DType.f16, DType.bf16) else {out_dtype}
     cands = sorted(
         {
             x
             for x in E.walk(store_e)
-            if isinstance(x, E.Call) and x.dtype == out_dtype and E.cost(x) >= 4 and isym in E.free_indices(x)
+            if isinstance(x, E.Call) and x.dtype in kinds and E.cost(x) >= 4 and isym in E.free_indices(x)
         },
         key=lambda x: (-E.size(x), E.expr_str(x)),
     )
+    rows = []
     for pi, (_, r, body) in enumerate(phases):
         if len(r.ranges) != 1:
             continue
         rsym, rext = r.ranges[0]
         if sympy.expand(sympy.sympify(sub_e(rext, {})) - iext) != 0:
             continue
-        inside = set(E.walk(sub(body)))
-        for c in cands:
+        rows.append((pi, rsym, set(E.walk(sub(body)))))
+    for c in cands:  # the costliest value first, whichever phase computes it
+        for pi, rsym, inside in rows:
             c_r = E.substitute(c, {isym: rsym})
             if c_r in inside:
                 return pi, c_r, c, rsym, isym

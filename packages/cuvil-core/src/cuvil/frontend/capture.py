@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
+from cuvil import autocast
 from cuvil.errors import CompileError
 from cuvil.frontend import (
     aliasing,
@@ -259,6 +260,7 @@ def capture(
             layout.mode(tracer),
             _compiling(),
             builtin_args.decided(),
+            autocast.kept(),  # an autocast the function entered and did not leave ends here
         ):
             out = target(*args, **kwargs)
     finally:

@@ -437,7 +437,9 @@ class Tracer:
 
     def handle(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         self.sync()
-        autocast.check_in_trace(self)  # eager would cast; the graph would not
+        amp = autocast.active(self)
+        if amp:  # the casts autocast makes, recorded ([Note: autocast captured])
+            args, kwargs = autocast.cast_operands(self, func, args, kwargs, amp)
         args, kwargs = torch_calls.weak_numbers(args, kwargs)
         answered = decompose.layout(self, func, args, kwargs)
         if answered is not NotImplemented:
@@ -479,7 +481,7 @@ class Tracer:
             # size arithmetic (torch.sym_float ...) runs on the SymInts themselves; other
             # calls without traced values are constants, evaluated once and lifted if used
             return func(*args, **kwargs)
-        if has_proxy and entry is None:
+        if has_proxy and entry is None and not amp:  # (under autocast: the extern casts as eager)
             result = decompose.decompose(self, func, args, kwargs)
             if result is not NotImplemented:
                 return result
@@ -560,7 +562,15 @@ class Tracer:
                 out_types = [mine, *out_types[1:]]
         data_sizes.check_bindable(self, target, out_types)
         outs = tuple(self._fresh(t) for t in out_types)
-        attrs = (("args", args_attr), ("kwargs", kwargs_attr), ("mutates", mutates), ("target", target))
+        attrs: tuple[tuple[str, AttrValue], ...] = (
+            ("args", args_attr),
+            ("kwargs", kwargs_attr),
+            ("mutates", mutates),
+            ("target", target),
+        )
+        amp = autocast.active(self)
+        if amp:  # it runs under autocast, as in eager (its types came from the same)
+            attrs += (("autocast", tuple((d, DType.from_torch(t)) for d, t in amp)),)
         self.nodes.append(Node("extern", tuple(inputs), outs, attrs, loc=self.loc()))
         data_sizes.assert_sizes(self, f"{target} on sizes computed from tensor data")
         handles = [self.wrap(v) for v in outs]

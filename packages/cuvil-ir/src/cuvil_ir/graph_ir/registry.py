@@ -94,6 +94,8 @@ class Op:
     name: ClassVar[str]
     traits: ClassVar[frozenset[str]] = frozenset()
     attr_names: ClassVar[tuple[str, ...]] = ()
+    #: the attributes every node of the op carries (those of ``infer`` without a default)
+    required_attrs: ClassVar[tuple[str, ...]] = ()
     #: number of outputs when fixed; ``None`` when an attribute decides it
     num_outputs: ClassVar[int | None] = 1
 
@@ -132,9 +134,11 @@ class Op:
             cls.torch = _no_torch
         if not hasattr(cls, "capture"):
             cls.capture = _no_capture
-        cls.attr_names = tuple(
-            p.name for p in sig.parameters.values() if p.kind is inspect.Parameter.KEYWORD_ONLY
-        )
+        keyword = [p for p in sig.parameters.values() if p.kind is inspect.Parameter.KEYWORD_ONLY]
+        cls.attr_names = tuple(p.name for p in keyword)
+        # a keyword with a default is an attribute a node may leave out (its text then
+        # has none): how an op gains an attribute without changing every graph's text
+        cls.required_attrs = tuple(p.name for p in keyword if p.default is inspect.Parameter.empty)
         cls.traits = frozenset(cls.traits)
         REGISTRY.add(cls)
 

@@ -191,3 +191,16 @@ def promote_types(*types: Type) -> DType:
 
 def tensor(dtype: DType, shape: tuple[Dim, ...] | list[Dim], device: str = "cpu") -> TensorType:
     return TensorType(dtype, tuple(shape), device)
+
+
+def stored_float(value: float, dtype: DType) -> float:
+    """``value`` as a ``dtype`` tensor holds it, as a Python float: a float16/bfloat16
+    value goes through float32 first, as ``c10::Half``/``BFloat16`` are built from a
+    float (torch's own conversion: to nearest, ties to even, overflow to inf); a
+    float32 value is rounded to float32; float64 and NaN are unchanged."""
+    if dtype not in (DType.f16, DType.bf16, DType.f32) or value != value:
+        return value
+    import torch
+
+    wide = torch.tensor(value, dtype=torch.float64).to(torch.float32)
+    return float(wide.to(dtype.torch).item()) if dtype != DType.f32 else float(wide.item())

@@ -157,7 +157,7 @@ class _State:
         except KeyError as e:
             raise VerifyError(f"{where}: {e.args[0]}") from None
         extra = set(n.attr_dict) - set(op.attr_names)
-        missing = set(op.attr_names) - set(n.attr_dict)
+        missing = set(op.required_attrs) - set(n.attr_dict)
         if extra or missing:
             raise VerifyError(
                 f"{where}: attributes {sorted(extra)} are not declared, {sorted(missing)} are missing"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 from cuvil_ir.graph_ir.fake import fake_call, materialize
@@ -9,8 +11,22 @@ from cuvil_ir.graph_ir.nodes import AttrValue
 from cuvil_ir.graph_ir.ops._rules import ShapeError
 from cuvil_ir.graph_ir.registry import Op
 from cuvil_ir.graph_ir.torch_names import resolve
-from cuvil_ir.graph_ir.types import ScalarKind, ScalarType, TensorType, Type
+from cuvil_ir.graph_ir.types import DType, ScalarKind, ScalarType, TensorType, Type
 from cuvil_ir.symbolic import ShapeContext, expr_str, prove
+
+
+@contextlib.contextmanager
+def autocast_entered(state: AttrValue) -> Iterator[None]:
+    """``torch.autocast`` for each ``(device, dtype)`` of an extern's ``autocast``
+    attribute (nothing for ``None``)."""
+    with contextlib.ExitStack() as stack:
+        if state:
+            import torch
+
+            for device, dtype in state:  # type: ignore[union-attr, misc]
+                assert isinstance(dtype, DType)
+                stack.enter_context(torch.autocast(str(device), dtype=dtype.torch))
+        yield
 
 
 class Const(Op):
@@ -34,7 +50,10 @@ class Extern(Op):
     ``args``/``kwargs`` are attribute trees in which ``$i`` stands for input i.
     Output types come from torch's fake kernels (:mod:`cuvil_ir.graph_ir.fake`).
     ``mutates`` names the input an in-place call writes to: the reference clones
-    it first, so the node stays a pure function of its inputs.
+    it first, so the node stays a pure function of its inputs. ``autocast``, on a call
+    captured inside ``torch.autocast``, is ``((device, dtype), ...)``: the call runs (and
+    its types are computed) under that autocast, as eager ran it, so the lower-precision
+    ops inside a composite torch function (``einsum``'s ``bmm``) cast as they did.
     """
 
     name = "extern"
@@ -53,18 +72,28 @@ class Extern(Op):
         args: AttrValue,
         kwargs: AttrValue,
         mutates: int | None,
+        autocast: AttrValue = None,
     ) -> tuple[Type, ...]:
-        return tuple(fake_call(ctx, resolve(target), inputs, args, kwargs, target, mutates)[0])
+        with autocast_entered(autocast):
+            return tuple(fake_call(ctx, resolve(target), inputs, args, kwargs, target, mutates)[0])
 
     @staticmethod
-    def reference(*inputs: Any, target: str, args: AttrValue, kwargs: AttrValue, mutates: int | None) -> Any:
+    def reference(
+        *inputs: Any,
+        target: str,
+        args: AttrValue,
+        kwargs: AttrValue,
+        mutates: int | None,
+        autocast: AttrValue = None,
+    ) -> Any:
         import torch
         from torch.utils import _pytree as pytree
 
         refs = list(inputs)
         if mutates is not None:
             refs[mutates] = refs[mutates].clone()
-        out = resolve(target)(*materialize(args, refs), **materialize(kwargs, refs))
+        with autocast_entered(autocast):
+            out = resolve(target)(*materialize(args, refs), **materialize(kwargs, refs))
         if mutates is not None:
             return refs[mutates]
         if isinstance(out, torch.Tensor):

@@ -17,6 +17,7 @@ from cuvil_ir.tensor_ir.rules.helpers import (
     cast,
     const,
     element,
+    opmath,
     out_type,
     pointwise,
 )
@@ -90,12 +91,15 @@ def _cast(lw: LoweringContext, n: Node, x: Val) -> Lazy:
 def _clamp(lw: LoweringContext, n: Node, x: Val) -> Lazy:
     t = out_type(n)
     lo, hi = n.attr("min"), n.attr("max")
+    c = opmath(
+        t.dtype
+    )  # the bounds are compared in it, as eager does (a half bound rounds once, at the store)
 
     def f(a: E.Expr) -> E.Expr:
         if lo is not None:
-            a = call("max", a, const(lo, t.dtype))
+            a = call("max", a, const(lo, c))
         if hi is not None:
-            a = call("min", a, const(hi, t.dtype))
+            a = call("min", a, const(hi, c))
         return a
 
     return pointwise(n, f, x, compute=t.dtype)
@@ -106,7 +110,7 @@ def _clamp(lw: LoweringContext, n: Node, x: Val) -> Lazy:
 def _relu(lw: LoweringContext, n: Node, x: Val) -> Lazy:
     t = out_type(n)
     # max propagates NaN, as torch's relu does
-    return pointwise(n, lambda a: call("max", a, const(0, t.dtype)), x, compute=t.dtype)
+    return pointwise(n, lambda a: call("max", a, const(0, opmath(t.dtype))), x, compute=t.dtype)
 
 
 @rule("tril", "triu")

@@ -13,6 +13,7 @@ from cuvil_ir.tensor_ir.rules.helpers import (
     call,
     cast,
     const,
+    opmath,
     out_type,
 )
 from cuvil_ir.tensor_ir.rules.table import rule
@@ -55,10 +56,12 @@ def _arange(lw: LoweringContext, n: Node) -> Lazy:
     if not all(isinstance(v, (int, float, sympy.Basic)) for v in (start, step)):
         raise NotLowered("arange bounds")
     if t.dtype.is_floating and (isinstance(start, float) or isinstance(step, float)):
+        # eager's accumulate type on CPU: float64 for float32 and float64, float32 for halves
+        acc = DType.f32 if opmath(t.dtype) != t.dtype else DType.f64
         body: E.Expr = call(
             "add",
-            const(float(start), DType.f64),  # type: ignore[arg-type]
-            call("mul", cast(E.Index(idx(1)[0], DType.i64), DType.f64), const(float(step), DType.f64)),  # type: ignore[arg-type]
+            const(float(start), acc),  # type: ignore[arg-type]
+            call("mul", cast(E.Index(idx(1)[0], DType.i64), acc), const(float(step), acc)),  # type: ignore[arg-type]
         )
         return Lazy(t.shape, t.dtype, cast(body, t.dtype))
     if isinstance(start, float) or isinstance(step, float):

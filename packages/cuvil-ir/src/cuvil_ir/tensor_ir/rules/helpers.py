@@ -9,8 +9,9 @@ from typing import Any
 
 import sympy
 
+from cuvil_ir.graph_ir.decompose import LOW_PRECISION
 from cuvil_ir.graph_ir.nodes import Node
-from cuvil_ir.graph_ir.types import DType, TensorType, promote_types
+from cuvil_ir.graph_ir.types import DType, TensorType, promote_types, stored_float
 from cuvil_ir.symbolic import Dim
 from cuvil_ir.tensor_ir import expr as E
 from cuvil_ir.tensor_ir.lowering_context import LoweringContext
@@ -36,6 +37,8 @@ def ints_attr(n: Node, name: str) -> tuple[int, ...]:
 def const(value: Any, dtype: DType) -> E.Const:
     if dtype == DType.bool:
         return E.Const(bool(value), dtype)
+    if dtype in OPMATH:  # a half constant holds what a half tensor would ([Note: opmath])
+        return E.Const(stored_float(float(value), dtype), dtype)
     if dtype.is_floating:
         return E.Const(float(value), dtype)
     return E.Const(int(value), dtype)
@@ -71,12 +74,54 @@ def element(v: Val, out_shape: Sequence[Dim], index: Sequence[Any] | None = None
     return v.at(sub)
 
 
-def pointwise(n: Node, fn: Callable[..., E.Expr], *vals: Val, compute: DType | None = None) -> Lazy:
+#: [Note: opmath] Eager torch computes elementwise math and reductions of float16 and
+#: bfloat16 tensors in float32 (ATen's ``opmath_type``): operands are widened, the op
+#: computes in float32 (a reduction accumulates there) and its result is rounded to the
+#: storage type once, where the op stores it. Rules do the same: a dtype here computes in
+#: the one it maps to, and ``cast`` back to the result's dtype is that rounding. So a
+#: fused chain of half ops rounds after every op, exactly where eager rounds, and gives
+#: eager's bits (up to the float32 math itself). Composite ops compute in float32 between
+#: their operands and their result, as eager's fused kernels (softmax, layer_norm) do
+#: (:data:`cuvil_ir.graph_ir.decompose.LOW_PRECISION`).
+OPMATH: dict[DType, DType] = {d: DType.f32 for d in LOW_PRECISION}
+
+
+def opmath(dtype: DType) -> DType:
+    """The dtype eager computes ``dtype`` math in (see [Note: opmath])."""
+    return OPMATH.get(dtype, dtype)
+
+
+def pointwise(
+    n: Node, fn: Callable[..., E.Expr], *vals: Val, compute: DType | None = None, wide_scalar: bool = False
+) -> Lazy:
+    """``fn`` of the broadcast operands' elements; with ``compute``, the operands are
+    cast to ``compute`` and then to ``opmath(compute)`` (the dtype eager computes
+    ``compute`` math in: see [Note: opmath]). The result is cast to the node's result dtype.
+
+    Casting to ``compute`` first is eager's rule for half types: an operand of another
+    dtype (a Python number, a 0-d float32 tensor, a float32 threshold) is converted to the
+    common dtype before the op widens it, so ``x - 0.1`` subtracts bfloat16's 0.1. Eager's
+    ``mul`` and ``div`` take their second operand at full precision when it is a scalar
+    (ATen reads the original scalar in float32): ``wide_scalar`` says so."""
     t = out_type(n)
     args = [element(v, t.shape) for v in vals]
     if compute is not None:
-        args = [cast(a, compute) for a in args]
+        wide = opmath(compute)
+        if wide != compute:
+            args = [
+                a if wide_scalar and k == 1 and _is_scalar(n, k) else cast(a, compute)
+                for k, a in enumerate(args)
+            ]
+        args = [cast(a, wide) for a in args]
     return Lazy(t.shape, t.dtype, cast(fn(*args), t.dtype))
+
+
+def _is_scalar(n: Node, k: int) -> bool:
+    """Operand ``k`` is what TensorIterator calls a CPU scalar: a number or a 0-d tensor."""
+    if k >= len(n.inputs):
+        return True  # a constant the rule made
+    ty = n.inputs[k].type
+    return not isinstance(ty, TensorType) or ty.rank == 0
 
 
 def compute_dtype(n: Node) -> DType:

@@ -16,6 +16,7 @@ from cuvil_ir.tensor_ir.rules.helpers import (
     cast,
     const,
     float_attr,
+    opmath,
     out_type,
     tensor_operand,
 )
@@ -37,8 +38,9 @@ def _dropout(lw: LoweringContext, n: Node, x: Val) -> Lazy:
     seed = lw.seed()
     counter = E.Index(linear_offset(x.shape, idx(x.rank)), DType.i64)
     keep = call("ge", E.Call("rand", (seed, counter), DType.f32), const(p, DType.f32), dtype=DType.bool)
-    scaled = call("mul", cast(x.body, t.dtype), const(1.0 / (1.0 - p), t.dtype))
-    return Lazy(t.shape, t.dtype, E.Call("where", (keep, scaled, const(0, t.dtype)), t.dtype))
+    c = opmath(t.dtype)
+    scaled = call("mul", cast(x.body, c), const(1.0 / (1.0 - p), c))
+    return Lazy(t.shape, t.dtype, cast(E.Call("where", (keep, scaled, const(0, c)), c), t.dtype))
 
 
 @rule("interpolate")

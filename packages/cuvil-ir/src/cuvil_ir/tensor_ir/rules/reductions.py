@@ -11,6 +11,7 @@ from cuvil_ir.tensor_ir.rules.helpers import (
     cast,
     count,
     norm_dims,
+    opmath,
     out_type,
     reduce,
     tensor_operand,
@@ -31,7 +32,8 @@ def _reduction(lw: LoweringContext, n: Node, x: Val) -> Lazy:
         return Lazy(t.shape, t.dtype, cast(x.body, t.dtype))
     keep = bool(n.attr("keepdim"))
     kind = _REDUCE[n.op]
-    dt = DType.bool if kind in ("any", "all") else t.dtype
+    # half sums accumulate in float32 and round once ([Note: opmath])
+    dt = DType.bool if kind in ("any", "all") else opmath(t.dtype)
     body = reduce(lw, kind, x, dims, keep=keep, dtype=dt)
     return Lazy(t.shape, t.dtype, cast(body, t.dtype))
 
@@ -43,5 +45,6 @@ def _mean(lw: LoweringContext, n: Node, x: Val) -> Lazy:
     dims = norm_dims(n.attr("dims"), x.rank)
     if x.rank == 0:
         return Lazy(t.shape, t.dtype, cast(x.body, t.dtype))
-    s = reduce(lw, "sum", x, dims, keep=bool(n.attr("keepdim")), dtype=t.dtype)
-    return Lazy(t.shape, t.dtype, call("div", s, count(x, dims, t.dtype)))
+    c = opmath(t.dtype)  # a half mean divides the float32 sum and rounds once, as eager does
+    s = reduce(lw, "sum", x, dims, keep=bool(n.attr("keepdim")), dtype=c)
+    return Lazy(t.shape, t.dtype, cast(call("div", s, count(x, dims, c)), t.dtype))

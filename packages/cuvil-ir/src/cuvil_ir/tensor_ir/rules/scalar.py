@@ -26,6 +26,9 @@ COMPARISONS = frozenset("eq ne lt le gt ge".split())
 LOGICAL = frozenset("and or xor not".split())
 #: functions that round a float and copy an integer
 ROUNDING = frozenset("floor ceil trunc round".split())
+#: functions whose scalar second operand eager takes at float32 precision for a half
+#: tensor (ATen's ``original_scalar_value``; others round it to the half type first)
+WIDE_SCALAR = frozenset("mul div floordiv".split())
 
 
 def scalar_rule(fn: str) -> Callable[..., Lazy]:
@@ -50,9 +53,10 @@ def scalar_rule(fn: str) -> Callable[..., Lazy]:
             return pointwise(n, lambda a: a, *operands, compute=t.dtype)
         if fn == "bitnot" and t.dtype == DType.bool:
             return pointwise(n, lambda a: call("not", a), *operands, compute=DType.bool)
+        wide = fn in WIDE_SCALAR
         if fn == "floordiv" and t.dtype.is_floating:
-            return pointwise(n, float_floordiv, *operands, compute=t.dtype)
-        return pointwise(n, lambda *xs: call(fn, *xs), *operands, compute=t.dtype)
+            return pointwise(n, float_floordiv, *operands, compute=t.dtype, wide_scalar=wide)
+        return pointwise(n, lambda *xs: call(fn, *xs), *operands, compute=t.dtype, wide_scalar=wide)
 
     return lower_scalar
 

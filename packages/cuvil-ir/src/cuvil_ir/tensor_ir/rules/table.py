@@ -23,6 +23,7 @@ from cuvil_ir.tensor_ir import expr as E
 from cuvil_ir.tensor_ir.lowering_context import LoweringContext
 from cuvil_ir.tensor_ir.rules.helpers import (
     const,
+    opmath,
     out_type,
     pointwise,
 )
@@ -69,11 +70,12 @@ class _Rules(dict[str, Rule]):
                 raise NotLowered(
                     f"{n.op}: a native lowering is elementwise, its operands broadcast to its result"
                 )
-        consts = [const(n.attr(a), t.dtype) for a in attrs]
+        c = opmath(t.dtype)  # a half op's native form computes in float32 too ([Note: opmath])
+        consts = [const(n.attr(a), c) for a in attrs]
         params = (*operand_names, *attrs)
         return pointwise(
             n,
-            lambda *xs: E.native_call(name, params, body, (*xs, *consts), t.dtype),
+            lambda *xs: E.native_call(name, params, body, (*xs, *consts), c),
             *operands,
             compute=t.dtype,
         )
