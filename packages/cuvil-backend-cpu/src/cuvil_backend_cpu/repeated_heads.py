@@ -61,6 +61,12 @@ def rewrite(graph: Graph) -> Graph:
         qh, kh, vh = q.shape[1], k[0].type.shape[1], v[0].type.shape[1]  # type: ignore[union-attr]
         if not (_equal(ctx, qh, n.inputs[1].type.shape[1], kh * k[1]) and _equal(ctx, kh, vh)):  # type: ignore[union-attr]
             continue
+        # sdpa's rule wants keys and values of one batch and length: the repeats' types said
+        # so where the sizes are ones the graph knows equal; unrepeated, each has its own
+        # (a dynamic cache's past keys and past values are two inputs with two length symbols)
+        ks, vs = k[0].type.shape, v[0].type.shape  # type: ignore[union-attr]
+        if not (_equal(ctx, ks[0], vs[0]) and _equal(ctx, ks[2], vs[2])):
+            continue
         # what sdpa's rule asks of grouped heads, implied by qh = kh * R: said, not assumed anew
         for fact in (canonical(sympy.Eq(sympy.Mod(qh, kh), 0)),):
             if fact != sympy.true and fact not in facts:
