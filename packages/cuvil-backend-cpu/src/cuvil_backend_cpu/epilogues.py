@@ -199,15 +199,8 @@ def _rank(v: Value) -> int | None:
 
 
 def uses(graph: Graph) -> Counter[str]:
-    """How many times each value is read: by any node (regions included), a block's
-    results or a graph output."""
-    uses: Counter[str] = Counter()
-    for n in graph.walk():
-        uses.update(v.name for v in n.inputs)
-        for r in n.regions:
-            uses.update(v.name for v in r.results)
-    uses.update(v.name for v in graph.outputs)
-    return uses
+    """How many times each value is read (:meth:`Graph.use_counts`)."""
+    return graph.use_counts()
 
 
 def same_type(ctx: ShapeContext, a: Type, b: Type) -> bool:

@@ -19,6 +19,7 @@ from cuvil.call_plan import output_leaf
 from cuvil.frontend import arg_objects
 from cuvil.frontend.capture import Captured, module_state
 from cuvil.results import unflatten
+from cuvil_ir.graph_ir import in_place
 from cuvil_runtime.grad import without_grad
 from cuvil_runtime.target import Executable
 
@@ -112,7 +113,12 @@ def run_artifact(art: Artifact, leaves: list[Any], tree: tuple[tuple[Any, ...], 
     c = art.captured
     assert c is not None and art.executable is not None
     # inference on every target: results carry no autograd history
-    results = without_grad(art.executable, graph_inputs(c, leaves))
+    inputs = graph_inputs(c, leaves)
+    if c.written_in_place and in_place.exclusive(inputs, c.written_in_place):
+        with in_place.writing(True):  # [Note: updates in place]
+            results = without_grad(art.executable, inputs)
+    else:
+        results = without_grad(art.executable, inputs)
     if c.input_updates:  # argument tensors updated in place (cuvil/frontend/input_writes.py)
         with torch.no_grad():
             for i, j in c.input_updates:

@@ -44,6 +44,7 @@ from cuvil.frontend.reads import LiftSource
 from cuvil.frontend.regions import Undefined
 from cuvil.frontend.tracer import Lifted, Tracer
 from cuvil.guards import _SCALARS, AssumptionCheck, ReadGuards, SymbolSlot
+from cuvil_ir.graph_ir import in_place
 from cuvil_ir.graph_ir.nodes import Graph, Value
 from cuvil_ir.graph_ir.verifier import verify
 
@@ -76,6 +77,9 @@ class Captured:
     #: argument tensors updated in place: (leaf index, graph output of the final value),
     #: copied into the caller's tensor after each run (cuvil/frontend/input_writes.py)
     input_updates: tuple[tuple[int, int], ...] = ()
+    #: graph inputs (of ``input_updates``) that calls marked ``in_place`` write directly when
+    #: no other input shares their storage ([Note: updates in place])
+    written_in_place: tuple[int, ...] = ()
 
 
 def module_state(module: torch.nn.Module) -> list[tuple[str, dict[str, Any], str]]:
@@ -303,6 +307,10 @@ def capture(
     for lifted in tracer.lifted:
         plan.append(("lifted", lifted.getter))
     graph = tracer.graph(outputs)
+    # the graph inputs of the argument tensors updated: written in place where [Note:
+    # updates in place] allows (checked again per call: cuvil/artifacts.py)
+    leaf_input = {where: k for k, (kind, where) in enumerate(plan) if kind == "leaf"}
+    graph, written = in_place.mark(graph, [leaf_input[i] for i, _ in updates if i in leaf_input])
     try:
         verify(graph)
     except Exception as e:
@@ -320,6 +328,7 @@ def capture(
         tracer.reads.storable,
         tuple(write_backs),
         updates,
+        written,
     )
 
 

@@ -9,7 +9,9 @@ functionally (the proxy now stands for the updated value, ``Tracer.rebind``) and
 the input (``Tracer.input_writes``); when the trace ends, each updated argument's final
 value becomes a graph output, and after each run it is copied into the caller's tensor
 (``copy_``: same object, same storage, views of it see the change), before the results
-are returned, as eager leaves it.
+are returned, as eager leaves it. Where no one can tell the difference, an overwrite
+(``index_copy_``, ...) writes the caller's tensor itself instead, and that copy is of the
+tensor onto itself ([Note: updates in place] in ``cuvil_ir/graph_ir/in_place.py``).
 
 Only argument tensors may be updated so: a parameter, a buffer, or a tensor the code
 reads from a global or closure is read-only in compiled code (guards and warm starts

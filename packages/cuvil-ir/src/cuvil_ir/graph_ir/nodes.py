@@ -10,6 +10,7 @@ the blocks that enclose it.
 from __future__ import annotations
 
 import hashlib
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, fields
 from typing import Any, Union
@@ -149,6 +150,17 @@ class Graph:
     def walk(self) -> Iterator[Node]:
         """Every node, including those nested in regions, in program order."""
         yield from _walk(self.nodes)
+
+    def use_counts(self) -> Counter[str]:
+        """How many times each value is read: by any node (regions included), a block's
+        results or a graph output."""
+        uses: Counter[str] = Counter()
+        for n in self.walk():
+            uses.update(v.name for v in n.inputs)
+            for r in n.regions:
+                uses.update(v.name for v in r.results)
+        uses.update(v.name for v in self.outputs)
+        return uses
 
     @property
     def symbols(self) -> tuple[sympy.Symbol, ...]:

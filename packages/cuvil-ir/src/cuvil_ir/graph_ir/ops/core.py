@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from cuvil_ir.graph_ir.fake import fake_call, materialize
+from cuvil_ir.graph_ir.in_place import allowed as in_place_allowed
 from cuvil_ir.graph_ir.nodes import AttrValue
 from cuvil_ir.graph_ir.ops._rules import ShapeError
 from cuvil_ir.graph_ir.registry import Op
@@ -54,6 +55,8 @@ class Extern(Op):
     captured inside ``torch.autocast``, is ``((device, dtype), ...)``: the call runs (and
     its types are computed) under that autocast, as eager ran it, so the lower-precision
     ops inside a composite torch function (``einsum``'s ``bmm``) cast as they did.
+    ``in_place``: the call may write operand ``mutates`` itself, no clone, when the run
+    allows it ([Note: updates in place] in :mod:`cuvil_ir.graph_ir.in_place`).
     """
 
     name = "extern"
@@ -73,6 +76,7 @@ class Extern(Op):
         kwargs: AttrValue,
         mutates: int | None,
         autocast: AttrValue = None,
+        in_place: bool = False,
     ) -> tuple[Type, ...]:
         with autocast_entered(autocast):
             return tuple(fake_call(ctx, resolve(target), inputs, args, kwargs, target, mutates)[0])
@@ -85,12 +89,13 @@ class Extern(Op):
         kwargs: AttrValue,
         mutates: int | None,
         autocast: AttrValue = None,
+        in_place: bool = False,
     ) -> Any:
         import torch
         from torch.utils import _pytree as pytree
 
         refs = list(inputs)
-        if mutates is not None:
+        if mutates is not None and not (in_place and in_place_allowed()):
             refs[mutates] = refs[mutates].clone()
         with autocast_entered(autocast):
             out = resolve(target)(*materialize(args, refs), **materialize(kwargs, refs))
