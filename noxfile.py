@@ -223,6 +223,7 @@ ISA_TESTS = [
     "packages/cuvil-backend-cpu/tests/test_row_kernels.py",  # softmax/log_softmax/layer_norm rows
     "packages/cuvil-backend-cpu/tests/test_half.py",  # float16/bfloat16 conversions and rounding
     "packages/cuvil-backend-cpu/tests/test_quant_linear.py",  # bf16/int8/int4 weight-only linears
+    "packages/cuvil-backend-cpu/tests/test_shared_input_linears.py",  # the grouped GEMV
 ]
 #: Says whether this CPU can run $CUVIL_CPU_ISA's code (an aarch64 host cannot run avx2 kernels).
 CAN_RUN_ISA = """

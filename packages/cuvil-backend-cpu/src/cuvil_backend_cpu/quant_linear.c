@@ -364,6 +364,33 @@ static void block(const job *j, int64_t n0) {
     }
 }
 
+/* int4 without the vpermps table: the sums of x per group, [M][K / G], shared by every weight a call
+   multiplies x by; *out stays 0 where they are not needed. Returns 0, 1 for a group size the kernel
+   does not take, 2 when out of memory. */
+static int group_sums(int fmt, const float *x, int64_t M, int64_t K, int64_t ldx, int64_t G, float **out) {
+    *out = 0;
+    if (fmt != QL_INT4)
+        return 0;
+    if (G < 32 || G % 32 || K % G)
+        return 1;
+#if !defined(QL_INT4_TABLE)
+    const int64_t ng = K / G;
+    float *xs = malloc((size_t)(M * ng + 1) * sizeof *xs);
+    if (!xs)
+        return 2;
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t g = 0; g < ng; g++) {
+            float s = 0.0f;
+            for (int64_t k = g * G; k < (g + 1) * G; k++) s += x[m * ldx + k];
+            xs[m * ng + g] = s;
+        }
+    *out = xs;
+#else
+    (void)x, (void)M, (void)ldx;
+#endif
+    return 0;
+}
+
 /* y = x @ W^T (+ bias). Returns 0; 1 for parameters it does not take (the caller checks them first:
    this only keeps a bad call from reading out of bounds); 2 when out of memory. */
 int cuvil_ql_linear(int fmt, const float *x, const void *w, const float *scale, const float *zero,
@@ -373,28 +400,59 @@ int cuvil_ql_linear(int fmt, const float *x, const void *w, const float *scale, 
     if (fmt < QL_BF16 || fmt > QL_F32 || j.M < 0 || j.N < 0 || j.K < 0)
         return 1;
     float *xs = 0;
-    if (fmt == QL_INT4) {
-        if (j.G < 32 || j.G % 32 || j.K % j.G)
-            return 1;
-#if !defined(QL_INT4_TABLE)
-        const int64_t ng = j.K / j.G;
-        xs = malloc((size_t)(j.M * ng + 1) * sizeof *xs);
-        if (!xs)
-            return 2;
-        for (int64_t m = 0; m < j.M; m++)
-            for (int64_t g = 0; g < ng; g++) {
-                float s = 0.0f;
-                for (int64_t k = g * j.G; k < (g + 1) * j.G; k++) s += x[m * j.ldx + k];
-                xs[m * ng + g] = s;
-            }
-        j.xs = xs;
-#endif
-    }
+    const int rc = group_sums(fmt, x, j.M, j.K, j.ldx, j.G, &xs);
+    if (rc)
+        return rc;
+    j.xs = xs;
     const int64_t blocks = (j.N + NR - 1) / NR;
     const int threads = (int)(p[P_THREADS] > 0 ? p[P_THREADS] : 1);
     /* contiguous ranges of rows per thread (static schedule): each thread streams its part of W once */
 #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && j.N * j.K >= PARALLEL_MIN)
     for (int64_t b = 0; b < blocks; b++) block(&j, b * NR);
+    free(xs);
+    return 0;
+}
+
+/* The most weights one grouped call takes (a layer's query, key and value projections, or its gate
+   and up projections, are 3 and 2). */
+#define QL_GROUP_MAX 8
+/* per weight of a group, in `addr`: its W, scale, zero and bias addresses (0 where absent), y's
+   address, its N and y's row stride */
+enum { G_W, G_SCALE, G_ZERO, G_BIAS, G_Y, G_N, G_LDY, G_COUNT };
+
+/* y_i = x @ W_i^T (+ bias_i) for `count` weights of one format and K that share x (M, K, ldx, group
+   and threads from p; P_N, P_LDY and P_BIAS unused): one parallel loop over all their blocks of rows,
+   so threads split the group's rows as they would one weight's, and x's int4 sums are made once.
+   Returns as cuvil_ql_linear. */
+int cuvil_ql_linear_group(int fmt, const float *x, int64_t count, const int64_t *addr, const int64_t *p) {
+    if (fmt < QL_BF16 || fmt > QL_F32 || count < 1 || count > QL_GROUP_MAX || p[P_M] < 0 || p[P_K] < 0)
+        return 1;
+    job jobs[QL_GROUP_MAX];
+    int64_t first[QL_GROUP_MAX + 1] = {0}, elements = 0;
+    for (int64_t i = 0; i < count; i++) {
+        const int64_t *a = addr + i * G_COUNT;
+        if (a[G_N] < 0)
+            return 1;
+        job j = {fmt, x, (const void *)(intptr_t)a[G_W], (const float *)(intptr_t)a[G_SCALE],
+                 (const float *)(intptr_t)a[G_ZERO], (const float *)(intptr_t)a[G_BIAS], 0,
+                 (float *)(intptr_t)a[G_Y], p[P_M], a[G_N], p[P_K], p[P_LDX], a[G_LDY], p[P_GROUP]};
+        jobs[i] = j;
+        first[i + 1] = first[i] + (j.N + NR - 1) / NR;
+        elements += j.N * j.K;
+    }
+    float *xs = 0;
+    const int rc = group_sums(fmt, x, p[P_M], p[P_K], p[P_LDX], p[P_GROUP], &xs);
+    if (rc)
+        return rc;
+    for (int64_t i = 0; i < count; i++) jobs[i].xs = xs;
+    const int64_t blocks = first[count];
+    const int threads = (int)(p[P_THREADS] > 0 ? p[P_THREADS] : 1);
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && elements >= PARALLEL_MIN)
+    for (int64_t b = 0; b < blocks; b++) {
+        int64_t i = 0;
+        while (b >= first[i + 1]) i++;
+        block(&jobs[i], (b - first[i]) * NR);
+    }
     free(xs);
     return 0;
 }

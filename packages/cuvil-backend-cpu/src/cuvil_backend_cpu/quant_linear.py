@@ -18,7 +18,7 @@ import ctypes
 import struct
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +56,16 @@ class QuantLinearKernel:
         self._linear = lib.cuvil_ql_linear
         self._linear.argtypes = [ctypes.c_int] + [ctypes.c_void_p] * 6 + [ctypes.c_char_p]
         self._linear.restype = ctypes.c_int
+        self._group = None if isinstance(lib, EmulatedLibrary) else lib.cuvil_ql_linear_group
+        if self._group is not None:  # (addresses in an array: not for an emulated process)
+            self._group.argtypes = [
+                ctypes.c_int,
+                ctypes.c_void_p,
+                ctypes.c_int64,
+                ctypes.c_char_p,
+                ctypes.c_char_p,
+            ]
+            self._group.restype = ctypes.c_int
         self._dequant = lib.cuvil_ql_dequant
         self._dequant.argtypes = [ctypes.c_int] + [ctypes.c_void_p] * 4 + [ctypes.c_char_p]
         self._dequant.restype = ctypes.c_int
@@ -110,6 +120,52 @@ class QuantLinearKernel:
             raise MemoryError(f"quant_linear: {fmt} {m}x{k} @ {n}x{k}: out of memory")
         if rc:
             raise ValueError(f"quant_linear: the kernel refused {fmt} {n}x{k} (group {group_size})")
+
+    def group_into(
+        self,
+        outs: Sequence[torch.Tensor],
+        x: torch.Tensor,
+        members: Sequence[Sequence[torch.Tensor]],
+        fmt: str,
+        group_size: int,
+    ) -> bool:
+        """``outs[i] = x @ W_i^T (+ bias_i)`` for the weights of ``members`` (each ``(weight,
+        *params[, bias])`` as ``weight_only_linear`` takes them; ``fmt = "f32"``: a float32
+        weight) by one grouped GEMV call over 2-d float32 ``x``; False (nothing written) where
+        the grouped kernel does not apply: an emulated build, or operands it cannot take."""
+        if self._group is None or not 1 <= len(members) <= 8 or x.dtype != torch.float32:
+            return False
+        if x.stride(1) != 1 and x.shape[1] > 1:
+            x = x.contiguous()
+        n_params = 0 if fmt == "f32" else len(quant._PARAMS[fmt])
+        addr: list[int] = []
+        keep = []  # (contiguous copies live until the call returns)
+        for out, member in zip(outs, members):
+            if out.dtype != torch.float32 or not out.is_contiguous():
+                return False
+            weight = _dense(member[0])
+            params = [_dense(t) for t in member[1 : 1 + n_params]]
+            bias = _dense(member[1 + n_params]) if len(member) > 1 + n_params else None
+            if fmt == "f32" and weight.dtype != torch.float32:
+                return False
+            if bias is not None and bias.dtype != torch.float32:
+                return False
+            scales, zeros = (params + [None, None])[:2]
+            keep.append((weight, params, bias))
+            n = weight.shape[0]
+            addr += [_ptr(weight), _ptr(scales), _ptr(zeros), _ptr(bias), _ptr(out), n, n]
+        m, k = x.shape
+        params_bytes = struct.pack("8q", m, 0, k, x.stride(0), 0, group_size, torch.get_num_threads(), 0)
+        rc = self._group(
+            _FORMATS[fmt], x.data_ptr(), len(members), struct.pack(f"{len(addr)}q", *addr), params_bytes
+        )
+        if rc == 2:
+            raise MemoryError(f"quant_linear: a group of {len(members)} {fmt} weights: out of memory")
+        if rc:
+            raise ValueError(
+                f"quant_linear: the kernel refused a group of {len(members)} {fmt} weights ({k} in)"
+            )
+        return True
 
     def dequantize(
         self,
@@ -169,6 +225,10 @@ class QuantLinearKernel:
                 torch.mm(x, panel.t(), out=dest)
             else:
                 torch.addmm(bias[n0:n1], x, panel.t(), out=dest)
+
+
+def _ptr(t: torch.Tensor | None) -> int:
+    return 0 if t is None else t.data_ptr()
 
 
 def _dense(t: torch.Tensor | None) -> Any:

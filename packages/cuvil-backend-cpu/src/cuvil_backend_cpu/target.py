@@ -27,6 +27,7 @@ from cuvil_backend_cpu import (
     externs,
     quant_linear,
     repeated_heads,
+    shared_input_linears,
     small_matmul,
 )
 from cuvil_backend_cpu.codegen import C_TYPES, CKernel, generate_c
@@ -37,6 +38,7 @@ from cuvil_backend_cpu.loop_ir.nodes import Accumulate, Let, Loop, LoopFunc, Par
 from cuvil_backend_cpu.loop_ir.schedule import schedule_kernel
 from cuvil_backend_cpu.policy import FUSION, FUSION_NO_HALF, schedule_policy
 from cuvil_backend_cpu.toolchain import export_cpu_flags, export_toolchain
+from cuvil_ir import REGISTRY
 from cuvil_ir.graph_ir.nodes import Graph
 from cuvil_ir.graph_ir.verifier import verify as verify_graph
 from cuvil_ir.passes import Pass, Pipeline
@@ -76,7 +78,14 @@ class CpuHooks:
         if op == quant_linear.OP:
             # (a loaded artifact: the kernel where this host has a C compiler, else the reference)
             return quant_linear.out_variant(None)
+        if op == shared_input_linears.LinearGroup.name:  # (its members one at a time)
+            return shared_input_linears.out_variant(
+                None, self._f32_linear(), self.out_variant(quant_linear.OP)
+            )
         return externs.OUT_VARIANTS[op]
+
+    def _f32_linear(self) -> Callable[..., Any]:
+        return self.extern("linear", REGISTRY.get("linear").reference, False)
 
 
 class CpuTarget(CpuHooks):
@@ -119,6 +128,10 @@ class CpuTarget(CpuHooks):
         this target's kernel cache."""
         if op == quant_linear.OP:
             return quant_linear.out_variant(self.cache)
+        if op == shared_input_linears.LinearGroup.name:
+            return shared_input_linears.out_variant(
+                self.cache, self._f32_linear(), quant_linear.out_variant(self.cache)
+            )
         return super().out_variant(op)
 
     def fusion_policy(self, options: CompileOptions) -> FusionPolicy:
@@ -178,6 +191,7 @@ GRAPH_PASSES: Pipeline[Graph] = Pipeline(
             "small_matmul", small_matmul.rewrite, "matrix products with a small inner size to multiply-adds"
         ),
         Pass("epilogues", epilogues.rewrite, "GEMM/convolution epilogues fused, BatchNorm folded"),
+        Pass("shared_input_linears", shared_input_linears.rewrite, "linears of one input as one call"),
     ],
     verify_graph,
 )

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
+from cuvil_ir.graph_ir.ops.quant import pack_int4
 from cuvil_runtime.pipeline import ProgramExecutable
 
 
@@ -15,3 +18,38 @@ def executable_of(compiled: Any) -> ProgramExecutable:
     if art.target != "cpu" or not isinstance(ex, ProgramExecutable):
         raise TypeError(f"the latest artifact did not compile for cpu: {art.target}, {type(ex).__name__}")
     return ex
+
+
+class Weight:
+    """A random weight of ``fmt``: the stored tensors and the float64 matrix they stand for,
+    computed here from the codes (not by the library's dequantize)."""
+
+    def __init__(self, fmt: str, n: int, k: int, group: int = 0, seed: int = 0) -> None:
+        g = torch.Generator().manual_seed(seed)
+        self.fmt, self.group = fmt, group
+        self.scales = self.zeros = None
+        if fmt == "bf16":
+            self.weight = torch.randn(n, k, generator=g).bfloat16()
+            self.w64 = self.weight.double()
+        elif fmt == "int8":
+            self.weight = torch.randint(-128, 128, (n, k), generator=g, dtype=torch.int8)
+            self.scales = torch.rand(n, generator=g) * 0.02 + 1e-3
+            self.w64 = self.weight.double() * self.scales.double()[:, None]
+        else:
+            q = torch.randint(0, 16, (n, k), generator=g, dtype=torch.uint8)
+            self.weight = pack_int4(q)
+            self.scales = torch.rand(n, k // group, generator=g) * 0.02 + 1e-3
+            self.zeros = torch.randn(n, k // group, generator=g) * 0.01
+            per = (q.double().reshape(n, k // group, group) - 8) * self.scales.double()[..., None]
+            self.w64 = (per + self.zeros.double()[..., None]).reshape(n, k)
+
+    def params(self) -> tuple[torch.Tensor, ...]:
+        return tuple(t for t in (self.scales, self.zeros) if t is not None)
+
+    def check(self, got: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | None) -> None:
+        want = x.double() @ self.w64.t() + (0 if bias is None else bias.double())
+        # float32 accumulation over K terms: bounded by K eps times the sum of |x| |w|
+        tol = 4e-6 * (x.double().abs() @ self.w64.abs().t()).max().item() + 1e-6
+        assert got.dtype == torch.float32 and got.shape == want.shape
+        err = (got.double() - want).abs().max().item()
+        assert err <= tol, f"{self.fmt}: error {err:.3g} > {tol:.3g}"

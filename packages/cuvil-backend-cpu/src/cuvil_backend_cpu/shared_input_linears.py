@@ -1,0 +1,175 @@
+"""Linears that read the same input, as one call: a Graph IR rewrite before lowering.
+
+A decoder layer multiplies one normalized hidden state by three weights (query, key and
+value projections) and, later, another by two (gate and up projections). As five extern
+calls, a decode step pays five calls' dispatch and five parallel regions, and the key and
+value projections (a quarter of the query's rows with grouped-query attention) are too
+small to keep two threads busy. :func:`rewrite` makes each such set one
+``cpu_linear_group`` node with one result per weight. At run time (:func:`out_variant`)
+few rows of activations run ``quant_linear.c``'s grouped GEMV: one parallel loop over the
+row blocks of every weight, so threads split the group's rows as they would one weight's.
+More rows (prefill) run each member as it ran before, a GEMM each.
+
+Grouped: top-level ``weight_only_linear`` nodes of one format, group size and bias-ness,
+and float32 ``linear`` nodes (2-d weights) of one bias-ness, that read the same value, at
+most :data:`MAX_MEMBERS` at a time, whose other operands are all defined before the first
+of them (the group takes its place). No weight is copied or concatenated: the kernel takes
+each weight's address. Results equal the separate calls' (the GEMV computes each output
+element exactly as one weight's call does).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from cuvil_backend_cpu import quant_linear
+from cuvil_backend_cpu.epilogues import is_f32
+from cuvil_backend_cpu.kernel_cache import KernelCache
+from cuvil_ir import REGISTRY
+from cuvil_ir.graph_ir.nodes import Graph, Node
+from cuvil_ir.graph_ir.ops import quant
+from cuvil_ir.graph_ir.ops._rules import LIBRARY_KERNEL
+from cuvil_ir.graph_ir.registry import Op
+from cuvil_ir.graph_ir.types import TensorType, Type
+from cuvil_ir.symbolic import ShapeContext
+
+#: the most weights one group holds (quant_linear.c's QL_GROUP_MAX)
+MAX_MEMBERS = 8
+#: rows of activations up to which a float32 group runs the grouped GEMV (decode steps and
+#: small batches, where the GEMV streams each weight once; more rows: each member's GEMM choice)
+F32_GROUP_ROWS = 4
+
+_INTERNAL = (
+    "an op of the cpu target's own graph rewrite (cuvil_backend_cpu.shared_input_linears), made "
+    "after capture and never in a captured or exported graph"
+)
+
+
+def _operands(fmt: str, has_bias: bool) -> int:
+    """Operands per member after ``x``: the weight, the format's parameters, the bias."""
+    params = 0 if fmt == "f32" else len(quant._PARAMS[fmt])
+    return 1 + params + int(has_bias)
+
+
+def _members(rest: tuple[Any, ...], count: int, fmt: str, has_bias: bool) -> list[tuple[Any, ...]]:
+    per = _operands(fmt, has_bias)
+    if len(rest) != count * per:
+        raise ValueError(f"cpu_linear_group: {count} {fmt} weights take {count * per} operands after x")
+    return [tuple(rest[i * per : (i + 1) * per]) for i in range(count)]
+
+
+class LinearGroup(Op):
+    """``count`` linears of one input: inputs ``x``, then per weight ``w`` (float32 for
+    ``fmt = "f32"``, else a ``weight_only_linear`` weight and its format's parameters) and,
+    with ``has_bias``, its bias; one result per weight."""
+
+    name = "cpu_linear_group"
+    traits = frozenset({"extern_kernel", "pure"})
+    extern_reasons = {"tensor_ir": LIBRARY_KERNEL, "mlir": _INTERNAL, "onnx": _INTERNAL}
+    num_outputs = None
+
+    @staticmethod
+    def infer(
+        ctx: ShapeContext, x: Type, *rest: Type, count: int, fmt: str, group_size: int, has_bias: bool
+    ) -> tuple[Type, ...]:
+        out = []
+        for member in _members(rest, count, fmt, has_bias):
+            if fmt == "f32":
+                out.append(REGISTRY.get("linear").infer(ctx, x, *member, has_bias=has_bias))
+            else:
+                op = REGISTRY.get(quant.WeightOnlyLinear.name)
+                out.append(op.infer(ctx, x, *member, fmt=fmt, group_size=group_size, has_bias=has_bias))
+        return tuple(out)
+
+    @staticmethod
+    def reference(x: Any, *rest: Any, count: int, fmt: str, group_size: int, has_bias: bool) -> Any:
+        out = []
+        for member in _members(rest, count, fmt, has_bias):
+            if fmt == "f32":
+                out.append(torch.nn.functional.linear(x, member[0], member[-1] if has_bias else None))
+            else:
+                out.append(quant.reference(x, *member, fmt=fmt, group_size=group_size, has_bias=has_bias))
+        return tuple(out)
+
+
+def _kind(n: Node) -> tuple[Any, ...] | None:
+    """What must match for ``n`` to share a group (``None``: ``n`` is no candidate)."""
+    if n.op == quant.WeightOnlyLinear.name and is_f32(n.inputs[0]) and is_f32(n.output):
+        return (str(n.attr("fmt")), int(n.attr("group_size") or 0), bool(n.attr("has_bias")))  # type: ignore[arg-type]
+    if n.op == "linear" and len(n.inputs) >= 2 and all(is_f32(v) for v in n.inputs) and is_f32(n.output):
+        w = n.inputs[1].type
+        if isinstance(w, TensorType) and w.rank == 2:
+            return ("f32", 0, bool(n.attr("has_bias")))
+    return None
+
+
+def rewrite(graph: Graph) -> Graph:
+    """``graph`` with each set of linears of one input (see the module doc) as one
+    ``cpu_linear_group`` at the first one's place; the graph itself when there is none.
+    Deterministic: groups follow the nodes' order."""
+    nodes = list(graph.nodes)
+    defined = {v.name: -1 for v in graph.inputs}
+    for i, n in enumerate(nodes):
+        for v in n.outputs:
+            defined[v.name] = i
+    groups: dict[tuple[Any, ...], list[int]] = {}
+    for i, n in enumerate(nodes):
+        kind = _kind(n)
+        if kind is not None:
+            groups.setdefault((n.inputs[0].name, *kind), []).append(i)
+    replaced: dict[int, Node] = {}
+    removed: set[int] = set()
+    for (_, fmt, group_size, has_bias), members in groups.items():
+        for start in range(0, len(members), MAX_MEMBERS):
+            chunk = members[start : start + MAX_MEMBERS]
+            first = chunk[0]
+            # every operand must exist where the group stands
+            chunk = [i for i in chunk if all(defined.get(v.name, first) < first for v in nodes[i].inputs[1:])]
+            if len(chunk) < 2:
+                continue
+            x = nodes[first].inputs[0]
+            operands = [x, *(v for i in chunk for v in nodes[i].inputs[1:])]
+            outputs = tuple(nodes[i].outputs[0] for i in chunk)
+            attrs = (("count", len(chunk)), ("fmt", fmt), ("group_size", group_size), ("has_bias", has_bias))
+            replaced[first] = Node(LinearGroup.name, tuple(operands), outputs, attrs, loc=nodes[first].loc)
+            removed.update(chunk[1:])
+    if not replaced:
+        return graph
+    kept = tuple(replaced.get(i, n) for i, n in enumerate(nodes) if i not in removed)
+    return graph.replace(nodes=kept)
+
+
+def out_variant(
+    cache: KernelCache | None, linear: Callable[..., torch.Tensor], wol: Callable[..., None]
+) -> Callable[..., None]:
+    """What a ``cpu_linear_group`` call runs: ``(out_1, ..., out_count, x, *operands, **attrs)``
+    writing each ``out_i``. ``linear``: a float32 linear extern (``(x, w, *bias, has_bias)``),
+    ``wol``: the ``weight_only_linear`` out-variant, for the members one at a time (more rows
+    than the GEMV takes, or no kernel)."""
+    ql = quant_linear.kernel(cache) if cache is not None else None
+
+    def run(*args: Any, count: int, fmt: str, group_size: int, has_bias: bool) -> None:
+        outs, x, rest = args[:count], args[count], args[count + 1 :]
+        members = _members(rest, count, fmt, has_bias)
+        k = x.shape[-1]
+        rows = x.numel() // max(k, 1)
+        limit = F32_GROUP_ROWS if fmt == "f32" else (ql.gemv_max_rows if ql is not None else 0)
+        if (
+            ql is not None
+            and 0 < rows <= limit
+            and ql.group_into(outs, x.reshape(rows, k), members, fmt, group_size)
+        ):
+            return
+        for out, member in zip(outs, members):
+            if fmt == "f32":
+                out.copy_(linear(x, *member, has_bias=has_bias))
+            else:
+                wol(out, x, *member, fmt=fmt, group_size=group_size, has_bias=has_bias)
+
+    return run
+
+
+__all__ = ["F32_GROUP_ROWS", "MAX_MEMBERS", "LinearGroup", "out_variant", "rewrite"]

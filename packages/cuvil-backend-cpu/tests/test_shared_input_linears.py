@@ -1,0 +1,176 @@
+"""Linears of one input as one call (``cuvil_backend_cpu.shared_input_linears``): the grouped
+GEMV of ``quant_linear.c`` against a float64 reference for every format, odd sizes, bias and
+strided rows, every tiling; the rewrite's groups; compiled functions and a quantized decoder
+against eager, on the grouped kernel (few rows) and member by member (more rows). ``nox -s
+tests_isa`` runs this file with ``CUVIL_CPU_ISA=avx2`` and ``portable`` too."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import cuvil as cu
+from cuvil_backend_cpu import quant_linear, shared_input_linears
+from cuvil_backend_cpu.kernel_cache import KernelCache
+from cuvil_backend_cpu.quant_linear import QuantLinearKernel
+from cuvil_backend_cpu.testing import Weight, executable_of
+from cuvil_ir.graph_ir.ops.quant import weight_only_linear
+
+
+@pytest.fixture(scope="module", params=[None, 16, 4], ids=["host", "lanes16", "lanes4"])
+def ql(request: pytest.FixtureRequest) -> QuantLinearKernel:
+    if request.param is None:
+        return quant_linear.kernel(KernelCache())
+    return QuantLinearKernel(KernelCache(), lanes=request.param)
+
+
+class F32Weight:
+    """A float32 weight with :class:`Weight`'s interface."""
+
+    def __init__(self, n: int, k: int, seed: int) -> None:
+        g = torch.Generator().manual_seed(seed)
+        self.weight = torch.randn(n, k, generator=g)
+        self.w64 = self.weight.double()
+        self.fmt = "f32"
+
+    def params(self) -> tuple[torch.Tensor, ...]:
+        return ()
+
+    check = Weight.check
+
+
+#: (fmt, the members' N, K, group): N off every tile, K off the vector width where allowed
+GROUPS = [
+    ("f32", (13, 5, 5), 37, 0),
+    ("bf16", (9, 3), 70, 0),
+    ("int8", (16, 4, 4), 130, 0),
+    ("int4", (7, 33), 192, 64),
+    ("int4", (4, 4, 8, 1), 128, 128),
+]
+
+
+def _weights(fmt: str, ns: tuple[int, ...], k: int, group: int) -> list[Any]:
+    return [
+        F32Weight(n, k, i) if fmt == "f32" else Weight(fmt, n, k, group, seed=i) for i, n in enumerate(ns)
+    ]
+
+
+@pytest.mark.parametrize("fmt,ns,k,group", GROUPS)
+@pytest.mark.parametrize("rows", [1, 3, 6])
+@pytest.mark.parametrize("bias", [False, True])
+def test_the_grouped_kernel_against_float64(ql, fmt, ns, k, group, rows, bias) -> None:
+    ws = _weights(fmt, ns, k, group)
+    g = torch.Generator().manual_seed(rows)
+    wide = torch.randn(rows, k + 3, generator=g)
+    x = wide[:, :k]  # rows k + 3 apart: the kernel reads x by its row stride
+    biases = [torch.randn(w.weight.shape[0], generator=g) if bias else None for w in ws]
+    outs = [torch.full((rows, w.weight.shape[0]), float("nan")) for w in ws]
+    members = [(w.weight, *w.params(), *([b] if b is not None else [])) for w, b in zip(ws, biases)]
+    assert ql.group_into(outs, x, members, fmt, group)
+    for w, out, b in zip(ws, outs, biases):
+        w.check(out, x, b)
+
+
+def test_the_rewrite_groups_linears_of_one_input() -> None:
+    def qkv(x, wq, wk, wv, w_other, y):  # type: ignore[no-untyped-def]
+        q, k, v = F.linear(x, wq), F.linear(x, wk), F.linear(x, wv)
+        h = F.linear(y, w_other)  # another input: its own call
+        return q.sum(-1) + k.sum(-1) + v.sum(-1) + h.sum(-1)
+
+    def late_weight(x, wq, wk):  # type: ignore[no-untyped-def]
+        q = F.linear(x, wq)
+        w2 = wk * 2  # defined after the first linear: not in its group
+        return q.sum(-1) + F.linear(x, w2).sum(-1)
+
+    f = cu.compile(qkv, target="cpu", fallback="error")
+    g = cu.compile(late_weight, target="cpu", fallback="error")
+    args = (
+        torch.randn(2, 16),
+        torch.randn(8, 16),
+        torch.randn(4, 16),
+        torch.randn(4, 16),
+        torch.randn(3, 16),
+    )
+    y = torch.randn(2, 16)
+    torch.testing.assert_close(f(*args, y), qkv(*args, y))
+    text = executable_of(f).program.graph.text
+    assert text.count("cpu_linear_group") == 1 and "count = 3" in text and text.count("= linear(") == 1, text
+    a = (torch.randn(2, 16), torch.randn(8, 16), torch.randn(8, 16))
+    torch.testing.assert_close(g(*a), late_weight(*a))
+    assert "cpu_linear_group" not in executable_of(g).program.graph.text
+
+
+@pytest.mark.parametrize("fmt", ["f32", "bf16", "int8", "int4"])
+def test_compiled_groups_match_eager_on_both_paths(fmt, monkeypatch) -> None:
+    ws = _weights(fmt, (32, 8, 8), 64, 32)
+
+    def three(x, *flat):  # type: ignore[no-untyped-def]
+        out = []
+        for i, w in enumerate(ws):
+            weight = flat[i]
+            if fmt == "f32":
+                out.append(F.linear(x, weight, flat[3 + i]))
+            else:
+                out.append(
+                    weight_only_linear(
+                        x,
+                        weight,
+                        *w.params(),
+                        bias=flat[3 + i],
+                        fmt=fmt,
+                        group_size=32 if fmt == "int4" else 0,
+                    )
+                )
+        return torch.cat(out, -1)
+
+    flat = (*(w.weight for w in ws), *(torch.randn(w.weight.shape[0]) for w in ws))
+    f = cu.compile(three, target="cpu", fallback="error")
+    grouped: list[int] = []
+    real = QuantLinearKernel.group_into
+
+    def spy(self, *a, **kw):  # type: ignore[no-untyped-def]
+        done = real(self, *a, **kw)
+        grouped.append(int(done))
+        return done
+
+    monkeypatch.setattr(QuantLinearKernel, "group_into", spy)
+    for rows in (1, 3, 40):  # the grouped GEMV, then member by member
+        x = torch.randn(2, rows, 64)
+        got, want = f(x, *flat), three(x, *flat)
+        assert got.dtype == want.dtype
+        torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-5)
+    assert f.stats.compiles == 1
+    assert "cpu_linear_group" in executable_of(f).program.graph.text
+    limit = (
+        shared_input_linears.F32_GROUP_ROWS
+        if fmt == "f32"
+        else quant_linear.kernel(KernelCache()).gemv_max_rows
+    )
+    # rows of x: 2, 6, 80; the grouped kernel runs up to the limit, members one at a time beyond
+    assert grouped == [1 for rows in (2, 6, 80) if rows <= limit], grouped
+
+
+def test_a_quantized_decoder_generates_as_eager() -> None:
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(
+        vocab_size=64,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
+    torch.manual_seed(0)
+    model = cu.quantize(transformers.LlamaForCausalLM(cfg).eval(), "int4", group_size=32)
+    compiled = cu.compile(model, target="cpu", fallback="error")
+    ids = torch.randint(0, 64, (2, 5))
+    kw = {"max_new_tokens": 8, "min_new_tokens": 8, "do_sample": False, "cache_implementation": "static"}
+    with torch.no_grad():
+        assert torch.equal(compiled.generate(ids, **kw), model.generate(ids, **kw))
+    texts = [a.executable.program.graph.text for a in compiled.artifacts if a.captured is not None]
+    # per layer: q, k, v as one call and gate, up as another
+    assert all(t.count("cpu_linear_group") == 2 * cfg.num_hidden_layers for t in texts)
