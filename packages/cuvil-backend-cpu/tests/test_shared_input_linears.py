@@ -101,6 +101,11 @@ def test_the_rewrite_groups_linears_of_one_input() -> None:
     a = (torch.randn(2, 16), torch.randn(8, 16), torch.randn(8, 16))
     torch.testing.assert_close(g(*a), late_weight(*a))
     assert "cpu_linear_group" not in executable_of(g).program.graph.text
+    # float32 rows of (batch, sequence), an encoder's: each linear keeps its own GEMM
+    e = cu.compile(qkv, target="cpu", fallback="error")
+    enc = (torch.randn(2, 7, 16), *args[1:4], torch.randn(3, 16))
+    torch.testing.assert_close(e(*enc, torch.randn(2, 7, 16) * 0), qkv(*enc, torch.randn(2, 7, 16) * 0))
+    assert "cpu_linear_group" not in executable_of(e).program.graph.text
 
 
 @pytest.mark.parametrize("fmt", ["f32", "bf16", "int8", "int4"])
@@ -137,8 +142,8 @@ def test_compiled_groups_match_eager_on_both_paths(fmt, monkeypatch) -> None:
         return done
 
     monkeypatch.setattr(QuantLinearKernel, "group_into", spy)
-    for rows in (1, 3, 40):  # the grouped GEMV, then member by member
-        x = torch.randn(2, rows, 64)
+    for rows in (2, 6, 80):  # the grouped GEMV, then member by member
+        x = torch.randn(rows, 64)
         got, want = f(x, *flat), three(x, *flat)
         assert got.dtype == want.dtype
         torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-5)

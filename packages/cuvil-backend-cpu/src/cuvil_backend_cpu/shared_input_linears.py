@@ -11,7 +11,8 @@ row blocks of every weight, so threads split the group's rows as they would one 
 More rows (prefill) run each member as it ran before, a GEMM each.
 
 Grouped: top-level ``weight_only_linear`` nodes of one format, group size and bias-ness,
-and float32 ``linear`` nodes (2-d weights) of one bias-ness, that read the same value, at
+and float32 ``linear`` nodes (2-d weights) of one bias-ness whose input has decode-like rows
+(:func:`_few_rows`: one size symbol, the batch, at most), that read the same value, at
 most :data:`MAX_MEMBERS` at a time, whose other operands are all defined before the first
 of them (the group takes its place). No weight is copied or concatenated: the kernel takes
 each weight's address. Results equal the separate calls' (the GEMV computes each output
@@ -100,10 +101,24 @@ def _kind(n: Node) -> tuple[Any, ...] | None:
     if n.op == quant.WeightOnlyLinear.name and is_f32(n.inputs[0]) and is_f32(n.output):
         return (str(n.attr("fmt")), int(n.attr("group_size") or 0), bool(n.attr("has_bias")))  # type: ignore[arg-type]
     if n.op == "linear" and len(n.inputs) >= 2 and all(is_f32(v) for v in n.inputs) and is_f32(n.output):
-        w = n.inputs[1].type
-        if isinstance(w, TensorType) and w.rank == 2:
+        w, x = n.inputs[1].type, n.inputs[0].type
+        if isinstance(w, TensorType) and w.rank == 2 and isinstance(x, TensorType) and _few_rows(x):
             return ("f32", 0, bool(n.attr("has_bias")))
     return None
+
+
+def _few_rows(x: TensorType) -> bool:
+    """Whether ``x`` looks like a decode step's activations: at most one size symbol among its
+    rows (a batch) and at most :data:`F32_GROUP_ROWS` rows otherwise. A float32 group of more
+    rows runs its members one at a time and copies each result into the group's buffer, which
+    an encoder's (batch, sequence) rows would pay at every call for nothing."""
+    lead = x.shape[:-1]
+    symbols = [d for d in lead if not isinstance(d, int) and not getattr(d, "is_Integer", False)]
+    fixed = 1
+    for d in lead:
+        if d not in symbols:
+            fixed *= int(d)
+    return len(symbols) <= 1 and fixed <= F32_GROUP_ROWS
 
 
 def rewrite(graph: Graph) -> Graph:
