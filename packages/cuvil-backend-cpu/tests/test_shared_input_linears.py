@@ -179,3 +179,26 @@ def test_a_quantized_decoder_generates_as_eager() -> None:
     texts = [a.executable.program.graph.text for a in compiled.artifacts if a.captured is not None]
     # per layer: q, k, v as one call and gate, up as another
     assert all(t.count("cpu_linear_group") == 2 * cfg.num_hidden_layers for t in texts)
+
+
+def test_a_float32_decoder_groups_its_decode_step_only() -> None:
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(
+        vocab_size=64,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    compiled = cu.compile(model, target="cpu", fallback="error")
+    ids = torch.randint(0, 64, (1, 5))
+    kw = {"max_new_tokens": 6, "min_new_tokens": 6, "do_sample": False, "cache_implementation": "static"}
+    with torch.no_grad():
+        assert torch.equal(compiled.generate(ids, **kw), model.generate(ids, **kw))
+    counts = sorted(a.executable.program.graph.text.count("cpu_linear_group") for a in compiled.artifacts)
+    # the prefill's rows are (batch, prompt): separate GEMMs; the step's (batch, 1): grouped
+    assert counts == [0, 2 * cfg.num_hidden_layers], counts

@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import sympy
 import torch
 
 from cuvil_backend_cpu import quant_linear
@@ -96,23 +97,36 @@ class LinearGroup(Op):
         return tuple(out)
 
 
-def _kind(n: Node) -> tuple[Any, ...] | None:
+def _kind(n: Node, pinned: dict[Any, int]) -> tuple[Any, ...] | None:
     """What must match for ``n`` to share a group (``None``: ``n`` is no candidate)."""
     if n.op == quant.WeightOnlyLinear.name and is_f32(n.inputs[0]) and is_f32(n.output):
         return (str(n.attr("fmt")), int(n.attr("group_size") or 0), bool(n.attr("has_bias")))  # type: ignore[arg-type]
     if n.op == "linear" and len(n.inputs) >= 2 and all(is_f32(v) for v in n.inputs) and is_f32(n.output):
         w, x = n.inputs[1].type, n.inputs[0].type
-        if isinstance(w, TensorType) and w.rank == 2 and isinstance(x, TensorType) and _few_rows(x):
+        if isinstance(w, TensorType) and w.rank == 2 and isinstance(x, TensorType) and _few_rows(x, pinned):
             return ("f32", 0, bool(n.attr("has_bias")))
     return None
 
 
-def _few_rows(x: TensorType) -> bool:
+def _pinned(graph: Graph) -> dict[Any, int]:
+    """The size symbols the graph's assumptions pin to a number (``Eq(input_ids_1, 1)``: a decode step)."""
+    out: dict[Any, int] = {}
+    for a in graph.assumptions:
+        if isinstance(a, sympy.Eq):
+            lhs, rhs = a.lhs, a.rhs
+            if isinstance(lhs, sympy.Integer):
+                lhs, rhs = rhs, lhs
+            if isinstance(lhs, sympy.Symbol) and isinstance(rhs, sympy.Integer):
+                out[lhs] = int(rhs)
+    return out
+
+
+def _few_rows(x: TensorType, pinned: dict[Any, int]) -> bool:
     """Whether ``x`` looks like a decode step's activations: at most one size symbol among its
     rows (a batch) and at most :data:`F32_GROUP_ROWS` rows otherwise. A float32 group of more
     rows runs its members one at a time and copies each result into the group's buffer, which
     an encoder's (batch, sequence) rows would pay at every call for nothing."""
-    lead = x.shape[:-1]
+    lead = [pinned.get(d, d) for d in x.shape[:-1]]
     symbols = [d for d in lead if not isinstance(d, int) and not getattr(d, "is_Integer", False)]
     fixed = 1
     for d in lead:
@@ -131,8 +145,9 @@ def rewrite(graph: Graph) -> Graph:
         for v in n.outputs:
             defined[v.name] = i
     groups: dict[tuple[Any, ...], list[int]] = {}
+    pinned = _pinned(graph)
     for i, n in enumerate(nodes):
-        kind = _kind(n)
+        kind = _kind(n, pinned)
         if kind is not None:
             groups.setdefault((n.inputs[0].name, *kind), []).append(i)
     replaced: dict[int, Node] = {}
