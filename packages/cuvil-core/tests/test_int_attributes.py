@@ -138,3 +138,24 @@ def test_ints_passed_as_sizes_become_values_for_good() -> None:
         torch.testing.assert_close(f(x, size_arg(n)), _unrolled(x, n))
     assert f.stats.compiles == 2 and f.stats.cache_hits == 2, f.stats.recompile_reasons
     assert not f.int_sizes
+
+
+def test_the_state_of_a_symbolic_int_attribute_is_its_expression() -> None:
+    """While a capture runs, an int attribute is a ``torch.SymInt``; an object's state (what
+    tells whether the function changed it) holds its expression, not a walk through its
+    node into the shape environment (whose thousands of entries, printed, were most of a
+    decoder's compile time)."""
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    from cuvil.frontend.arg_objects import state
+
+    env = ShapeEnv()
+    length = env.create_unbacked_symint()
+    w = Window(torch.zeros(2), 3, 8)
+    w.length = length
+    got = state(w)
+    assert (f"{type(w).__name__}.length", (torch.SymInt, length.node.expr)) in got
+    assert len(got) == 4, got  # the object, keys, length, limit: nothing inside the symbol
+    w2 = Window(torch.zeros(2), 3, 8)
+    w2.length = length + 1
+    assert state(w2) != got  # a new expression is a changed state

@@ -131,8 +131,11 @@ def parse_dim(text: str) -> Dim:
     return as_dim(parse_expr(text))
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def parse_expr(text: str) -> sympy.Basic:
-    """Parse the text printed by :func:`dim_str` (or a relation) back to sympy."""
+    """Parse the text printed by :func:`dim_str` (or a relation) back to sympy (memoised:
+    sympy's parser tokenizes and evaluates Python source, and a graph's facts are read,
+    and canonicalized through here, many times over)."""
     names: dict[str, object] = {}
     for tok in _identifiers(text):
         if tok in _FUNCTIONS:
@@ -447,6 +450,7 @@ def _combine(parts: list[bool | None], any_true: bool) -> bool | None:
     return True if all(p is True for p in parts) else None
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def canonical(fact: sympy.Basic) -> sympy.Basic:
     """The form a fact takes after printing and re-reading (the IR text's form), so
     facts recorded while tracing and facts read back from text compare equal."""
@@ -483,7 +487,16 @@ def equal_classes(assumptions: Iterable[sympy.Basic]) -> dict[sympy.Symbol, symp
 def with_equalities(assumptions: Sequence[sympy.Basic]) -> tuple[sympy.Basic, ...]:
     """The assumptions plus ``Eq(a, b)`` for every two size symbols they make equal
     through others (``Eq(w_0, x_1)`` and ``Eq(b_0, x_1)`` give ``Eq(b_0, w_0)``), since
-    the shape rules look facts up one by one: a weight and a bias broadcast alike."""
+    the shape rules look facts up one by one: a weight and a bias broadcast alike.
+
+    Memoised on the assumptions: a class of n equal symbols gives n(n-1)/2 facts (a
+    decoder's cache layers make classes of dozens), and lowering asks for them at every
+    decomposed node of one graph."""
+    return _with_equalities(tuple(assumptions))
+
+
+@functools.lru_cache(maxsize=64)
+def _with_equalities(assumptions: tuple[sympy.Basic, ...]) -> tuple[sympy.Basic, ...]:
     classes: dict[sympy.Symbol, list[sympy.Symbol]] = {}
     for s, first in equal_classes(assumptions).items():
         classes.setdefault(first, []).append(s)

@@ -332,6 +332,11 @@ def state(obj: Any) -> tuple[Any, ...]:
 def _state(obj: Any, where: str, depth: int, out: list[tuple[str, Any]]) -> None:
     if isinstance(obj, torch.Tensor):
         out.append((where, ("tensor", obj.dtype, obj.device.type, obj.dim())))
+    elif isinstance(obj, _SYMBOLIC):
+        # a size or number symbol while a capture runs: its expression, not its attributes
+        # (a walk into its node reaches the shape environment: thousands of entries whose
+        # printing was most of a decoder's compile time)
+        out.append((where, (type(obj), obj.node.expr)))
     elif isinstance(obj, _VALUES):
         out.append((where, (type(obj), obj)))
     elif depth >= _DEPTH:
