@@ -94,6 +94,21 @@ def lifted_ok(art: Artifact) -> bool:
     return lifted_keys(art.captured) == art.lifted_keys
 
 
+_CARRIERS: dict[int, torch.Tensor] = {}
+
+
+def size_carrier(n: int) -> torch.Tensor:
+    """The ``(n, 0)`` tensor that brings the size ``n`` into a graph: no elements (nothing
+    can write it, its storage is no one's), so one per size serves every call; a decoder's
+    step passes dozens (each cache layer's lengths and head counts)."""
+    t = _CARRIERS.get(n)
+    if t is None:
+        t = torch.empty((n, 0), dtype=torch.int64)
+        if len(_CARRIERS) < 4096:
+            _CARRIERS[n] = t
+    return t
+
+
 def graph_inputs(c: Captured, leaves: list[Any]) -> list[Any]:
     """The graph's inputs for one call: argument leaves, module state, lifted tensors."""
     inputs = []
@@ -101,7 +116,7 @@ def graph_inputs(c: Captured, leaves: list[Any]) -> list[Any]:
         if kind == "leaf":
             inputs.append(leaves[where])
         elif kind == "size":  # an int as a size symbol: [Note: int attributes are sizes]
-            inputs.append(torch.empty((leaves[where], 0), dtype=torch.int64))
+            inputs.append(size_carrier(leaves[where]))
         elif kind == "state":
             inputs.append(where[0][where[1]])
         else:
