@@ -11,7 +11,8 @@
     nox -s tests_pkg          each package alone, with only what it depends on
     nox -s tests_isa          the cpu target's corpus built for avx2 and portable ($CUVIL_CPU_ISA)
     nox -s tests_arm64        the cpu target's corpus built for each AArch64 level, run under qemu
-    nox -s slow               the tests marked slow (the Ray Serve example's included)
+    nox -s slow               the tests marked slow (the Ray Serve example's included; the
+                              cuda and ascend targets' in the interpreter / simulation)
     nox -s serve_example      examples/serve on Ray Serve, on loopback
     nox -s lint typecheck     ruff and the import-cycle check; mypy (strict on cuvil_ir)
     nox -s demo               examples/demo.py
@@ -336,8 +337,16 @@ RAY_SERVE = "ray[serve]"
 @nox.session
 def slow(session: nox.Session) -> None:
     """The tests marked slow (device tests stay off: no accelerator here), the Ray Serve
-    example's included."""
-    install(session, ALL, PYTEST, RAY_SERVE, TRANSFORMERS)
+    example's included, then the cuda and ascend targets' slow tests (their corpus in half
+    precision) in Triton's interpreter, as tests_cuda and tests_ascend run them."""
+    install(
+        session,
+        [*ALL, "packages/cuvil-backend-cuda", "packages/cuvil-backend-ascend"],
+        PYTEST,
+        RAY_SERVE,
+        TRANSFORMERS,
+        TRITON,
+    )
     # Exit code 5 (every test deselected) only means nothing is marked slow yet.
     session.run(
         "pytest",
@@ -349,6 +358,21 @@ def slow(session: nox.Session) -> None:
         *session.posargs,
         success_codes=[0, 5],
     )
+    interpret = {"TRITON_INTERPRET": "1", "TRITON_DEFAULT_FP_FUSION": "1"}
+    for folder, env in (
+        ("packages/cuvil-backend-cuda/tests", interpret),
+        ("packages/cuvil-backend-ascend/tests", {**interpret, "CUVIL_ASCEND_SIM": "1"}),
+    ):
+        session.run(
+            "pytest",
+            folder,
+            "-q",
+            "-m",
+            "slow and not device",
+            *session.posargs,
+            env=env,
+            success_codes=[0, 5],
+        )
 
 
 @nox.session

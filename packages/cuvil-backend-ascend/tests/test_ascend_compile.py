@@ -4,8 +4,9 @@ Runs where triton-ascend is the installed ``triton`` (``nox -s tests_ascend_comp
 builds such an environment; no CANN, no NPU): each corpus program is captured,
 compiled by the ``ascend`` target, and every kernel's ``ttir`` (triton-ascend's
 ``make_ttir``) and ``linalg`` (its ``triton-adapter-opt``) stages must be produced,
-for both variants of a row kernel. Nothing runs: without CANN there is no
-``bishengir-compile`` and no device.
+for both variants of a row kernel, with the corpus in float32 and in each half type
+(float16 and bfloat16 pointers, float32 math: [Note: half precision in Triton]). Nothing
+runs: without CANN there is no ``bishengir-compile`` and no device.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import pytest
 import torch
 
 import cuvil as cu
+from cuvil.testing.conformance import EAGER_REFUSES, in_dtype
 from cuvil.testing.corpus import PROGRAMS, instantiate
 from cuvil_backend_ascend.policy import FUSION, POLICY, RULES
 from cuvil_backend_ascend.target import AscendTarget
@@ -28,20 +30,30 @@ from cuvil_runtime.target import CompileOptions
 pytestmark = pytest.mark.usefixtures("ascend_compiler")
 
 
-def corpus_graphs():
+def corpus_graphs(dtype=None):
+    """Each corpus program's graphs; with ``dtype``, its float32 tensors and parameters in it."""
     for p in PROGRAMS:
-        f = cu.compile(instantiate(p), target="reference", fallback="error")
-        args, kwargs = p.call_args(0)
+        if dtype is not None and p.name in EAGER_REFUSES:
+            continue
+        fn = instantiate(p)
+        if dtype is not None and p.is_module:
+            fn = fn.to(dtype)
+        f = cu.compile(fn, target="reference", fallback="error")
+        args, kwargs = in_dtype(p.call_args(0), dtype)
         with torch.no_grad():
             f(*args, **kwargs)
         for g in f.graphs:
             yield p.name, g
 
 
-def test_every_corpus_kernel_passes_make_ttir_and_ttir_to_linalg(capsys):
+@pytest.mark.parametrize(
+    "dtype", [None, torch.bfloat16, torch.float16], ids=["float32", "bfloat16", "float16"]
+)
+def test_every_corpus_kernel_passes_make_ttir_and_ttir_to_linalg(capsys, dtype):
     target = AscendTarget()
-    counts = {"programs": 0, "kernels": 0, "ttir": 0, "linalg": 0, "variants": 0}
-    for name, graph in corpus_graphs():
+    counts = {"programs": 0, "kernels": 0, "ttir": 0, "linalg": 0, "variants": 0, "half": 0}
+    half = {torch.bfloat16: "xbf16>", torch.float16: "xf16>"}.get(dtype)
+    for name, graph in corpus_graphs(dtype):
         counts["programs"] += 1
         exe = target.compile(graph, CompileOptions())
         for kernel, texts in exe.kernel_texts.items():
@@ -52,13 +64,16 @@ def test_every_corpus_kernel_passes_make_ttir_and_ttir_to_linalg(capsys):
             counts["ttir"] += 1
             assert "func.func" in texts["linalg"], where
             counts["linalg"] += 1
+            counts["half"] += bool(half) and f"memref<?{half}" in texts["linalg"]
             counts["variants"] += texts["linalg"].count("\n// XBLOCK=") + texts["linalg"].startswith(
                 "// XBLOCK="
             )
         assert list(exe.stages) == ["graph_ir", "tensor_ir", "triton", "ttir", "linalg", "wrapper"]
     with capsys.disabled():
-        print(f"\nascend compile check: {counts}")
+        print(f"\nascend compile check ({dtype or torch.float32}): {counts}")
     assert counts["kernels"] == counts["ttir"] == counts["linalg"] > 200
+    if half:  # most kernels read or write a half buffer (the rest: integer and bool kernels)
+        assert counts["half"] > counts["kernels"] // 2, counts
 
 
 def test_yolox_head_kernels_pass(yolox_head):

@@ -108,7 +108,7 @@ def test_every_launch_keeps_the_rules(n):
             assert len(grid) == 1 and 1 <= grid[0] <= target.cores
             assert set(config) <= OPTIONS
             assert needed_bytes(launcher.tk, config, POLICY) <= POLICY.budget
-            row = config.get("RBLOCK", config["XBLOCK"]) * launcher.tk.element_bytes
+            row = config.get("RBLOCK", config["XBLOCK"]) * launcher.tk.narrow_bytes
             assert row % POLICY.align_bytes == 0
     if n == 5000:  # 5000-wide rows do not fit one tile: the looped variant ran
         assert any(not c.get("ONE_TILE", True) for lch in seen for _, c in lch.launches)

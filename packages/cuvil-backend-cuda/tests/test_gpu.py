@@ -72,3 +72,36 @@ def test_cpu_tensor_is_refused_by_name():
     cf = cu.compile(lambda x: x + 1, target="cuda", fallback="error")
     with pytest.raises(cu.CompileError, match="argument 'x'"):
         cf(torch.ones(3))
+
+
+def _autocast_region(x, w, g):
+    from cuvil.testing.cuda_autocast import autocast_block
+
+    with torch.autocast("cuda", dtype=torch.float16):
+        return autocast_block(x, w, g)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_cuda_autocast_is_captured(dtype):
+    """A ``torch.autocast("cuda")`` region and a call made under CUDA autocast compile
+    with CUDA's casting rules: eager's dtypes and values, half kernels in the program."""
+    from cuvil.testing.conformance import TOLERANCES
+    from cuvil.testing.cuda_autocast import autocast_block, autocast_block_args
+
+    def on_gpu(n):
+        return tuple(t.cuda() for t in autocast_block_args(n))
+
+    region = cu.compile(_autocast_region, target="cuda", fallback="error")
+    call = cu.compile(autocast_block, target="cuda", fallback="error")
+    for n in (3, 7):
+        a = on_gpu(n)
+        for got, want in zip(region(*a), _autocast_region(*a)):
+            assert got.dtype == want.dtype
+            torch.testing.assert_close(got, want, **TOLERANCES[torch.float16])
+        with torch.autocast("cuda", dtype=dtype):
+            got_all, want_all = call(*a), autocast_block(*a)
+        for got, want in zip(got_all, want_all):
+            assert got.dtype == want.dtype
+            torch.testing.assert_close(got, want, **TOLERANCES[dtype])
+    assert region.stats.fallbacks == call.stats.fallbacks == 0
+    assert region.stats.compiles == 1 and call.stats.compiles == 1

@@ -34,7 +34,7 @@ import torch
 from cuvil_backend_cpu.codegen import PRELUDE
 from cuvil_ir.graph_ir.types import DType
 from cuvil_ir.tensor_ir.expr import FUNCTIONS
-from cuvil_ir.triton_source.functions import SIGNATURE_TYPES, TL_DTYPES, call, const
+from cuvil_ir.triton_source.functions import HALF, SIGNATURE_TYPES, TL_DTYPES, call, const
 
 triton = pytest.importorskip("triton")
 
@@ -314,7 +314,7 @@ def _compare(got: torch.Tensor, want: torch.Tensor, ulps: int, zero_sign: bool, 
 # -- tests ---------------------------------------------------------------------------------
 def test_every_function_has_cases() -> None:
     assert {fn for fn, _, _ in CASES} | {"rand"} == set(FUNCTIONS)
-    assert set(TL_DTYPES) == set(SIGNATURE_TYPES) == set(ALL)
+    assert set(TL_DTYPES) == set(SIGNATURE_TYPES) == set(ALL) | HALF
 
 
 # -- the C generator's forms of the same cases, compiled once ------------------------------
@@ -378,6 +378,77 @@ def test_function(case: Case, c_forms: dict[Case, CFunction]) -> None:
     if case in c_forms:  # the same value as the C form, signed zeros included
         c_tol = _C_ULPS.get((fn, out), 0)
         _compare(got, c_forms[case](inputs), c_tol, True, f"{_case_id(case)} vs C")
+
+
+#: every float32 function again in each half type, and casts between the half types and
+#: every other: [Note: half precision in Triton] (float32 in registers, rounded once)
+HALF_CASES: list[Case] = [
+    *((fn, tuple(h for _ in args), h if out == F32 else out) for fn, args, out in CASES if set(args) == {F32} for h in sorted(HALF, key=str)),
+    *(("cast", (h,), d) for h in sorted(HALF, key=str) for d in [*ALL, *HALF] if d != h),
+    *(("cast", (d,), h) for h in sorted(HALF, key=str) for d in ALL),
+]  # fmt: skip
+
+
+def _run_half(expr: str, inputs: Sequence[torch.Tensor], out: DType) -> torch.Tensor:
+    """``expr`` on half ``inputs`` loaded as the generated kernels load them (widened to
+    float32), its half result stored as they store it."""
+    widen = {DType.bf16: "cu.widen_bf16({})", DType.f16: "{}.to(tl.float32)"}
+    narrow = {DType.bf16: "cu.to_bf16({})", DType.f16: "{}.to(tl.float16)"}
+    params = "".join(f", a{k}_ptr" for k in range(len(inputs)))
+    loads = ""
+    for k, t in enumerate(inputs):
+        load = f"tl.load(a{k}_ptr + offs, mask=m)"
+        dt = DType.from_torch(t.dtype)
+        loads += f"    a{k} = {widen[dt].format(load) if dt in HALF else load}\n"
+    value = f"tl.broadcast_to({expr}, [BLOCK])"
+    src = (
+        "import triton\nimport triton.language as tl\n\n\n@triton.jit\n"
+        f"def kernel(o_ptr{params}, n, BLOCK: tl.constexpr):\n"
+        "    offs = tl.arange(0, BLOCK)\n    m = offs < n\n"
+        f"{loads}    tl.store(o_ptr + offs, {narrow[out].format(value) if out in HALF else value}, mask=m)\n"
+    )
+    kernel = _exec_kernel(src, devicelib.namespace(True))
+    n = len(inputs[0])
+    result = torch.empty(n, dtype=out.torch)
+    with np.errstate(all="ignore"):
+        kernel[(1,)](result, *inputs, n, BLOCK=triton.next_power_of_2(n))
+    return result
+
+
+@pytest.mark.parametrize("case", HALF_CASES, ids=_case_id)
+@pytest.mark.usefixtures("interpret")
+def test_function_in_half_precision(case: Case) -> None:
+    """Against the float32 function of the widened operands, rounded once to the half type
+    (eager's opmath); a function that is not exact in float32 may round to the
+    neighbouring half value."""
+    fn, args, out = case
+    wide = tuple(F32 if d in HALF else d for d in args)
+    if fn == "cast":
+        inputs = [t.to(args[0].torch) for t in _inputs(("cast", wide, out if out not in HALF else F32))]
+    else:
+        inputs = [t.to(d.torch) for t, d in zip(_inputs((fn, wide, F32 if out in HALF else out)), args)]
+    expr = call(fn, [f"a{k}" for k in range(len(args))], args, out)
+    got = _run_half(expr, inputs, out)
+    if fn == "cast":
+        want = _expected(case, inputs)
+    else:  # the float32 function of the widened operands, rounded once
+        wide_out = F32 if out in HALF else out
+        want = _expected((fn, wide, wide_out), [t.float() for t in inputs]).to(out.torch)
+    tol = 1 if (fn, F32) in _ULPS else 0
+    if got.dtype in (torch.float16, torch.bfloat16):
+        got32, want32 = got.float(), want.float()
+        nan = want32.isnan()
+        assert torch.equal(got32.isnan(), nan), f"{_case_id(case)} `{expr}`: NaN"
+        step = (
+            torch.nextafter(want.abs(), torch.tensor(float("inf"), dtype=want.dtype)).float() - want32.abs()
+        )
+        err = (got32 - want32).abs()[~nan & ~want32.isinf()]
+        assert torch.equal(got32[want32.isinf()], want32[want32.isinf()]), f"{_case_id(case)}: infinities"
+        assert (err <= tol * step[~nan & ~want32.isinf()]).all(), (
+            f"{_case_id(case)} `{expr}`: {got32[~nan][err.argmax()]} vs {want32[~nan][err.argmax()]}"
+        )
+    else:
+        _compare(got, want, 0, False, f"{_case_id(case)} `{expr}`")
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if len(c[1]) == 2 and c[0] != "floordiv"], ids=_case_id)

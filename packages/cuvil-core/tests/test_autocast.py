@@ -72,7 +72,7 @@ def test_autocast_in_function_compiles_with_its_casts(target: str, fn: object) -
 
 
 def test_autocast_the_capture_cannot_reproduce_is_a_located_error(monkeypatch) -> None:
-    """Where a device's autocast is not captured (CUDA's, for now: tested here by taking
+    """Where a device's autocast is not captured (an XPU's or MPS's: tested here by taking
     CPU's off the list), entering it, or capturing an op under it, is a located error,
     and the failed capture leaves autocast as it was."""
     monkeypatch.setattr(autocast, "CAPTURED_DEVICES", frozenset())
@@ -81,7 +81,7 @@ def test_autocast_the_capture_cannot_reproduce_is_a_located_error(monkeypatch) -
     with pytest.raises(CompileError, match="autocast entered for cpu") as e:
         f(*_inputs(2))
     assert e.value.loc is not None and e.value.loc.line == _inside.__code__.co_firstlineno + 1
-    assert e.value.hint and "not captured yet" in e.value.hint
+    assert e.value.hint and "only CPU and CUDA autocast regions are captured" in e.value.hint
     g = cu.compile(_global_manager, target="reference", fallback="error")
     with pytest.raises(CompileError, match="under autocast") as e:
         g(*_inputs(2))

@@ -170,3 +170,116 @@ def test_a_module_called_under_autocast(target: str) -> None:
     assert f.stats.compiles == 1
     casts = [n for n in f.graphs[0].nodes if n.op == "cast"]
     assert len(casts) >= 8  # x and every weight and bias of the linears, q, k, v for sdpa
+
+
+# -- CUDA autocast: torch's CUDA table, checked on CPU (cuvil.testing.cuda_autocast) ----------
+HALF = torch.float16
+
+
+def test_the_cuda_table_is_torchs() -> None:
+    registered = {
+        r.split("::")[1].split(".")[0]
+        for r in torch._C._dispatch_get_registrations_for_dispatch_key("AutocastCUDA")
+        if r.startswith("aten::")
+    }
+    assert set(autocast.CUDA_POLICY) | autocast.BANNED["cuda"] == registered
+    assert not set(autocast.CUDA_POLICY) & autocast.BANNED["cuda"]
+
+
+#: a call of a CUDA table op, given a maker of (CUDA-standing) operands of one dtype
+CUDA_CALLS: dict[str, Callable[[Callable[..., torch.Tensor]], Any]] = {
+    "linear": lambda t: F.linear(t(3, 4), t(5, 4)),
+    "matmul": lambda t: t(3, 4) @ t(4, 5),
+    "bmm": lambda t: torch.bmm(t(2, 3, 4), t(2, 4, 5)),
+    "addmm": lambda t: torch.addmm(t(5), t(3, 4), t(4, 5)),
+    "conv2d": lambda t: F.conv2d(t(1, 2, 5, 5), t(3, 2, 3, 3)),
+    "prelu": lambda t: F.prelu(t(2, 3), t(3)),
+    "exp": lambda t: torch.exp(t(3)),
+    "log1p": lambda t: torch.log1p(t(3).abs()),
+    "rsqrt": lambda t: torch.rsqrt(t(3).abs()),
+    "pow": lambda t: t(3) ** 2,
+    "softplus": lambda t: F.softplus(t(3)),
+    "layer_norm": lambda t: F.layer_norm(t(2, 4), (4,)),
+    "group_norm": lambda t: F.group_norm(t(1, 4, 3), 2),
+    "upsample_nearest2d": lambda t: F.interpolate(t(1, 1, 2, 2), scale_factor=2.0),
+    "mse_loss": lambda t: F.mse_loss(t(3), t(3)),
+    "logsumexp": lambda t: torch.logsumexp(t(3, 4), 1),
+    "sum": lambda t: t(3, 4).sum(1),
+    "softmax": lambda t: torch.softmax(t(3, 4), 1),
+    "log_softmax": lambda t: F.log_softmax(t(3, 4), 1),
+    "cumsum": lambda t: torch.cumsum(t(3, 4), 1),
+    "prod": lambda t: torch.prod(t(3, 4), 1),
+    "norm": lambda t: t(3, 4).norm(),
+    "addcmul": lambda t: torch.addcmul(t(3), t(3), t(3).float()),
+    "atan2": lambda t: torch.atan2(t(3), t(3).float()),
+    "dot": lambda t: torch.dot(t(3), t(3).float()),
+}
+
+
+@pytest.mark.parametrize("op", sorted(CUDA_CALLS))
+def test_each_cuda_policy_is_what_eager_does(op: str) -> None:
+    """Eager under CUDA autocast (its CPU build's AutocastCUDA kernels, on tensors that say
+    they are on CUDA): lower ops return float16 from float32, fp32 ops (and those float32
+    unless given a dtype) float32 from float16, promote ops the widest of their operands."""
+    from cuvil.testing.cuda_autocast import OnCuda, eager_under_cuda_autocast
+
+    rule = autocast.CUDA_POLICY[op]
+    given = torch.float32 if rule == autocast.LOWER else HALF
+    g = _g()
+
+    def make(*shape: int) -> torch.Tensor:
+        return OnCuda(torch.randn(*shape, generator=g).to(given))
+
+    out = eager_under_cuda_autocast(lambda: CUDA_CALLS[op](make), (), HALF)
+    assert out.dtype == (HALF if rule == autocast.LOWER else torch.float32), (op, rule, out.dtype)
+
+
+def test_a_named_dtype_is_kept_under_cuda_autocast() -> None:
+    from cuvil.testing.cuda_autocast import eager_under_cuda_autocast
+
+    x = _r(3, 4).to(HALF)
+    assert eager_under_cuda_autocast(lambda t: t.sum(0, dtype=HALF), (x,), HALF).dtype == HALF
+    assert autocast._names_dtype((x, 0, HALF), {}) and autocast._names_dtype((x,), {"dtype": HALF})
+    assert not autocast._names_dtype((x, 0), {"dtype": None})
+
+
+@pytest.fixture
+def cuda_rules_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CPU autocast captured with CUDA's rules: the capture path a CUDA tensor takes, run on
+    CPU tensors (a graph captured so is what a CUDA one would be, device aside)."""
+    from cuvil import warm
+
+    monkeypatch.setitem(autocast.POLICIES, "cpu", autocast.CUDA_POLICY)
+    monkeypatch.setitem(autocast.BANNED, "cpu", autocast.BANNED["cuda"])
+    monkeypatch.setenv(warm.ENV, "0")
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.usefixtures("cuda_rules_on_cpu")
+def test_cuda_rules_match_eager_under_cuda_autocast(target: str) -> None:
+    """One op of each CUDA policy, compiled under autocast with CUDA's rules: eager's dtypes
+    and values under CUDA autocast (float16), at two sizes with one compile."""
+    from cuvil.testing.cuda_autocast import autocast_block, autocast_block_args, eager_under_cuda_autocast
+
+    f = cu.compile(autocast_block, target=target, fallback="error")
+    for n in (3, 7):
+        with torch.autocast("cpu", dtype=HALF):
+            got = f(*autocast_block_args(n))
+        want = eager_under_cuda_autocast(autocast_block, autocast_block_args(n), HALF)
+        for k, (a, b) in enumerate(zip(got, want)):
+            assert a.dtype == b.dtype, (k, a.dtype, b.dtype)
+            torch.testing.assert_close(a, b, **TOLERANCES[HALF], msg=lambda m, k=k: f"output {k}: {m}")
+    assert f.stats.compiles == 1
+
+
+@pytest.mark.usefixtures("cuda_rules_on_cpu")
+def test_an_op_cuda_autocast_bans_is_a_located_error() -> None:
+    from cuvil.errors import CompileError
+
+    def bce(x, y):
+        return F.binary_cross_entropy(torch.sigmoid(x), y)
+
+    f = cu.compile(bce, target="reference", fallback="error")
+    with torch.autocast("cpu", dtype=HALF), pytest.raises(CompileError, match="not allowed under") as e:
+        f(_r(4), _r(4).sigmoid())
+    assert e.value.loc is not None and "binary_cross_entropy" in (e.value.loc.excerpt() or "")

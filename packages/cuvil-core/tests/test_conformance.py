@@ -98,3 +98,15 @@ def test_half_runs_convert_inputs_and_modules() -> None:
 @pytest.mark.parametrize("program", conformance_params())
 def test_reference_conforms_under_autocast(program: Program) -> None:
     check_program(program, "reference", autocast=torch.bfloat16)
+
+
+def test_fast_marks_every_other_program_slow() -> None:
+    """``fast=`` keeps the named programs in the fast sessions and marks the rest slow;
+    a name outside the corpus is an error, as in ``xfail``."""
+    from cuvil.testing.conformance import HALF_SMOKE
+
+    params = conformance_params(fast=HALF_SMOKE)
+    slow = {p.id for p in params if any(m.name == "slow" for m in p.marks)}
+    assert {p.id for p in params} - slow == set(HALF_SMOKE)
+    with pytest.raises(ValueError, match="fast names programs that are not in the corpus"):
+        conformance_params(fast=("no_such_program",))

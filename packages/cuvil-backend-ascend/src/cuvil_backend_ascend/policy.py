@@ -24,10 +24,13 @@ from cuvil_ir.graph_ir.types import DType
 from cuvil_ir.tensor_ir.hoist import must_realize
 from cuvil_ir.tensor_ir.lower import FusionPolicy
 from cuvil_ir.triton_source.emit import TritonRules
+from cuvil_ir.triton_source.functions import HALF
 
 FUSION = FusionPolicy(
     realize_reduction=must_realize,
-    dtypes=FusionPolicy().dtypes - {DType.f64},
+    # no float64; float16 and bfloat16 in the UB in their type, computed in float32
+    # ([Note: half precision in Triton])
+    dtypes=(FusionPolicy().dtypes - {DType.f64}) | HALF,
     native="ascend",  # cu.custom_op(..., lower={"ascend": "<Triton expression>"})
 )
 

@@ -7,9 +7,15 @@ a :class:`LaunchRuleError` (a compile error naming the kernel and the rule), nev
 a warning and never a launch the hardware would fault on.
 
 The memory a launch needs is ``XBLOCK * RBLOCK * (tiles * element_bytes +
-address_bytes)``: the most tiles the kernel holds at once (the generator's count,
-:mod:`cuvil_ir.triton_source.tiles`), each element as wide as the kernel's widest
-buffer, plus one int64 address per element for the load or store being made.
+address_bytes + staging)``: the most tiles the kernel holds at once (the generator's
+count, :mod:`cuvil_ir.triton_source.tiles`), each element as wide as the kernel's widest
+value (at least 4 bytes: a float16 or bfloat16 value is computed in float32, [Note: half
+precision in Triton]), plus one int64 address per element for the load or store being
+made, plus, where a buffer is narrower than the values (a half buffer's 2 bytes, a bool's
+1), the narrow tile a load lands in before it is widened (or a store's before it is
+written). Alignment is in bytes too: a tile row of every buffer is a multiple of 32
+bytes, so the narrowest buffer decides the least block (16 elements of a half buffer,
+8 of a float32 one).
 """
 
 from __future__ import annotations
@@ -35,14 +41,17 @@ def _floor_pow2(n: int) -> int:
 
 
 def align_elements(tk: TritonKernel, policy: AscendPolicy) -> int:
-    """Elements of one 32-byte-aligned tile row (the least ``RBLOCK``, or pointwise ``XBLOCK``)."""
-    return max(1, policy.align_bytes // tk.element_bytes)
+    """Elements of a tile row that is a multiple of 32 bytes in every buffer of the kernel
+    (the least ``RBLOCK``, or pointwise ``XBLOCK``): the narrowest buffer's count."""
+    return max(1, policy.align_bytes // min(tk.narrow_bytes, tk.element_bytes))
 
 
 def element_cost(tk: TritonKernel, variant: int, policy: AscendPolicy) -> int:
-    """Bytes of unified buffer one tile element costs in ``variant`` (0: pointwise or one tile)."""
+    """Bytes of unified buffer one tile element costs in ``variant`` (0: pointwise or one
+    tile): its live value tiles, its address, and a narrow buffer's landing tile."""
     live = tk.tiles[variant] if variant < len(tk.tiles) else max(tk.tiles, default=1)
-    return max(1, live) * tk.element_bytes + policy.address_bytes
+    staging = tk.narrow_bytes if tk.narrow_bytes < tk.element_bytes else 0
+    return max(1, live) * tk.element_bytes + policy.address_bytes + staging
 
 
 def needed_bytes(tk: TritonKernel, config: dict[str, Any], policy: AscendPolicy) -> int:
@@ -98,12 +107,14 @@ def check_launch(
     for key in ("XBLOCK", "RBLOCK"):
         if key in config and pow2(config[key]) != config[key]:
             raise LaunchRuleError(f"{where}: {key}={config[key]} is not a power of two")
-    row = int(config["RBLOCK"] if tk.rows else config["XBLOCK"]) * tk.element_bytes
-    if row % policy.align_bytes:
-        raise LaunchRuleError(
-            f"{where}: a tile row of {row} bytes; rows must be multiples of {policy.align_bytes} bytes "
-            "(the unified buffer is read in 32-byte blocks)"
-        )
+    block = int(config["RBLOCK"] if tk.rows else config["XBLOCK"])
+    for size in sorted({tk.narrow_bytes, tk.element_bytes}):
+        row = block * size
+        if row % policy.align_bytes:
+            raise LaunchRuleError(
+                f"{where}: a tile row of {row} bytes ({block} elements of {size} bytes); rows must be "
+                f"multiples of {policy.align_bytes} bytes (the unified buffer is read in 32-byte blocks)"
+            )
     need = needed_bytes(tk, config, policy)
     if need > policy.budget:
         raise LaunchRuleError(

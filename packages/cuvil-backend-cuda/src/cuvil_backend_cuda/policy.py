@@ -3,7 +3,8 @@
 Lowering: every reduction a kernel keeps must vary with the kernel's row indices
 (:func:`cuvil_ir.tensor_ir.hoist.must_realize`), because a program computes each
 of its rows' reductions once; matmul, convolution and attention stay extern calls
-to torch (cuBLAS, cuDNN, flash attention). Launches: block sizes and warps per
+to torch (cuBLAS, cuDNN, flash attention); float16 and bfloat16 are fused like
+float32 (loaded and stored in their type, computed in float32). Launches: block sizes and warps per
 kernel, the starting point of the autotuner (docs/cuda-backend.md).
 """
 
@@ -13,8 +14,14 @@ from dataclasses import dataclass
 
 from cuvil_ir.tensor_ir.hoist import must_realize
 from cuvil_ir.tensor_ir.lower import FusionPolicy
+from cuvil_ir.triton_source.functions import HALF
 
-FUSION = FusionPolicy(realize_reduction=must_realize, native="cuda")
+FUSION = FusionPolicy(
+    realize_reduction=must_realize,
+    # float16 and bfloat16 in memory, float32 in registers ([Note: half precision in Triton])
+    dtypes=FusionPolicy().dtypes | HALF,
+    native="cuda",
+)
 
 
 @dataclass(frozen=True)

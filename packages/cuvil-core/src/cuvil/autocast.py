@@ -2,19 +2,23 @@
 
 Under autocast eager PyTorch runs some ops (matmul, linear, conv, ...) in a lower dtype,
 some in float32, and casts the operands of others to their widest type. Cuvil captures
-CPU autocast ([Note: autocast captured]); CUDA autocast is not captured yet, so a graph
-on a CUDA device under it is a located :class:`CompileError`, as before (eager under
-``fallback="eager"``). Either way the autocast state of the call (enabled, and the
-dtype, for the inputs' device types) is part of the structure key: an artifact from
-outside autocast never runs inside it, nor the other way round.
+CPU and CUDA autocast ([Note: autocast captured]), each with its device's rules
+(:data:`CPU_POLICY`, :data:`CUDA_POLICY`); autocast for another device type on the
+graph's tensors is a located :class:`CompileError` (eager under ``fallback="eager"``).
+The autocast state of the call (enabled, and the dtype, for the inputs' device types)
+is part of the structure key: an artifact from outside autocast never runs inside it,
+nor the other way round.
 
 [Note: autocast captured] Autocast decides per ATen op, by the op's *cast policy*: the
 op's eligible tensor operands (floating, not float64, on the autocast device) are cast
 to the autocast dtype (``lower``), to float32 (``fp32``), or to the widest floating
 dtype among them (``promote``); every other op runs on what it is given. torch keeps
-the policies in C++ (``aten/src/ATen/autocast_mode.cpp``: the ``AutocastCPU``
-registrations); :data:`CPU_POLICY` is that list, as data (a test checks it against the
-operators torch 2.13 registers for ``AutocastCPU``). While a capture runs under autocast
+the policies in C++ (``aten/src/ATen/autocast_mode.cpp``: the ``AutocastCPU`` and
+``AutocastCUDA`` registrations); :data:`CPU_POLICY` and :data:`CUDA_POLICY` are those
+lists, as data (a test checks each against the operators torch 2.13 registers for its
+dispatch key, and each policy against eager). CUDA has one more policy, ``fp32`` unless
+the call names a ``dtype`` (``sum``, ``softmax``, ``cumsum`` ...: torch passes
+``dtype=torch.float32``, which computes what the operand cast to float32 computes). While a capture runs under autocast
 (entered in the function, or on at the call), each torch call the tracer records is
 looked up by its name (:func:`policy`) and its operands are cast first, as recorded
 ``cast`` nodes, so the graph says where every cast goes and computes exactly what eager
@@ -37,15 +41,14 @@ import torch
 from cuvil.errors import CompileError, SourceLoc
 
 HINT = (
-    "CUDA autocast regions are not captured yet: cast explicitly instead (x.to(torch.float16) @ "
+    "only CPU and CUDA autocast regions are captured: cast explicitly instead (x.to(torch.float16) @ "
     "w.to(torch.float16)), or compile the function with a half model and inputs, or leave "
     "fallback='eager' (the default) so such calls run eagerly"
 )
 
-#: the device types whose autocast a capture reproduces
-CAPTURED_DEVICES = frozenset({"cpu"})
-
 LOWER, FP32, PROMOTE = "lower", "fp32", "promote"
+#: CUDA's ``fp32_set_opt_dtype`` and ``fp32_append_dtype``: float32 unless the call gives a ``dtype``
+FP32_UNLESS_DTYPE = "fp32_unless_dtype"
 
 #: ATen op -> its cast policy under CPU autocast (torch 2.13's ``AutocastCPU`` kernels)
 CPU_POLICY: dict[str, str] = {
@@ -76,6 +79,46 @@ CPU_POLICY: dict[str, str] = {
     **dict.fromkeys("stack cat index_copy".split(), PROMOTE),
 }
 
+#: ATen op -> its cast policy under CUDA autocast (torch 2.13's ``AutocastCUDA`` kernels;
+#: ``binary_cross_entropy`` is registered to raise, as CUDA autocast bans it: :data:`BANNED`)
+CUDA_POLICY: dict[str, str] = {
+    **dict.fromkeys(
+        """_convolution conv1d conv2d conv3d conv_tbc conv_transpose1d conv_transpose2d conv_transpose3d
+        convolution cudnn_convolution cudnn_convolution_transpose prelu addmm addmv addr matmul einsum mm
+        mv linalg_vecdot linear addbmm baddbmm bmm chain_matmul linalg_multi_dot _thnn_fused_lstm_cell
+        _thnn_fused_gru_cell lstm_cell gru_cell rnn_tanh_cell rnn_relu_cell
+        _scaled_dot_product_flash_attention scaled_dot_product_attention""".split(),
+        LOWER,
+    ),
+    **dict.fromkeys(
+        """acos asin cosh erfinv exp expm1 log log10 log2 log1p reciprocal rsqrt sinh tan pow softplus
+        layer_norm native_layer_norm group_norm rms_norm frobenius_norm nuclear_norm cosine_similarity
+        poisson_nll_loss cosine_embedding_loss nll_loss nll_loss2d hinge_embedding_loss kl_div l1_loss
+        smooth_l1_loss huber_loss mse_loss margin_ranking_loss multilabel_margin_loss soft_margin_loss
+        triplet_margin_loss multi_margin_loss binary_cross_entropy_with_logits dist pdist cdist renorm
+        logsumexp upsample_nearest1d _upsample_nearest_exact1d upsample_nearest2d
+        _upsample_nearest_exact2d upsample_nearest3d _upsample_nearest_exact3d upsample_linear1d
+        upsample_bilinear2d _upsample_bilinear2d_aa upsample_trilinear3d upsample_bicubic2d
+        _upsample_bicubic2d_aa""".split(),
+        FP32,
+    ),
+    **dict.fromkeys(
+        "prod softmax log_softmax cumprod cumsum linalg_vector_norm linalg_matrix_norm sum norm".split(),
+        FP32_UNLESS_DTYPE,
+    ),
+    **dict.fromkeys(
+        "addcdiv addcmul atan2 bilinear cross dot vdot grid_sampler index_put scatter_add tensordot".split(),
+        PROMOTE,
+    ),
+}
+
+#: ops autocast refuses on a device (torch raises when they are called under it)
+BANNED: dict[str, frozenset[str]] = {"cuda": frozenset({"binary_cross_entropy"})}
+
+#: device type -> its autocast policies: the device types whose autocast a capture reproduces
+POLICIES: dict[str, dict[str, str]] = {"cpu": CPU_POLICY, "cuda": CUDA_POLICY}
+CAPTURED_DEVICES = frozenset(POLICIES)
+
 #: torch-level names that call an ATen op of another name (the Python operator, an alias,
 #: the ``torch.nn.functional`` wrapper)
 CALL_NAMES: dict[str, str] = {
@@ -85,6 +128,9 @@ CALL_NAMES: dict[str, str] = {
     "concatenate": "cat",
     "cross_entropy": "cross_entropy_loss",
     "grid_sample": "grid_sampler",
+    "__pow__": "pow",
+    "__rpow__": "pow",
+    "__ipow__": "pow",
 }
 
 
@@ -103,18 +149,25 @@ def _pad_op(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
 _BY_ARGUMENTS: dict[str, Callable[[tuple[Any, ...], dict[str, Any]], str | None]] = {"pad": _pad_op}
 
 
-def policy(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
-    """The CPU autocast policy of the torch call ``func(*args, **kwargs)``, or ``None``."""
+def policy(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], device: str = "cpu") -> str | None:
+    """The autocast policy of the torch call ``func(*args, **kwargs)`` on ``device``
+    (``"cpu"`` or ``"cuda"``), or ``None``."""
+    table = POLICIES[device]
+    name = aten_name(func, args, kwargs)
+    return table.get(name) if name else None
+
+
+def aten_name(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+    """The ATen op a torch call runs, as autocast's registrations name it."""
     name = getattr(func, "__name__", "")
     module = getattr(func, "__module__", "") or ""
     if name in _BY_ARGUMENTS:
-        op = _BY_ARGUMENTS[name](args, kwargs)
-        return CPU_POLICY.get(op) if op else None
+        return _BY_ARGUMENTS[name](args, kwargs)
     if module.startswith("torch.linalg") or module == "torch._C._linalg":
         name = name if name.startswith("linalg_") else f"linalg_{name}"
     elif module.startswith("torch.fft") or module == "torch._C._fft":
         name = name if name.startswith("fft_") else f"fft_{name}"
-    return CPU_POLICY.get(CALL_NAMES.get(name, name))
+    return CALL_NAMES.get(name, name)
 
 
 # -- the state of a call and of a capture --------------------------------------------
@@ -243,17 +296,33 @@ def cast_operands(
 ) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """``func``'s operands as autocast gives them to the op ([Note: autocast captured]):
     each eligible tensor (a proxy, or a real tensor, lifted first) cast by a recorded
-    ``to`` call; unchanged when ``func`` has no policy."""
-    rule = policy(func, args, kwargs)
-    if rule is None:
+    ``to`` call, by the policy of the device autocast is on for; unchanged when ``func``
+    has no policy there."""
+    for device, low in amp:
+        if device in POLICIES:
+            args, kwargs = _cast_for(tracer, func, args, kwargs, device, low)
+    return args, kwargs
+
+
+def _cast_for(
+    tracer: Any, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], device: str, low: torch.dtype
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    name = aten_name(func, args, kwargs)
+    if name in BANNED.get(device, ()):
+        raise CompileError(
+            f"torch.{name} is not allowed under {device} autocast (torch raises for it)",
+            tracer.source_loc(),
+            f"call torch.nn.functional.{name}_with_logits, or leave autocast around it",
+        )
+    rule = POLICIES[device].get(name) if name else None
+    if rule is None or (rule == FP32_UNLESS_DTYPE and _names_dtype(args, kwargs)):
         return args, kwargs
-    device, low = next((d, t) for d, t in amp if d == "cpu")
     leaves = [x for x in _tensors((args, kwargs)) if _eligible(x, device)]
     if not leaves:
         return args, kwargs
     if rule == LOWER:
         to = low
-    elif rule == FP32:
+    elif rule in (FP32, FP32_UNLESS_DTYPE):
         to = torch.float32
     else:
         to = _dtype(leaves[0])
@@ -268,6 +337,11 @@ def cast_operands(
         return tracer.handle(torch.Tensor.to, (x, to), {})
 
     return _map((args, kwargs), convert)
+
+
+def _names_dtype(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """The call gives its result dtype (``x.sum(dtype=...)``, ``torch.softmax(x, 0, torch.half)``)."""
+    return kwargs.get("dtype") is not None or any(isinstance(a, torch.dtype) for a in args)
 
 
 def _eligible(x: torch.Tensor, device: str) -> bool:

@@ -42,6 +42,7 @@ from cuvil.testing.corpus import PROGRAMS, Program, instantiate
 
 __all__ = [
     "EAGER_REFUSES",
+    "HALF_SMOKE",
     "TOLERANCES",
     "assert_same",
     "check_program",
@@ -70,6 +71,21 @@ EAGER_REFUSES: dict[str, str] = {
     "global_const_tensor": "addmv of a float32 global and a half vector refuses mixed dtypes",
     "group_norm_fn": "avg_pool3d has no Half/BFloat16 CPU kernel",
 }
+
+
+#: the corpus programs a target whose kernels run slowly off the device (Triton's
+#: interpreter: ``cuda`` and ``ascend``) runs in each half type in the fast sessions; the
+#: rest are marked ``slow`` (``conformance_params(..., fast=HALF_SMOKE)``). One of each
+#: kind of kernel: pointwise math and casts, row reductions (softmax, a norm), a half GEMM
+#: with its epilogue, dropout's random numbers, a module.
+HALF_SMOKE: tuple[str, ...] = (
+    "ew_arith",
+    "casts",
+    "softmax_family",
+    "layer_norm_fn",
+    "dropout_eval",
+    "mlp",
+)
 
 
 def in_dtype(tree: Any, dtype: torch.dtype | None) -> Any:
@@ -205,6 +221,7 @@ def conformance_params(
     *,
     raises: type[BaseException] | tuple[type[BaseException], ...] | None = None,
     dtype: torch.dtype | None = None,
+    fast: tuple[str, ...] | None = None,
 ) -> list[Any]:
     """One ``pytest.param`` per corpus program (id: its name), for ``@pytest.mark.parametrize``.
 
@@ -212,13 +229,19 @@ def conformance_params(
     those get a strict ``xfail`` mark (an unexpected pass fails, so a fixed
     program must leave the list), restricted to ``raises`` when given. A name
     that is not a corpus program is an error, so a renamed program cannot keep
-    a stale entry. With a half ``dtype``, :data:`EAGER_REFUSES` are skipped.
+    a stale entry. With a half ``dtype``, :data:`EAGER_REFUSES` are skipped. With
+    ``fast`` (names of corpus programs, such as :data:`HALF_SMOKE`), every other program is
+    marked ``slow`` (run by ``nox -s slow``, not by the fast sessions).
     """
     import pytest
 
-    unknown = sorted(set(xfail) - {p.name for p in PROGRAMS})
+    names = {p.name for p in PROGRAMS}
+    unknown = sorted(set(xfail) - names)
     if unknown:
         raise ValueError(f"xfail names programs that are not in the corpus: {unknown}")
+    unknown = sorted(set(fast or ()) - names)
+    if unknown:
+        raise ValueError(f"fast names programs that are not in the corpus: {unknown}")
     params = []
     for p in PROGRAMS:
         marks = []
@@ -226,5 +249,7 @@ def conformance_params(
             marks.append(pytest.mark.xfail(reason=xfail[p.name], strict=True, raises=raises))
         if dtype in TOLERANCES and p.name in EAGER_REFUSES:
             marks.append(pytest.mark.skip(reason=f"eager refuses it: {EAGER_REFUSES[p.name]}"))
+        if fast is not None and p.name not in fast:
+            marks.append(pytest.mark.slow)
         params.append(pytest.param(p, id=p.name, marks=marks))
     return params

@@ -33,7 +33,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from cuvil_ir.graph_ir.types import DType
+from cuvil_ir.graph_ir.decompose import LOW_PRECISION
+from cuvil_ir.graph_ir.types import DType, stored_float
 from cuvil_ir.scalar_functions import DEVICE_FLOAT
 from cuvil_ir.tensor_ir.expr import FUNCTIONS
 
@@ -43,7 +44,30 @@ class TritonSourceError(NotImplementedError):
     generator's CodegenError: lowering should not produce it)."""
 
 
+#: [Note: half precision in Triton] A float16 or bfloat16 element is its own type in
+#: memory (``*fp16`` / ``*bf16`` pointers: loads and stores move 2 bytes) and a float32 in
+#: registers, as the C generator's ``float`` (``cuvil_backend_cpu.half``): a load widens
+#: (exact), a cast to the type rounds to nearest even and widens again
+#: (``cu.round_f16`` / ``cu.round_bf16``), a store narrows a value that is already
+#: rounded (exact). Bfloat16 loads and stores go through ``cu.widen_bf16`` / ``cu.to_bf16``:
+#: plain conversions when compiled, integer forms in the interpreter, whose own conversions
+#: flush bfloat16 subnormals to zero. Lowering has made every half op compute in float32 and cast its result
+#: back ([Note: opmath] in :mod:`cuvil_ir.tensor_ir.rules.helpers`), so a fused chain
+#: rounds where eager rounds and no arithmetic happens in a half type. Not ``.to(tl.bfloat16)``
+#: alone: Triton's interpreter truncates float32 to bfloat16 (3.9's ``cast_impl``), where
+#: compiled code and torch round; the interpreter's ``cu.round_bf16`` rounds with
+#: integers, the compiled ones convert (``cvt.rn.bf16.f32`` on sm_90). A value of
+#: another type becomes a half one through float32, as ``c10::Half``/``BFloat16`` are built.
+HALF: frozenset[DType] = LOW_PRECISION
+
+#: a half type's element type in memory (a load's and a store's; registers hold float32)
+STORAGE_TYPES: dict[DType, str] = {DType.f16: "tl.float16", DType.bf16: "tl.bfloat16"}
+
+#: the Triton type of a value of each dtype in registers (a half one is a float32:
+#: [Note: half precision in Triton])
 TL_DTYPES: dict[DType, str] = {
+    DType.f16: "tl.float32",
+    DType.bf16: "tl.float32",
     DType.f32: "tl.float32",
     DType.f64: "tl.float64",
     DType.i64: "tl.int64",
@@ -56,6 +80,8 @@ TL_DTYPES: dict[DType, str] = {
 
 #: element types of a Triton kernel signature (a tensor of ``d`` is ``"*" + SIGNATURE_TYPES[d]``)
 SIGNATURE_TYPES: dict[DType, str] = {
+    DType.f16: "fp16",
+    DType.bf16: "bf16",
     DType.f32: "fp32",
     DType.f64: "fp64",
     DType.i64: "i64",
@@ -82,7 +108,7 @@ def const(value: bool | int | float, dtype: DType) -> str:
     through float32; integers wrap to ``dtype`` as a C cast does)."""
     tl_type = _tl(dtype)
     if dtype.is_floating:
-        f = float(value)
+        f = stored_float(float(value), dtype) if dtype in HALF else float(value)
         if math.isnan(f):
             text = 'float("nan")'
         elif math.isinf(f):
@@ -115,7 +141,13 @@ def call(fn: str, args: Sequence[str], arg_dtypes: Sequence[DType], dtype: DType
     a = list(args)
     src = arg_dtypes[0]
 
+    if fn != "cast" and dtype in HALF:
+        return _half_call(fn, a, arg_dtypes, dtype)
     if fn == "cast":
+        if dtype in HALF:
+            return a[0] if src == dtype else round_to(a[0], src, dtype)
+        if src in HALF and dtype == DType.f32:
+            return a[0]  # a half value is a float32 in registers
         if dtype == DType.bool:
             return a[0] if src == DType.bool else _boolean(f"{_atom(a[0])} != 0")
         return a[0] if src == dtype else f"{_atom(a[0])}.to({_tl(dtype)})"
@@ -138,6 +170,26 @@ def call(fn: str, args: Sequence[str], arg_dtypes: Sequence[DType], dtype: DType
     if dtype.is_floating:
         return _float_call(fn, x, dtype)
     return _int_call(fn, x, dtype)
+
+
+#: functions whose float result is one of their operands (or its negation): a half result
+#: needs no rounding (as the C generator's ``_EXACT``)
+_EXACT = frozenset({"where", "max", "min", "neg", "abs"})
+
+
+def round_to(text: str, src: DType, dtype: DType) -> str:
+    """``text`` (of dtype ``src``) rounded to the half ``dtype``, held as a float32
+    ([Note: half precision in Triton]): through float32, as torch converts."""
+    wide = text if src in HALF or src == DType.f32 else f"{_atom(text)}.to(tl.float32)"
+    return f"cu.round_{dtype.value}({wide})"
+
+
+def _half_call(fn: str, a: list[str], arg_dtypes: Sequence[DType], dtype: DType) -> str:
+    """A half-typed ``fn``: computed in float32 and rounded once (lowering computes half
+    math in float32 itself, [Note: opmath]; this keeps a rule that did not correct)."""
+    wide = [DType.f32 if d in HALF else d for d in arg_dtypes]
+    text = call(fn, a, wide, DType.f32)
+    return text if fn in _EXACT else f"cu.round_{dtype.value}({text})"
 
 
 def _bool_call(fn: str, x: list[str]) -> str:
@@ -228,6 +280,10 @@ def _as(text: str, src: DType, dst: DType) -> str:
         return text
     if dst == DType.bool:
         return _boolean(f"{_atom(text)} != 0")
+    if dst in HALF:
+        return round_to(text, src, dst)
+    if src in HALF and dst == DType.f32:
+        return text  # a half value is a float32 in registers
     return f"{_atom(text)}.to({_tl(dst)})"
 
 

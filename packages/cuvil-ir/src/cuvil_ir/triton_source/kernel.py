@@ -59,8 +59,12 @@ class TritonKernel:
     #: most tiles (``[XBLOCK]`` or ``[XBLOCK, RBLOCK]`` values) live at once, per variant:
     #: ``(pointwise,)`` or ``(one tile, looped)`` (:mod:`cuvil_ir.triton_source.tiles`)
     tiles: tuple[int, ...] = ()
-    #: the widest element of the kernel's buffers, in bytes (sizes a tile's memory)
+    #: the widest element of the kernel's values, in bytes (sizes a tile's memory: at least
+    #: 4, a half value being a float32 in registers, [Note: half precision in Triton])
     element_bytes: int = 4
+    #: the narrowest element of the kernel's buffers in memory, in bytes (a float16 or
+    #: bfloat16 buffer's 2, a bool's 1): a tile row of it is that many bytes per element
+    narrow_bytes: int = 4
 
 
 __all__ = ["CUDA_RULES", "TritonCodegenError", "TritonKernel", "TritonRules"]

@@ -24,7 +24,7 @@ from cuvil_ir.size_visitor import Quotient
 from cuvil_ir.tensor_ir import expr as E
 from cuvil_ir.tensor_ir.index_text import IndexPrinter
 from cuvil_ir.tensor_ir.program import Kernel, TensorProgram
-from cuvil_ir.triton_source.functions import SIGNATURE_TYPES, TL_DTYPES, call, const
+from cuvil_ir.triton_source.functions import HALF, SIGNATURE_TYPES, STORAGE_TYPES, TL_DTYPES, call, const
 from cuvil_ir.triton_source.kernel import TritonCodegenError, TritonKernel, TritonRules
 from cuvil_ir.triton_source.tiles import live_tiles
 
@@ -205,6 +205,9 @@ class Renderer(IndexPrinter):
         if isinstance(e, E.Reduce):
             raise TritonCodegenError(f"reduction {E.expr_str(e)} used before it was computed")
         text = self.compute(e, ctx if lane else None)
+        if text.isidentifier():  # a value that is another one (a half value widened): no copy
+            self.scopes[scope].memo[key] = text
+            return text
         var = self.tmp()
         self.line(scope, f"{var} = {text}")
         self.scopes[scope].memo[key] = var
@@ -226,18 +229,26 @@ class Renderer(IndexPrinter):
                 assert not lane or ctx is not None
                 mask = (ctx.mask if row else ctx.lane_mask) if lane and ctx is not None else "xmask"
                 load = f"tl.load(p_{e.buf} + {off}, mask={mask}, other=0)"
+            stored = self.program.buffers[e.buf].dtype
+            if stored == DType.bf16:  # widened at once ([Note: half precision in Triton]): exact
+                return f"cu.widen_bf16({load})"
+            if stored == DType.f16:
+                return f"{load}.to(tl.float32)"
             # a bool buffer holds bytes: Tritons before 3.4 (triton-ascend) load them as int8
-            return f"({load} != 0)" if self.program.buffers[e.buf].dtype == DType.bool else load
+            return f"({load} != 0)" if stored == DType.bool else load
         if isinstance(e, E.Index):
             x = sympy.sympify(e.expr)
             loop = any(E.is_loop_symbol(s) for s in x.free_symbols)
             if x.is_Integer:
                 return const(int(x), e.dtype)
             if e.dtype.is_floating and not x.is_integer and not loop:
-                return f"tl.full([], {self.derived_arg(x, 'float')}, tl.float32).to({TL_DTYPES[e.dtype]})"
+                wide = f"tl.full([], {self.derived_arg(x, 'float')}, tl.float32)"
+                return call("cast", [wide], [DType.f32], e.dtype)
             text = self.index(x, ctx)
             if not loop:  # a size is a plain int (or a constexpr 1) until it meets a tensor
                 text = f"tl.full([], {text}, tl.int64)"
+            if e.dtype in HALF:  # rounded through float32, as torch converts an integer
+                return call("cast", [text], [DType.i64], e.dtype)
             return f"{text}.to({TL_DTYPES[e.dtype]})"
         assert isinstance(e, E.Call)
         args = [self.value(a, ctx) for a in e.args]
@@ -272,6 +283,10 @@ class Renderer(IndexPrinter):
         s = self.scopes[scope]
         if vdtype != dtype:
             val = call("cast", [val], [vdtype], dtype)
+        if dtype == DType.bf16:  # rounded already: the narrowing is exact
+            val = f"cu.to_bf16({val})"
+        elif dtype == DType.f16:
+            val = f"{val}.to({STORAGE_TYPES[dtype]})"
         off = self.index(offset, ctx)
         mask = ctx.mask if ctx is not None else "xmask"
         ptr = f"p_{self.kernel.buf} + {off} + {self.zeros(lane)}"
@@ -335,6 +350,7 @@ class Renderer(IndexPrinter):
             signature=tuple(signature),
             tiles=live_tiles(source, name, self.tile_vars),
             element_bytes=max(4, *(prog.buffers[b].dtype.torch.itemsize for b in self.buffers)),
+            narrow_bytes=min(prog.buffers[b].dtype.torch.itemsize for b in self.buffers),
         )
 
     def persistent(self, body: list[str]) -> list[str]:

@@ -28,8 +28,8 @@ import sympy
 from cuvil_ir.graph_ir.types import DType
 from cuvil_ir.tensor_ir import expr as E
 from cuvil_ir.tensor_ir.hoist import hoist_depth, postorder_reduces
-from cuvil_ir.triton_source.functions import TL_DTYPES, call, const
-from cuvil_ir.triton_source.kernel import TritonKernel
+from cuvil_ir.triton_source.functions import HALF, TL_DTYPES, call, const
+from cuvil_ir.triton_source.kernel import TritonCodegenError, TritonKernel
 from cuvil_ir.triton_source.patterns import online_pairs, prod, welford_pairs
 from cuvil_ir.triton_source.render import Ctx, Renderer, Scope, combine, final, identity, literal
 
@@ -191,6 +191,10 @@ class Scheduler(Renderer):
             syms_here = syms
         body = E.substitute(body, dict(zip(syms, syms_here)))
         ctx = self.context(extents, one_tile, syms_here)
+        if r.dtype in HALF and r.kind in ("sum", "prod"):
+            # every half reduction accumulates in float32 ([Note: opmath]); rounding the
+            # accumulator at each step would not be eager's result
+            raise TritonCodegenError(f"a {r.kind} accumulated in {r.dtype.value}")
         ident = identity(r.kind, r.dtype)
         tl_t = TL_DTYPES[r.dtype]
         outer = self.scopes[0]

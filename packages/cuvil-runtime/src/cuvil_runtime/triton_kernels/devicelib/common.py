@@ -138,6 +138,39 @@ def rand(seed, counter):
     return (c0 >> 8).to(tl.float32) * 5.9604644775390625e-08
 
 
+def round_f16(x):
+    """Float32 ``x`` rounded to float16 (to nearest, ties to even; overflow is inf) and
+    widened back: the value a float16 tensor would hold ([Note: half precision in
+    Triton]). A conversion both modes round correctly (numpy's in the interpreter)."""
+    return x.to(tl.float16).to(tl.float32)
+
+
+def widen_bf16_bits(x):
+    """Bfloat16 ``x`` as float32: its bits are a float32's upper half (exact, subnormals
+    included). The interpreter's ``cu.widen_bf16`` (its conversion flushes subnormals)."""
+    return (x.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
+
+
+def round_bf16_bits(x):
+    """Float32 ``x`` rounded to bfloat16 with integers, widened back: add ``0x7FFF`` plus
+    the lowest kept bit (ties to even), drop the low half; NaN stays NaN (the rounding
+    could make it inf). Torch's own rounding; the interpreter's ``cu.round_bf16`` (its
+    float32 -> bfloat16 conversion truncates)."""
+    u = x.to(tl.uint32, bitcast=True)
+    r = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16
+    return tl.where(x != x, x, r.to(tl.float32, bitcast=True))
+
+
+def to_bf16_bits(x):
+    """Float32 ``x`` rounded to a bfloat16 element (the store's narrowing; NaN is
+    ``0x7FC0``, as torch stores it): the interpreter's ``cu.to_bf16`` (its own conversion
+    truncates and flushes subnormals)."""
+    u = x.to(tl.uint32, bitcast=True)
+    r = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
+    r = tl.where(x != x, 0x7FC0, r)
+    return r.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+
+
 def prod_combine(a, b):
     """The combine function of a product reduction (``tl.reduce(x, axis, cu.prod_combine)``)."""
     return a * b
@@ -155,7 +188,9 @@ def welford_combine(m1, q1, c1, m2, q2, c2):
 
 #: the helpers above every namespace re-exports (``remainder_of`` each binds privately:
 #: its ``remainder`` calls it after its own ``fmod``)
-SHARED = "floordiv mod fmod_int truncdiv iabs sign fmax fmin rand prod_combine welford_combine".split()
+SHARED = (
+    "floordiv mod fmod_int truncdiv iabs sign fmax fmin rand prod_combine welford_combine round_f16".split()
+)
 
 
 def decorated(interpret: bool) -> dict[str, Any]:

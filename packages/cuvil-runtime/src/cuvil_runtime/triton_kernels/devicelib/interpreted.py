@@ -33,6 +33,11 @@ _jit = common.jit(True)
 
 globals().update(common.decorated(True))  # floordiv, mod, ... rand: common.SHARED
 _remainder_of = _jit(common.remainder_of)
+#: the interpreter converts float32 to bfloat16 by truncating and bfloat16 subnormals to
+#: float32 as zero (Triton 3.9's ``_convert_float``): both with integers here
+round_bf16 = _jit(common.round_bf16_bits)
+widen_bf16 = _jit(common.widen_bf16_bits)
+to_bf16 = _jit(common.to_bf16_bits)
 
 _PI = 3.141592653589793
 _PI_2 = 1.5707963267948966
