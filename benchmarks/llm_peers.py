@@ -278,15 +278,19 @@ def llama_cpp_child(path: str, args: Any) -> dict[str, Any]:
         batch, length = ids.shape
         ctx = context(batch, length + n)
         L.llama_memory_clear(L.llama_get_memory(ctx), True)
-        b = state["tokens"]
+        b, cap = state["tokens"], state["batch"] * state["cells"]
+        token, pos, n_seq, logit = (
+            np.ctypeslib.as_array(f, shape=(cap,)) for f in (b.token, b.pos, b.n_seq_id, b.logits)
+        )
         # the prompt of every sequence in one batch, logits only at each one's last position
         b.n_tokens = batch * length
-        for s in range(batch):
-            for j in range(length):
-                i = s * length + j
-                b.token[i], b.pos[i], b.n_seq_id[i] = int(ids[s, j]), j, 1
-                b.seq_id[i][0] = s
-                b.logits[i] = int(j == length - 1)
+        token[: batch * length] = ids.reshape(-1)
+        pos[: batch * length] = np.tile(np.arange(length), batch)
+        n_seq[: batch * length] = 1
+        logit[: batch * length] = 0
+        logit[length - 1 : batch * length : length] = 1
+        for i in range(batch * length):
+            b.seq_id[i][0] = i // length
         got = np.empty((batch, n), dtype=np.int64)
         for step in range(n):
             if L.llama_decode(ctx, b) != 0:
@@ -295,11 +299,13 @@ def llama_cpp_child(path: str, args: Any) -> dict[str, Any]:
             got[:, step] = logits.argmax(axis=1)
             if step == n - 1:
                 break
+            # one new token per sequence
             b.n_tokens = batch
+            token[:batch] = got[:, step]
+            pos[:batch] = length + step
+            logit[:batch] = 1
             for s in range(batch):
-                b.token[s], b.pos[s], b.n_seq_id[s] = int(got[s, step]), length + step, 1
                 b.seq_id[s][0] = s
-                b.logits[s] = 1
         return got
 
     out = measure(run, args, vocab, start)
