@@ -196,6 +196,7 @@ def prepare_gguf(
     path = base
     if kind in ("Q8_0", "Q4_0"):
         path = work / f"model-{kind}.gguf"
+        _quiet_llama_cpp(llama_cpp)
         params = llama_cpp.llama_model_quantize_default_params()
         params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{kind}")
         params.nthread = threads
@@ -211,6 +212,18 @@ def prepare_gguf(
         sys.path.pop(0)
     total = sum(int(t.n_bytes) for t in GGUFReader(str(path)).tensors if _streamed(t.name))
     return path, total
+
+
+_LOG_SINK: list[Any] = []  # the callback must outlive the call that installs it
+
+
+def _quiet_llama_cpp(L: Any) -> None:
+    """llama.cpp's log (every tensor it loads or quantizes) to nowhere."""
+    import ctypes
+
+    if not _LOG_SINK:
+        _LOG_SINK.append(L.llama_log_callback(lambda level, text, data: None))
+        L.llama_log_set(_LOG_SINK[0], ctypes.c_void_p())
 
 
 # -- the children -------------------------------------------------------------------------------
@@ -241,12 +254,10 @@ def ort_child(path: str, args: Any) -> dict[str, Any]:
 
 
 def llama_cpp_child(path: str, args: Any) -> dict[str, Any]:
-    import ctypes
 
     import llama_cpp as L
 
-    quiet = L.llama_log_callback(lambda level, text, data: None)
-    L.llama_log_set(quiet, ctypes.c_void_p())
+    _quiet_llama_cpp(L)
     L.llama_backend_init()
     start = time.perf_counter()
     model = L.llama_model_load_from_file(path.encode(), L.llama_model_default_params())
