@@ -421,6 +421,15 @@ def bench(session: nox.Session) -> None:
     session.run("python", "-m", "benchmarks.run", *session.posargs)
     # QPS of a serving loop (sync vs submit, against onnxruntime) and warm starts
     session.run("python", "-m", "benchmarks.serve", "--out", "benchmarks/results/serve.json")
+    # LLM decode and prefill per precision (benchmarks.llm, ~30 min): opt in with
+    # CUVIL_BENCH_LLM=1, or =peers to add onnxruntime-genai (--no-deps: its requirements would
+    # replace the pinned torch); llama.cpp builds from source, by hand (benchmarks/README.md)
+    llm = os.environ.get("CUVIL_BENCH_LLM")
+    if llm:
+        session.install(TORCHAO)
+        if llm == "peers":
+            session.install("--no-deps", "onnxruntime-genai==0.18.0", "onnx-ir")
+        session.run("python", "-m", "benchmarks.llm", "--size", "issue")
 
 
 SMOKE = """

@@ -15,27 +15,31 @@ layers, 12/4 heads, FFN 4096, vocab 32000, ~1 GB):
   (prefill excluded): ``batch * (n - 1) / (t_n - t_1)``, median of ``--repeats``;
 * **time to first token** for prompts of ``--ttft-prompts`` tokens at batch 1:
   ``generate(max_new_tokens=1)``;
-* **peak RSS** of the child process (model build, compile and runs);
+* **peak RSS** of the child process (model build or load, compile and runs): its
+  ``VmHWM``, which starts afresh at ``execve`` (``ru_maxrss`` would carry this, larger,
+  process's peak into every child);
 * **the weight-bandwidth bound**: bytes of the weights a decode step reads (the
   quantized bytes for int8/int4, bf16 for bf16) / the rate ``torch.mv`` streams a
   ``--stream-mib`` f32 matrix, timed in the parent in the same run (the copy and
   ``x.sum()`` rates beside it), and each implementation's batch-1 decode as a fraction
   of its precision's bound.
 
-Implementations, each in a fresh child process (empty compile caches):
+Implementations (``--impls``), each in a fresh child process (empty compile caches):
 
 * ``eager``: the transformers model (``model.to(torch.bfloat16)`` for bf16; for int8 and
-  int4 torchao's weight-only configs when torchao is installed, else skipped, saying so);
+  int4 torchao's weight-only configs, ``Int8WeightOnlyConfig`` and, for int4 on CPU,
+  ``PrototypeInt4WeightOnlyConfig``, when torchao is installed, else skipped, saying so);
 * ``torch.compile``: the same model with ``model.forward = torch.compile(model.forward)``
   and ``cache_implementation="static"``, as transformers documents for compiled decoding;
 * ``cuvil``: ``cu.compile(model)`` on ``cu.quantize(model, precision)`` for bf16 / int8 /
-  int4 (group ``--group-size``), the fp32 model otherwise, static cache.
+  int4 (group ``--group-size``), the fp32 model otherwise, static cache;
+* ``onnxruntime-genai`` and ``llama.cpp`` where they install: the same weights saved with
+  ``save_pretrained`` (and a tokenizer trained here, ``benchmarks.llm_tokenizer``), exported
+  with each one's own converter, decoded with each one's own loop (``benchmarks.llm_peers``);
+  a peer that is missing or fails gets a row saying why.
 
-Not in the table, and why: onnxruntime has no ``generate()`` over a transformers model
-(onnxruntime-genai needs its own model builder output, not installed here), and llama.cpp
-is measured only where ``llama_cpp`` imports (llama-cpp-python builds llama.cpp from
-source; it needs a GGUF export of the model and a tokenizer) -- the ``llama.cpp`` column
-says which.
+Every child times the same thing (``llm_peers.measure``): the same prompts (numpy, seeded),
+greedy, exactly ``--new-tokens`` new tokens; its batch-1 tokens are compared with eager fp32's.
 
 The machine this runs on is shared and noisy: every number comes with the host, its ISA,
 the threads, and the bound measured in the same run; compare ratios within one run.
@@ -46,7 +50,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -58,6 +62,7 @@ from typing import Any
 import torch
 
 from benchmarks.generate import llama
+from benchmarks.llm_peers import GGUF_PRECISIONS, PEERS, PeerUnavailable, measure, prompt
 from benchmarks.roofline import host_info
 
 SIZES: dict[str, dict[str, int]] = {
@@ -66,7 +71,7 @@ SIZES: dict[str, dict[str, int]] = {
     # about 1 GB of fp32 weights
     "1gb": {"hidden": 1536, "layers": 10, "heads": 12, "kv_heads": 4, "ffn": 4096, "vocab": 32000},
 }
-IMPLS = ("eager", "torch.compile", "cuvil")
+IMPLS = ("eager", "torch.compile", "cuvil", *PEERS)
 PRECISIONS = ("fp32", "bf16", "int8", "int4")
 
 
@@ -131,19 +136,20 @@ def _eager_model(size: str, precision: str, group_size: int) -> Any:
         return model.to(torch.bfloat16)
     if precision in ("int8", "int4"):
         try:
-            from torchao.quantization import Int4WeightOnlyConfig, Int8WeightOnlyConfig, quantize_
+            from torchao.prototype.quantization.int4.inference_workflow import PrototypeInt4WeightOnlyConfig
+            from torchao.quantization import Int8WeightOnlyConfig, quantize_
         except ImportError as e:
             raise SystemExit(f"skipped: torchao is not installed ({e})") from None
+        # torchao 0.18's CPU int4 weight-only path: Int4WeightOnlyConfig needs the mslk
+        # package (CUDA kernels) for every packing; the prototype config packs for
+        # torch's _weight_int4pack_mm_for_cpu (docs/quantization.md, torchao)
         config = (
-            Int8WeightOnlyConfig() if precision == "int8" else Int4WeightOnlyConfig(group_size=group_size)
+            Int8WeightOnlyConfig()
+            if precision == "int8"
+            else PrototypeInt4WeightOnlyConfig(group_size=group_size)
         )
         quantize_(model, config)
     return model
-
-
-def _prompt(vocab: int, batch: int, length: int, seed: int) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(1, vocab, (batch, length), generator=g)
 
 
 def child(impl: str, precision: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -171,93 +177,117 @@ def child(impl: str, precision: str, args: argparse.Namespace) -> dict[str, Any]
     kw: dict[str, Any] = {"do_sample": False}
     if impl != "eager":
         kw["cache_implementation"] = "static"
+
+    def run(ids: Any, n: int) -> Any:
+        x = torch.from_numpy(ids)
+        with torch.no_grad():
+            return generate(x, max_new_tokens=n, min_new_tokens=n, **kw)[:, x.shape[1] :].numpy()
+
     out: dict[str, Any] = {"impl": impl, "precision": precision, "size": size}
-    n = args.new_tokens
-    with torch.no_grad():
-        t0 = time.perf_counter()
-        generate(_prompt(vocab, 1, args.prompt, 1), max_new_tokens=n, min_new_tokens=n, **kw)
-        out["first_generate_s"] = time.perf_counter() - t0
-        decode: dict[str, float] = {}
-        for batch in args.batches:
-            ids = _prompt(vocab, batch, args.prompt, batch)
-            generate(ids, max_new_tokens=n, min_new_tokens=n, **kw)  # this batch's variants
-            longs, shorts = [], []
-            for _ in range(args.repeats):
-                t0 = time.perf_counter()
-                generate(ids, max_new_tokens=n, min_new_tokens=n, **kw)
-                longs.append(time.perf_counter() - t0)
-                t0 = time.perf_counter()
-                generate(ids, max_new_tokens=1, **kw)
-                shorts.append(time.perf_counter() - t0)
-            step = (statistics.median(longs) - statistics.median(shorts)) / (n - 1)
-            decode[str(batch)] = batch / step
-        out["decode_tokens_per_s"] = decode
-        ttft: dict[str, float] = {}
-        for length in args.ttft_prompts:
-            ids = _prompt(vocab, 1, length, length)
-            generate(ids, max_new_tokens=1, **kw)
-            ts = []
-            for _ in range(args.repeats):
-                t0 = time.perf_counter()
-                generate(ids, max_new_tokens=1, **kw)
-                ts.append(time.perf_counter() - t0)
-            ttft[str(length)] = statistics.median(ts)
-        out["ttft_s"] = ttft
-    out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    out.update(measure(run, args, vocab, time.perf_counter()))
     if run_model is not None:
         out["compiles"] = run_model.stats.compiles
         out["fallbacks"] = run_model.stats.fallbacks
     return out
 
 
+def _row_cells(r: dict[str, Any], data: dict[str, Any], batches: list[str], prompts: list[str]) -> list[str]:
+    rates, c = data["rates"], data["config"]
+    wb = r.get("weight_bytes") or data["weight_bytes"][r["precision"]]
+    bound = rates["mv_gbps"] * 1e9 / wb
+    bits = 8 * wb / data["streamed_params"]
+    row = [r["precision"], r["impl"], f"{wb / 1e6:.1f}", f"{bits:.2f}", f"{bound:.0f}"]
+    if "error" in r:
+        return [*row, r["error"][:160]]
+    dec = r["decode_tokens_per_s"]
+    row += [f"{dec[b]:.1f}" for b in batches]
+    row += [f"{dec['1'] / bound:.2f}" if "1" in dec else ""]
+    row += [f"{r['ttft_s'][p]:.3f}" for p in prompts]
+    ref, got = data["reference_tokens"], r.get("tokens", [])
+    same = next((i for i, (a, b) in enumerate(zip(ref, got)) if a != b), min(len(ref), len(got)))
+    row += [f"{r['first_generate_s']:.1f}", f"{r['peak_rss_mb']:.0f}", f"{same}/{c['new_tokens']}"]
+    row += [str(r.get("compiles", ""))]
+    return row
+
+
 def _markdown(data: dict[str, Any]) -> str:
     c = data["config"]
     rates = data["rates"]
+    h = data["host"]
     lines = [
         f"# LLM decode and prefill on CPU ({c['size']}: {SIZES[c['size']]})",
         "",
-        f"Host: {data['host']['cpu']}, {data['host']['cores']} cores, torch {data['host']['torch']}, "
-        f"ISA {data['host']['isa']}; {c['threads']} threads; prompt {c['prompt']}, {c['new_tokens']} "
-        f"new tokens (greedy), median of {c['repeats']}; Cuvil target {c['target']}, int4 group "
-        f"{c['group_size']}.",
+        f"Host: {h['cpu']}, {h['cores']} cores, ISA {h['isa']}, load average {data['load_before']} before "
+        f"the run; torch {h['torch']}; {c['threads']} threads; prompt {c['prompt']}, {c['new_tokens']} new "
+        f"tokens (greedy), median of {c['repeats']}; Cuvil target {c['target']}, int4 group "
+        f"{c['group_size']}; peers: {data['peer_versions'] or 'none'}.",
         f"Streaming rates in this run ({c['stream_mib']} MiB f32): torch.mv {rates['mv_gbps']:.1f} GB/s "
         f"(the bound's rate), copy {rates['copy_gbps']:.1f} GB/s (read + write), sum "
         f"{rates['sum_gbps']:.1f} GB/s.",
         f"Command: `{c['command']}`",
         "",
+        "weights MB: what a decode step streams in that row's format (every linear, the lm_head "
+        "included, with its scales; not the token embedding); bits/w: those bytes per weight; "
+        "bound: torch.mv's rate / those bytes; fraction: decode b1 / bound. TTFT: batch 1, "
+        "1 new token. first s: the first generate() (torch: compile included; peers: model load "
+        "included). RSS: the child's VmHWM. = eager: greedy tokens of the batch-1 prompt equal "
+        "to eager fp32's, as a prefix (quantized formats differ by design: random weights give "
+        "near-flat logits).",
+        "",
     ]
     batches = [str(b) for b in c["batches"]]
     prompts = [str(p) for p in c["ttft_prompts"]]
     head = (
-        ["precision", "weights MB", "bound tok/s", "impl"]
+        ["precision", "impl", "weights MB", "bits/w", "bound tok/s"]
         + [f"decode tok/s b{b}" for b in batches]
         + ["fraction of bound (b1)"]
         + [f"TTFT {p} s" for p in prompts]
-        + ["first generate() s", "peak RSS MB", "compiles"]
+        + ["first s", "peak RSS MB", "= eager fp32", "compiles"]
     )
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in data["results"]:
-        prec = r["precision"]
-        wb = data["weight_bytes"][prec]
-        bound = rates["mv_gbps"] * 1e9 / wb
-        if "error" in r:
-            lines.append(f"| {prec} | {wb / 1e6:.0f} | {bound:.0f} | {r['impl']} | {r['error'][:100]} |")
-            continue
-        dec = r["decode_tokens_per_s"]
-        row = [prec, f"{wb / 1e6:.0f}", f"{bound:.0f}", r["impl"]]
-        row += [f"{dec[b]:.1f}" for b in batches]
-        row += [f"{dec[batches[0]] / bound:.2f}" if batches[0] == "1" else ""]
-        row += [f"{r['ttft_s'][p]:.3f}" for p in prompts]
-        row += [f"{r['first_generate_s']:.1f}", f"{r['peak_rss_mb']:.0f}", str(r.get("compiles", ""))]
-        lines.append("| " + " | ".join(row) + " |")
+        lines.append("| " + " | ".join(_row_cells(r, data, batches, prompts)) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _run_child(cmd: list[str], env: dict[str, str], timeout: int, impl: str, prec: str) -> dict[str, Any]:
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"impl": impl, "precision": prec, "error": "timed out"}
+    if proc.returncode != 0:
+        lines = [ln for ln in (proc.stderr or proc.stdout).strip().splitlines() if ln.strip()]
+        return {"impl": impl, "precision": prec, "error": lines[-1] if lines else "no output"}
+    return {"impl": impl, "precision": prec, **json.loads(proc.stdout.strip().splitlines()[-1])}
+
+
+def _peer_row(impl: str, prec: str, hf: Path | None, work: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """Export the model for the peer (once per format) and time it in a child of its own."""
+    from benchmarks.llm_peers import prepare_gguf, prepare_ort
+
+    try:
+        if hf is None:
+            raise PeerUnavailable("the model could not be saved for export (see the log)")
+        if impl == "onnxruntime-genai":
+            artifact, wb = prepare_ort(hf, prec, work / f"ort-{prec}", args.threads, args.child_timeout)
+        else:
+            artifact, wb = prepare_gguf(hf, prec, work, args.llama_cpp_src, args.threads, args.child_timeout)
+    except PeerUnavailable as e:
+        return {"impl": impl, "precision": prec, "error": f"not run: {e}"}
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
+    child_args = {k: v for k, v in vars(args).items() if k != "child"}
+    cmd = [sys.executable, "-m", "benchmarks.llm_peers", impl, prec, str(artifact), json.dumps(child_args)]
+    row = _run_child(cmd, env, args.child_timeout, impl, prec)
+    row["weight_bytes"] = wb
+    row["format"] = {"onnxruntime-genai": "builder -p " + prec, "llama.cpp": GGUF_PRECISIONS[prec]}[impl]
+    return row
 
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--size", choices=sorted(SIZES), default="issue")
     p.add_argument("--precisions", default=",".join(PRECISIONS))
-    p.add_argument("--impls", default=",".join(IMPLS))
+    p.add_argument("--impls", default=",".join(IMPLS), help=f"comma-separated, of {', '.join(IMPLS)}")
     p.add_argument("--batches", default="1,4,16")
     p.add_argument("--ttft-prompts", default="128,1024")
     p.add_argument("--prompt", type=int, default=32)
@@ -268,8 +298,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--stream-mib", type=int, default=256)
     p.add_argument("--target", default="cpu")
     p.add_argument("--child-timeout", type=int, default=3600)
+    p.add_argument(
+        "--llama-cpp-src",
+        default=os.environ.get("LLAMA_CPP_SRC"),
+        help="llama.cpp's source tree (convert_hf_to_gguf.py, gguf-py), e.g. the llama-cpp-python "
+        "sdist's vendor/llama.cpp; default $LLAMA_CPP_SRC",
+    )
     p.add_argument("--quick", action="store_true", help="batch 1, a 128-token TTFT prompt, 1 repeat")
     p.add_argument("--out", default="benchmarks/results/llm")
+    p.add_argument("--name", default="latest", help="the results' file name: NAME.md and NAME.json")
     p.add_argument("--child", nargs=2, metavar=("IMPL", "PRECISION"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.quick:
@@ -279,50 +316,71 @@ def main(argv: list[str] | None = None) -> None:
     if args.child:
         print(json.dumps(child(args.child[0], args.child[1], args)))
         return
+    impls = args.impls.split(",")
+    unknown = sorted(set(impls) - set(IMPLS))
+    if unknown:
+        p.error(f"unknown --impls {unknown}; choose from {', '.join(IMPLS)}")
+    load_before = os.getloadavg()
     rates = _stream_rates(args.stream_mib, args.threads)
     print("streaming rates:", rates, flush=True)
     model = build(args.size)
     precisions = args.precisions.split(",")
-    wbytes = {prec: weight_bytes(model, prec, args.group_size) for prec in precisions}
+    wbytes = {prec: weight_bytes(model, prec, args.group_size) for prec in PRECISIONS}
+    vocab = SIZES[args.size]["vocab"]
+    with torch.no_grad():
+        ids = torch.from_numpy(prompt(vocab, 1, args.prompt, 1))
+        n = args.new_tokens
+        ref = model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False)[0, args.prompt :]
+    work = Path(tempfile.mkdtemp(prefix="cuvil-llm-"))
+    hf: Path | None = None
+    if any(i in PEERS for i in impls):
+        from benchmarks.llm_peers import save_hf
+
+        try:
+            hf = save_hf(model, work / "hf", vocab)
+        except Exception as e:  # a peer row says why; the torch rows still run
+            print(f"could not save the model for the peers: {e!r}", flush=True)
     del model
     results = []
-    for prec in precisions:
-        for impl in args.impls.split(","):
-            with tempfile.TemporaryDirectory() as tmp:
-                env = {
-                    **os.environ,
-                    "CUVIL_CACHE_DIR": f"{tmp}/cuvil",
-                    "TORCHINDUCTOR_CACHE_DIR": f"{tmp}/inductor",
-                    "OMP_NUM_THREADS": str(args.threads),
-                }
-                cmd = [sys.executable, "-m", "benchmarks.llm", *(argv or sys.argv[1:]), "--child", impl, prec]
-                try:
-                    proc = subprocess.run(
-                        cmd, env=env, capture_output=True, text=True, check=False, timeout=args.child_timeout
-                    )
-                except subprocess.TimeoutExpired:
-                    results.append({"impl": impl, "precision": prec, "error": "timed out"})
-                    continue
-            if proc.returncode != 0:
-                tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
-                results.append({"impl": impl, "precision": prec, "error": tail[0]})
-            else:
-                results.append(json.loads(proc.stdout.strip().splitlines()[-1]))
-            print(json.dumps(results[-1]), flush=True)
+    try:
+        for prec in precisions:
+            for impl in impls:
+                if impl in PEERS:
+                    results.append(_peer_row(impl, prec, hf, work, args))
+                else:
+                    with tempfile.TemporaryDirectory() as tmp:
+                        env = {
+                            **os.environ,
+                            "CUVIL_CACHE_DIR": f"{tmp}/cuvil",
+                            "TORCHINDUCTOR_CACHE_DIR": f"{tmp}/inductor",
+                            "OMP_NUM_THREADS": str(args.threads),
+                        }
+                        cmd = [sys.executable, "-m", "benchmarks.llm", *(argv or sys.argv[1:])]
+                        results.append(
+                            _run_child([*cmd, "--child", impl, prec], env, args.child_timeout, impl, prec)
+                        )
+                print(json.dumps(results[-1]), flush=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    versions = {r["impl"]: r["version"] for r in results if "version" in r}
     data = {
         "host": host_info(),
+        "load_before": " ".join(f"{x:.2f}" for x in load_before),
+        "peer_versions": ", ".join(f"{k} {v}" for k, v in versions.items()),
         "config": {
             **{k: v for k, v in vars(args).items() if k != "child"},
             "command": " ".join(["python -m benchmarks.llm", *(argv or sys.argv[1:])]),
         },
         "rates": rates,
         "weight_bytes": wbytes,
+        "streamed_params": wbytes["fp32"] // 4,
+        "reference_tokens": [int(t) for t in ref],
         "results": results,
     }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"{args.size}.json").write_text(json.dumps(data, indent=1) + "\n")
-    (out / f"{args.size}.md").write_text(_markdown(data))
+    (out / f"{args.name}.json").write_text(json.dumps(data, indent=1) + "\n")
+    (out / f"{args.name}.md").write_text(_markdown(data))
     print(_markdown(data))
 
 
