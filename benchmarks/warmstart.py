@@ -48,12 +48,22 @@ t1 = time.perf_counter()
 from benchmarks.workloads import WORKLOADS
 wl = WORKLOADS[name]
 fn, args = wl.build()
+import gc
+gc_time = [0.0, 0, 0.0]
+def _gc(phase, info):
+    if phase == "start":
+        gc_time[2] = time.perf_counter()
+    else:
+        gc_time[0] += time.perf_counter() - gc_time[2]
+        gc_time[1] += info["generation"] == 2
 with torch.no_grad():
     ref = fn(*args)
     if mode == "save":
         cu.save(cu.compile(fn, target="cpu", fallback="error"), path, *args)
         print(json.dumps({}))
         sys.exit(0)
+    gc.callbacks.append(_gc)
+    c2 = time.process_time()
     t2 = time.perf_counter()
     f = cu.load(path) if mode == "load" else cu.compile(fn, target="cpu", fallback="error")
     t3 = time.perf_counter()
@@ -63,6 +73,8 @@ with torch.no_grad():
         pr.enable()
     y = f(*args)
     t4 = time.perf_counter()
+    c4 = time.process_time()
+    gc.callbacks.remove(_gc)
     if nprof:
         pr.disable()
         s = io.StringIO()
@@ -74,6 +86,7 @@ err = float((y - ref).abs().max())
 stats = getattr(f, "stats", None)
 print(json.dumps({
     "import_s": t1 - t0, "make_s": t3 - t2, "first_s": t4 - t3, "second_s": t5 - t4,
+    "make_first_s": t4 - t2, "make_first_cpu_s": c4 - c2, "gc_s": gc_time[0], "full_gcs": gc_time[1],
     "max_abs_err": err, "eq_second": bool(torch.equal(y, y2)),
     "warm_starts": getattr(stats, "warm_starts", None),
     "torch._dynamo": "torch._dynamo" in sys.modules,
@@ -101,6 +114,7 @@ def _child(mode: str, name: str, path: str, env: dict[str, str], nprof: int = 0)
 
 def host(threads: int) -> dict[str, str]:
     import torch
+
     from cuvil_backend_cpu.toolchain import cpuinfo, export_toolchain, find_toolchain
 
     info = cpuinfo()
@@ -147,7 +161,7 @@ def measure(names: list[str], repeats: int, threads: int, nprof: int) -> dict[st
     return result
 
 
-_COLS = ("import_s", "make_s", "first_s", "second_s")
+_COLS = ("import_s", "make_s", "first_s", "make_first_s", "make_first_cpu_s", "gc_s", "second_s")
 
 
 def summary(result: dict[str, Any]) -> list[dict[str, Any]]:
@@ -160,7 +174,12 @@ def summary(result: dict[str, Any]) -> list[dict[str, Any]]:
                 row[c] = (statistics.median(vals), min(vals))
             row["max_abs_err"] = max(x["max_abs_err"] for x in runs)
             row["compiler imported"] = sorted(
-                {k for x in runs for k in ("torch._dynamo", "cuvil_backend_cpu.codegen", "cuvil.frontend.capture") if x[k]}
+                {
+                    k
+                    for x in runs
+                    for k in ("torch._dynamo", "cuvil_backend_cpu.codegen", "cuvil.frontend.capture")
+                    if x[k]
+                }
             )
             table.append(row)
     return table
@@ -174,18 +193,31 @@ def markdown(hostinfo: dict[str, str], result: dict[str, Any], repeats: int) -> 
         f"Fresh processes, median (min) of {repeats}, seconds. `import` is `import cuvil` after torch;",
         "`make` is `cu.compile(m)` / `cu.load(path)`; the workload's module and input are built untimed.",
         "",
-        "| workload | path | import | make | first call | second call | max abs err | compiler modules imported |",
-        "|---|---|---:|---:|---:|---:|---:|---|",
+        "`make + first` is what a server waits for before its first answer (wall, then the process's",
+        "CPU time, which the host's load disturbs less: with 2 threads it adds both threads' time);",
+        "`gc` is the time the cyclic collector ran inside it.",
+        "",
+        "| workload | path | import | make | first call | make + first | make + first, CPU | gc | second call | max abs err | compiler modules imported |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for row in summary(result):
         cells = [f"{row[c][0]:.3f} ({row[c][1]:.3f})" for c in _COLS]
         mods = ", ".join(row["compiler imported"]) or "none"
         lines.append(
-            f"| {row['workload']} | {row['path']} | " + " | ".join(cells) + f" | {row['max_abs_err']:.1e} | {mods} |"
+            f"| {row['workload']} | {row['path']} | "
+            + " | ".join(cells)
+            + f" | {row['max_abs_err']:.1e} | {mods} |"
         )
     for name, r in result.items():
         for mode, text in r["profiles"].items():
-            lines += ["", f"## First call, {name}, {mode} (cProfile, 1 thread, cumulative)", "", "```", text.strip(), "```"]
+            lines += [
+                "",
+                f"## First call, {name}, {mode} (cProfile, 1 thread, cumulative)",
+                "",
+                "```",
+                text.strip(),
+                "```",
+            ]
     return "\n".join(lines) + "\n"
 
 
@@ -194,7 +226,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workloads", default="resnet18_b1,bert_encoder")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1))
-    ap.add_argument("--profile", type=int, default=0, help="cProfile's top N entries of one first call per path")
+    ap.add_argument(
+        "--profile", type=int, default=0, help="cProfile's top N entries of one first call per path"
+    )
     ap.add_argument("--out", default=str(OUT), help="folder for latest.md and latest.json ('' for none)")
     a = ap.parse_args(argv)
     hostinfo = host(a.threads)
