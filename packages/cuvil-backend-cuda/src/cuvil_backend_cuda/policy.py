@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from cuvil_ir.tensor_ir.fusion_policy import FusionPolicy
 from cuvil_ir.tensor_ir.hoist import must_realize
-from cuvil_ir.tensor_ir.lower import FusionPolicy
 
 FUSION = FusionPolicy(realize_reduction=must_realize, native="cuda")
 

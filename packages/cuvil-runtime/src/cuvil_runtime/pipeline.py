@@ -32,7 +32,6 @@ from typing import Any, Protocol
 from cuvil_ir.graph_ir.aliases import computed_graph, output_aliases
 from cuvil_ir.graph_ir.nodes import Graph
 from cuvil_ir.serial import Codec, SerialError
-from cuvil_ir.tensor_ir.lower import lower
 from cuvil_ir.tensor_ir.program import Control, Extern, Kernel, TensorProgram
 from cuvil_runtime import gc_pause
 from cuvil_runtime.cache import DiskCache
@@ -215,6 +214,8 @@ def _lower_and_generate(
             return dc_replace(slim, graph=full), dict(codes), True
         except (SerialError, TypeError, ValueError):  # an entry this code cannot read: rebuild it
             pass
+    from cuvil_ir.tensor_ir.lower import lower  # (not imported by a warm start: it never lowers)
+
     program = lower(graph, backend.fusion_policy(options), strided_inputs=strided_inputs)
     codes = generate_all(backend, program, options)
     if store is not None:
