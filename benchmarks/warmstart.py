@@ -42,6 +42,7 @@ _CHILD = r"""
 import sys, time, json
 import torch
 mode, name, path, nprof = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+COMPILER = ("torch._dynamo", "cuvil_ir.tensor_ir.lower", "cuvil_backend_cpu.loop_ir.schedule")
 t0 = time.perf_counter()
 import cuvil as cu
 t1 = time.perf_counter()
@@ -56,16 +57,22 @@ def _gc(phase, info):
     else:
         gc_time[0] += time.perf_counter() - gc_time[2]
         gc_time[1] += info["generation"] == 2
+# eager runs after the timed calls: its first call would warm oneDNN and MKL for ours
 with torch.no_grad():
-    ref = fn(*args)
     if mode == "save":
         cu.save(cu.compile(fn, target="cpu", fallback="error"), path, *args)
         print(json.dumps({}))
         sys.exit(0)
     gc.callbacks.append(_gc)
+    before = set(sys.modules)
     c2 = time.process_time()
     t2 = time.perf_counter()
-    f = cu.load(path) if mode == "load" else cu.compile(fn, target="cpu", fallback="error")
+    if mode == "load":
+        f = cu.load(path)
+    elif mode == "eager":  # the reference: eager's own first call in a fresh process
+        f = fn
+    else:
+        f = cu.compile(fn, target="cpu", fallback="error")
     t3 = time.perf_counter()
     if nprof:
         import cProfile, io, pstats
@@ -82,6 +89,7 @@ with torch.no_grad():
         prof = s.getvalue()
     y2 = f(*args)
     t5 = time.perf_counter()
+    ref = fn(*args)
 err = float((y - ref).abs().max())
 stats = getattr(f, "stats", None)
 print(json.dumps({
@@ -89,10 +97,9 @@ print(json.dumps({
     "make_first_s": t4 - t2, "make_first_cpu_s": c4 - c2, "gc_s": gc_time[0], "full_gcs": gc_time[1],
     "max_abs_err": err, "eq_second": bool(torch.equal(y, y2)),
     "warm_starts": getattr(stats, "warm_starts", None),
-    "torch._dynamo": "torch._dynamo" in sys.modules,
-    "cuvil_backend_cpu.codegen": "cuvil_backend_cpu.codegen" in sys.modules,
-    "cuvil.frontend.capture": "cuvil.frontend.capture" in sys.modules,
-    "modules": len(sys.modules),
+    # compiler modules the first call imported (capture: torch._dynamo; lowering; C generation)
+    "compiler_imports": [m for m in COMPILER if m in sys.modules and m not in before],
+    "imports": len(set(sys.modules) - before),
     "profile": prof if nprof else None,
 }))
 """
@@ -141,11 +148,12 @@ def measure(names: list[str], repeats: int, threads: int, nprof: int) -> dict[st
         base.pop("PYTHONDONTWRITEBYTECODE", None)
         base["PYTHONPATH"] = os.pathsep.join([str(ROOT), base.get("PYTHONPATH", "")])
         for name in names:
-            rows: dict[str, list[dict[str, Any]]] = {"cold": [], "warm": [], "load": []}
+            rows: dict[str, list[dict[str, Any]]] = {"eager": [], "cold": [], "warm": [], "load": []}
             art = str(Path(tmp) / f"{name}.cuvil")
             # the artifact from a cache of its own, so the load processes meet an empty one
             _child("save", name, art, dict(base, CUVIL_CACHE_DIR=str(Path(tmp) / f"{name}-save")))
             for i in range(repeats):
+                rows["eager"].append(_child("eager", name, "", base))
                 warm_dir = str(Path(tmp) / f"{name}-cache{i}")
                 rows["cold"].append(_child("cold", name, "", dict(base, CUVIL_CACHE_DIR=warm_dir)))
                 rows["warm"].append(_child("warm", name, "", dict(base, CUVIL_CACHE_DIR=warm_dir)))
@@ -173,14 +181,8 @@ def summary(result: dict[str, Any]) -> list[dict[str, Any]]:
                 vals = [x[c] for x in runs]
                 row[c] = (statistics.median(vals), min(vals))
             row["max_abs_err"] = max(x["max_abs_err"] for x in runs)
-            row["compiler imported"] = sorted(
-                {
-                    k
-                    for x in runs
-                    for k in ("torch._dynamo", "cuvil_backend_cpu.codegen", "cuvil.frontend.capture")
-                    if x[k]
-                }
-            )
+            row["compiler imported"] = sorted({m for x in runs for m in x["compiler_imports"]})
+            row["imports"] = statistics.median(x["imports"] for x in runs)
             table.append(row)
     return table
 
@@ -192,13 +194,19 @@ def markdown(hostinfo: dict[str, str], result: dict[str, Any], repeats: int) -> 
         "",
         f"Fresh processes, median (min) of {repeats}, seconds. `import` is `import cuvil` after torch;",
         "`make` is `cu.compile(m)` / `cu.load(path)`; the workload's module and input are built untimed.",
+        "`eager` is the module's own first call in a fresh process (what oneDNN's and MKL's first use",
+        "cost any caller); eager's reference result is computed after the timed calls.",
         "",
         "`make + first` is what a server waits for before its first answer (wall, then the process's",
         "CPU time, which the host's load disturbs less: with 2 threads it adds both threads' time);",
         "`gc` is the time the cyclic collector ran inside it.",
         "",
-        "| workload | path | import | make | first call | make + first | make + first, CPU | gc | second call | max abs err | compiler modules imported |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "`modules` is how many modules `make + first` imported, and which of capture's, lowering's",
+        "and scheduling's (`torch._dynamo`, `tensor_ir.lower`, `loop_ir.schedule`). The cold path's",
+        "CPU time leaves out the C compiler's processes.",
+        "",
+        "| workload | path | import | make | first call | make + first | make + first, CPU | gc | second call | max abs err | modules | compiler modules |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for row in summary(result):
         cells = [f"{row[c][0]:.3f} ({row[c][1]:.3f})" for c in _COLS]
@@ -206,7 +214,7 @@ def markdown(hostinfo: dict[str, str], result: dict[str, Any], repeats: int) -> 
         lines.append(
             f"| {row['workload']} | {row['path']} | "
             + " | ".join(cells)
-            + f" | {row['max_abs_err']:.1e} | {mods} |"
+            + f" | {row['max_abs_err']:.1e} | {row['imports']:.0f} | {mods} |"
         )
     for name, r in result.items():
         for mode, text in r["profiles"].items():

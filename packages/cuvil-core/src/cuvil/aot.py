@@ -274,7 +274,7 @@ def _open_deferred(path: Path) -> tuple[dict[str, Any], dict[str, Any], Callable
     call it before any tensor member's bytes are read."""
     blob = _read_trusted(path)
     try:
-        z = zipfile.ZipFile(io.BytesIO(blob))  # the central directory: names and offsets
+        z = zipfile.ZipFile(_Reader(blob))  # the central directory: names and offsets
         infos = {i.filename: i for i in z.infolist()}
     except zipfile.BadZipFile as e:
         raise ArtifactError(
@@ -326,6 +326,36 @@ def _damaged(path: Path, name: str) -> ArtifactError:
         f"{path} is damaged: {name} does not match its sha256 in the manifest; "
         "nothing was loaded. Copy or save it again"
     )
+
+
+class _Reader(io.RawIOBase):
+    """The file's bytes as a read-only file for ``zipfile``, without the copy ``io.BytesIO``
+    makes of a bytearray (47 MB for a ResNet-18 artifact: 40 ms here)."""
+
+    def __init__(self, data: bytearray) -> None:
+        self._view = memoryview(data)
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        chunk = self._view[self._pos : self._pos + len(b)]
+        n = len(chunk)
+        b[:n] = chunk
+        self._pos += n
+        return n
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: len(self._view)}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
 
 
 #: a zip local file header's fixed part; the name and extra field follow
