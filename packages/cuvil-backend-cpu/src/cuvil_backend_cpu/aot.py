@@ -71,7 +71,7 @@ class CpuLoader(CpuHooks):
                 f"(they would die with an illegal instruction); save the artifact again with "
                 f"{_levels_hint(machine, info)}"
             )
-        absent = [lib for lib in requires.get("libraries", ()) if ctypes.util.find_library(str(lib)) is None]
+        absent = [lib for lib in requires.get("libraries", ()) if not library_present(str(lib))]
         if absent:
             return f"its kernels need the shared libraries {', '.join('lib' + a for a in absent)}, not found here"
         return None
@@ -109,6 +109,35 @@ class _EmulatedLoader(CpuLoader):
             )
             for name, ck, blob in kernels
         ]
+
+
+def library_present(name: str) -> bool:
+    """Whether ``lib<name>`` can be linked here: already mapped into this process (torch's
+    own libgomp: the loader then reuses it for our kernels), a file of that name in the
+    dynamic linker's default folders, or else what ``ctypes.util.find_library`` says.
+    (``find_library`` runs ``ldconfig -p`` in a subprocess, 60 ms a library on a loaded host,
+    which a first ``cu.load`` paid three times.)"""
+    prefixes = (f"lib{name}.so", f"lib{name}-")  # (a wheel's bundled copy: libgomp-<hash>.so.1)
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                base = line.rpartition("/")[2].rstrip()
+                if base.startswith(prefixes) and ".so" in base:
+                    return True
+    except OSError:
+        pass
+    m = platform.machine()
+    for folder in (
+        "/lib",
+        "/usr/lib",
+        "/lib64",
+        "/usr/lib64",
+        f"/lib/{m}-linux-gnu",
+        f"/usr/lib/{m}-linux-gnu",
+    ):
+        if any(Path(folder).glob(f"lib{name}.so*")):
+            return True
+    return ctypes.util.find_library(name) is not None
 
 
 def _emulator(requires: Mapping[str, Any]) -> Toolchain | None:

@@ -15,8 +15,8 @@ from cuvil_backend_cpu.externs import FAST_EXTERNS, OUT_VARIANTS
 from cuvil_backend_cpu.half import HALF
 from cuvil_backend_cpu.loop_ir.schedule import SchedulePolicy
 from cuvil_backend_cpu.shared_input_linears import LinearGroup
+from cuvil_ir.tensor_ir.fusion_policy import FusionPolicy
 from cuvil_ir.tensor_ir.hoist import must_realize
-from cuvil_ir.tensor_ir.lower import FusionPolicy
 from cuvil_runtime.target import CompileOptions
 
 FUSION = FusionPolicy(

@@ -42,7 +42,7 @@ from cuvil_ir import REGISTRY
 from cuvil_ir.graph_ir.nodes import Graph
 from cuvil_ir.graph_ir.verifier import verify as verify_graph
 from cuvil_ir.passes import Pass, Pipeline
-from cuvil_ir.tensor_ir.lower import FusionPolicy
+from cuvil_ir.tensor_ir.fusion_policy import FusionPolicy
 from cuvil_ir.tensor_ir.program import Kernel, TensorProgram
 from cuvil_runtime.pipeline import ProgramExecutable, compile_program, export_program, package_hash
 from cuvil_runtime.target import CompileOptions, Exported, Launch

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from cuvil_ir.tensor_ir.fusion_policy import FusionPolicy
 from cuvil_ir.tensor_ir.hoist import must_realize
-from cuvil_ir.tensor_ir.lower import FusionPolicy
 from cuvil_ir.triton_source.functions import HALF
 
 FUSION = FusionPolicy(

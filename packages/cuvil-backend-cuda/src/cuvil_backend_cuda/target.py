@@ -30,7 +30,7 @@ from cuvil_backend_cuda.launch import make_launch
 from cuvil_backend_cuda.policy import FUSION, LAUNCH, LaunchPolicy
 from cuvil_backend_cuda.ptx import compile_ptx
 from cuvil_ir.graph_ir.nodes import Graph
-from cuvil_ir.tensor_ir.lower import FusionPolicy
+from cuvil_ir.tensor_ir.fusion_policy import FusionPolicy
 from cuvil_ir.tensor_ir.program import Kernel, TensorProgram
 from cuvil_ir.triton_source.emit import TritonKernel, generate_triton
 from cuvil_runtime.cache import default_cache_dir

@@ -33,6 +33,7 @@ from cuvil.frontend import arg_objects, hooks
 from cuvil.frontend.capture import capture, module_state
 from cuvil.guards import explain_structure, leaf_key
 from cuvil.submit import SerialQueue
+from cuvil_runtime import gc_pause
 from cuvil_runtime.cache import CompileCache
 from cuvil_runtime.registry import TargetMisconfiguredError
 from cuvil_runtime.target import CompileOptions, TargetError
@@ -420,6 +421,7 @@ class CompiledFunction:
     ) -> Artifact:
         self.stats.compiles += 1
         target_name = self.target
+        paused = False
         try:
             target_name = self._pick_target(leaves)
             from cuvil_runtime.registry import get_target
@@ -439,10 +441,17 @@ class CompiledFunction:
             options = CompileOptions(opt_level=self.opt_level, extra=self.options)
             # a variant another process captured, when all it read is as it was (cuvil/warm.py)
             wkey = warm.key(self, key, target, options, amp) if warm.enabled() else None
-            captured = warm.lookup(self, wkey, leaves) if wkey is not None else None
+            captured = None
+            if wkey is not None:
+                gc_pause.pause()  # until the program is loaded: [Note: warm starts pause the collector]
+                paused = True
+                captured = warm.lookup(self, wkey, leaves)
             if captured is not None:
                 self.stats.warm_starts += 1
             else:
+                if paused:  # a capture and compile from scratch: not paused
+                    paused = False
+                    gc_pause.resume()
                 try:
                     captured = capture(
                         self.__name__, self.fn, self.module, leaves, names, spec, self.dynamic, self.dims
@@ -493,6 +502,9 @@ class CompiledFunction:
                     raise
                 raise CompileError(reason) from e
             return Artifact(key, extra, None, None, None, reason, names=tuple(names), amp=amp)
+        finally:
+            if paused:
+                gc_pause.resume()
         return Artifact(
             key,
             extra,

@@ -32,8 +32,8 @@ from typing import Any, Protocol
 from cuvil_ir.graph_ir.aliases import computed_graph, output_aliases
 from cuvil_ir.graph_ir.nodes import Graph
 from cuvil_ir.serial import Codec, SerialError
-from cuvil_ir.tensor_ir.lower import lower
 from cuvil_ir.tensor_ir.program import Control, Extern, Kernel, TensorProgram
+from cuvil_runtime import gc_pause
 from cuvil_runtime.cache import DiskCache
 from cuvil_runtime.grad import without_grad
 from cuvil_runtime.runner import ProgramRunner, wrappers
@@ -80,10 +80,16 @@ class ProgramExecutable:
         self._backend = backend
         self._codes = codes
         self._hit = program_cache_hit
+        self._ran = False
 
     def __call__(self, *inputs: Any) -> tuple[Any, ...]:
         # inference: results carry no autograd history (kernels could not record one
         # anyway), and out= extern calls refuse parameters that require grad
+        if not self._ran:  # the first run makes its size plan and packs weights
+            with gc_pause.paused():  # [Note: warm starts pause the collector]
+                out = without_grad(self._runner, inputs)
+            self._ran = True
+            return out
         return without_grad(self._runner, inputs)
 
     @functools.cached_property
@@ -136,17 +142,17 @@ class ProgramExecutable:
 def package_hash(*packages: ModuleType) -> str:
     """A digest of the Python sources of ``packages``: a cached program is reused only
     by the code that produced it, whatever the version numbers say."""
-    return _package_hash(tuple(str(Path(str(p.__file__)).parent) for p in packages))
+    return _sha("\n".join(_package_hash(str(Path(str(p.__file__)).parent)) for p in packages))
 
 
 @functools.cache
-def _package_hash(roots: tuple[str, ...]) -> str:
+def _package_hash(root_name: str) -> str:
+    """One package's digest, read once per process however many keys combine it."""
     h = hashlib.sha256()
-    for r in roots:
-        root = Path(r)
-        for f in sorted(root.rglob("*.py")):
-            h.update(str(f.relative_to(root)).encode())
-            h.update(f.read_bytes())
+    root = Path(root_name)
+    for f in sorted(root.rglob("*.py")):
+        h.update(str(f.relative_to(root)).encode())
+        h.update(f.read_bytes())
     return h.hexdigest()
 
 
@@ -208,6 +214,8 @@ def _lower_and_generate(
             return dc_replace(slim, graph=full), dict(codes), True
         except (SerialError, TypeError, ValueError):  # an entry this code cannot read: rebuild it
             pass
+    from cuvil_ir.tensor_ir.lower import lower  # (not imported by a warm start: it never lowers)
+
     program = lower(graph, backend.fusion_policy(options), strided_inputs=strided_inputs)
     codes = generate_all(backend, program, options)
     if store is not None:

@@ -251,7 +251,8 @@ class ProgramRunner:
                 tuple(o.shape) == tuple(b.shape)
                 and o.offset == 0
                 and all(
-                    d == 1 or sympy.expand(sympy.sympify(s) - c) == 0
+                    # (equal as written first: expand is most of a warm start's wrapper generation)
+                    d == 1 or s == c or sympy.expand(sympy.sympify(s) - c) == 0
                     for d, s, c in zip(o.shape, o.strides, b.strides)
                 )
             ):

@@ -27,7 +27,7 @@ from cuvil_ir.graph_ir.nodes import Graph
 from cuvil_ir.graph_ir.types import DType
 
 if TYPE_CHECKING:
-    from cuvil_ir.tensor_ir.lower import FusionPolicy
+    from cuvil_ir.tensor_ir.fusion_policy import FusionPolicy
     from cuvil_ir.tensor_ir.program import Kernel, TensorProgram
 
 
