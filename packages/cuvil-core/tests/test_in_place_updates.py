@@ -141,3 +141,18 @@ def test_a_static_cache_decode_step_writes_the_cache_in_place(monkeypatch):
         ref = model(ids[:, -1:], cache=ref_cache, use_cache=True, cache_position=torch.tensor([5]))
         torch.testing.assert_close(out.logits, ref.logits)
         torch.testing.assert_close(keys, ref_cache.layers[0].keys)
+
+
+def test_exclusive_tells_views_of_the_written_storage_apart() -> None:
+    """The per-call check: another input inside a written tensor's storage (a view of it,
+    its last element included) makes the call clone; other storages and an empty view at
+    its end do not; two written inputs in one storage clone."""
+    from cuvil_ir.graph_ir.in_place import exclusive
+
+    cache, other = torch.zeros(4, 8), torch.zeros(3)
+    assert exclusive([cache, other], [0])
+    assert not exclusive([cache, other, cache[1:2]], [0])
+    assert not exclusive([cache, other, cache[3, 7:]], [0])
+    assert exclusive([cache, other, cache[4:]], [0])
+    assert not exclusive([cache[:2], cache[2:]], [0, 1])
+    assert not exclusive([torch.zeros(0), other], [0])  # no bytes: cloned, as before
