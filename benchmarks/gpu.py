@@ -54,7 +54,15 @@ from benchmarks.run import (  # noqa: E402
     short_error,
     time_round_robin,
 )
-from benchmarks.workloads import WORKLOADS, BertEncoderLayer, Workload, _prepare, select  # noqa: E402
+from benchmarks.workloads import (  # noqa: E402
+    DTYPE_ENV,
+    WORKLOADS,
+    BertEncoderLayer,
+    Workload,
+    _prepare,
+    bench_dtype,
+    select,
+)
 
 #: the size (``Workload.inputs(size)``: batch or rows) timed on the GPU. The CPU sizes
 #: of the small workloads are scaled up; ResNet-18 keeps the batch its name says.
@@ -543,6 +551,13 @@ def render_markdown(data: dict[str, Any]) -> str:
         f"- time budget {cfg.get('budget_s', '?'):.0f} s (reserve {cfg.get('reserve_s', 0):.0f} s for the per-call section); "
         f"this run took {data.get('wall_s', 0):.0f} s" + ("; **quick run**" if cfg.get("quick") else ""),
         f"- command: `{cfg.get('command', '?')}`",
+        f"- dtype: {cfg.get('dtype', 'float32')}"
+        + (
+            " (modules .to(dtype), float32 inputs cast; outputs checked within the conformance kit's "
+            "half tolerance; workloads that cannot run in it left out)"
+            if cfg.get("dtype", "float32") != "float32"
+            else ""
+        ),
     ]
     if smoke:
         lines.append(
@@ -648,7 +663,9 @@ def _notes(data: dict[str, Any]) -> list[str]:
 def write_report(data: dict[str, Any], out_dir: Path) -> list[Path]:
     data["wall_s"] = time.perf_counter() - _T0
     data["summary"] = summary(data.get("results", []))
-    paths = [out_dir / "gpu_latest.json", out_dir / "gpu_latest.md"]
+    dtype = bench_dtype()  # a half-precision run keeps its own files beside the float32 one's
+    stem = "gpu_latest" if dtype is None else f"gpu_{str(dtype).removeprefix('torch.')}_latest"
+    paths = [out_dir / f"{stem}.json", out_dir / f"{stem}.md"]
     paths[0].write_text(json.dumps(data, indent=2, default=str))
     paths[1].write_text(render_markdown(data))
     return paths
@@ -690,6 +707,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
             "timing_budget_s": timing[0],
             "min_reps": timing[1],
             "sizes": {wl.name: sizes.get(wl.name, wl.default_size) for wl in workloads},
+            "dtype": args.dtype or "float32",
             "cuvil_import_s": import_s,
             "command": " ".join(["python -m benchmarks.gpu", *argv]),
         },
@@ -813,11 +831,20 @@ def main(argv: list[str] | None = None) -> int:
         "--budget", type=float, default=None, help="seconds for the whole run (default 420; --quick 100)"
     )
     parser.add_argument("--no-children", action="store_true", help="no cold/warm child processes")
+    parser.add_argument(
+        "--dtype",
+        choices=("bfloat16", "float16"),
+        default=None,
+        help="run every workload in this dtype (modules .to(dtype), float32 inputs cast; outputs "
+        "checked within the conformance kit's half tolerance); results in gpu_<dtype>_latest.*",
+    )
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--size", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--cache-dir", default=None, help=argparse.SUPPRESS)
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
+    if args.dtype is not None:
+        os.environ[DTYPE_ENV] = args.dtype  # the workloads read it when built; children inherit it
     interpret = os.environ.get("TRITON_INTERPRET", "") not in ("", "0")
     if args.child:
         os.environ.update(_child_env(args.cache_dir) if args.cache_dir else {})

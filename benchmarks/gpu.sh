@@ -10,6 +10,8 @@
 # run), triton too if torch did not bring it, then runs `python -m benchmarks.gpu` under
 # `timeout 480` (the script's own budget is 420 s). Extra arguments go to benchmarks.gpu.
 # PYTHON picks the interpreter (default: python3). USE_VENV=0 installs into it directly.
+# DTYPES="float32 bfloat16 float16" runs the benchmark once per dtype (default: float32
+# only), each under its own timeout, the half ones written to gpu_<dtype>_latest.*.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -75,9 +77,16 @@ for b in cuvil.backends():
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
 
 unset TRITON_INTERPRET
-say "running: python -m benchmarks.gpu --out $OUT $* (timeout 480 s)"
 status=0
-timeout 480 "$PYTHON" -m benchmarks.gpu --out "$OUT" "$@" || status=$?
-[[ $status == 124 ]] && say "timed out after 480 s: $OUT/gpu_latest.md holds what was measured"
-say "done (exit $status): $OUT/gpu_latest.md, $OUT/gpu_latest.json"
+for dtype in ${DTYPES:-float32}; do
+  extra=()
+  stem=gpu_latest
+  if [[ $dtype != float32 ]]; then extra=(--dtype "$dtype"); stem="gpu_${dtype}_latest"; fi
+  say "running: python -m benchmarks.gpu --out $OUT ${extra[*]} $* (timeout 480 s)"
+  one=0
+  timeout 480 "$PYTHON" -m benchmarks.gpu --out "$OUT" "${extra[@]}" "$@" || one=$?
+  [[ $one == 124 ]] && say "timed out after 480 s: $OUT/$stem.md holds what was measured"
+  say "$dtype done (exit $one): $OUT/$stem.md, $OUT/$stem.json"
+  [[ $one != 0 ]] && status=$one
+done
 exit "$status"

@@ -28,7 +28,9 @@ def cuda_rules_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(warm.ENV, "0")
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize(
+    "dtype", [torch.float16, pytest.param(torch.bfloat16, marks=pytest.mark.slow)], ids=str
+)
 @pytest.mark.usefixtures("cuda_rules_on_cpu")
 def test_cuda_autocast_rules_match_eager(dtype: torch.dtype) -> None:
     f = cu.compile(autocast_block, target="cuda", fallback="error")

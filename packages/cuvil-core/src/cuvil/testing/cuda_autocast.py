@@ -40,22 +40,24 @@ _SOFTMAX = {
 class OnCuda(torch.Tensor):
     """A CPU tensor that dispatches as a CUDA one (autocast included)."""
 
-    inner: torch.Tensor
+    wrapped: torch.Tensor
 
     @staticmethod
     def __new__(cls, inner: torch.Tensor) -> OnCuda:
         return torch.Tensor._make_wrapper_subclass(  # type: ignore[attr-defined,no-any-return]
-            cls, inner.shape, strides=inner.stride(), dtype=inner.dtype, device="cuda", dispatch_device=True
+            cls,
+            inner.shape,
+            strides=inner.stride(),
+            dtype=inner.dtype,
+            device=torch.device("cuda"),
+            dispatch_device=True,
         )
 
     def __init__(self, inner: torch.Tensor) -> None:
-        self.inner = inner
-
-    def __repr__(self) -> str:
-        return f"OnCuda({self.inner!r})"
+        self.wrapped = inner
 
     @classmethod
-    def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+    def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:  # type: ignore[override]
         kwargs = kwargs or {}
         x = args[0] if args else None
         if (
@@ -76,7 +78,7 @@ class OnCuda(torch.Tensor):
         return torch._C._disabled_torch_function_impl(func, types, args, kwargs)
 
     @classmethod
-    def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+    def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:  # type: ignore[override]
         if func is torch.ops.prim.device.default:  # autocast asks where a tensor is
             return torch.device("cuda")
         args, kwargs = tree_map(_unwrap, (args, kwargs or {}))
@@ -89,7 +91,7 @@ class OnCuda(torch.Tensor):
 
 def _unwrap(x: Any) -> Any:
     if isinstance(x, OnCuda):
-        return x.inner
+        return x.wrapped
     if isinstance(x, torch.device) and x.type == "cuda":
         return torch.device("cpu")
     return x

@@ -47,17 +47,16 @@ class TritonSourceError(NotImplementedError):
 #: [Note: half precision in Triton] A float16 or bfloat16 element is its own type in
 #: memory (``*fp16`` / ``*bf16`` pointers: loads and stores move 2 bytes) and a float32 in
 #: registers, as the C generator's ``float`` (``cuvil_backend_cpu.half``): a load widens
-#: (exact), a cast to the type rounds to nearest even and widens again
-#: (``cu.round_f16`` / ``cu.round_bf16``), a store narrows a value that is already
-#: rounded (exact). Bfloat16 loads and stores go through ``cu.widen_bf16`` / ``cu.to_bf16``:
-#: plain conversions when compiled, integer forms in the interpreter, whose own conversions
-#: flush bfloat16 subnormals to zero. Lowering has made every half op compute in float32 and cast its result
-#: back ([Note: opmath] in :mod:`cuvil_ir.tensor_ir.rules.helpers`), so a fused chain
-#: rounds where eager rounds and no arithmetic happens in a half type. Not ``.to(tl.bfloat16)``
-#: alone: Triton's interpreter truncates float32 to bfloat16 (3.9's ``cast_impl``), where
-#: compiled code and torch round; the interpreter's ``cu.round_bf16`` rounds with
-#: integers, the compiled ones convert (``cvt.rn.bf16.f32`` on sm_90). A value of
-#: another type becomes a half one through float32, as ``c10::Half``/``BFloat16`` are built.
+#: (exact), a cast to the type rounds to nearest even and widens again (``cu.round_f16`` /
+#: ``cu.round_bf16``), a store narrows a value that is already rounded (exact). Lowering
+#: has made every half op compute in float32 and cast its result back ([Note: opmath] in
+#: :mod:`cuvil_ir.tensor_ir.rules.helpers`), so a fused chain rounds where eager rounds and
+#: no arithmetic happens in a half type. A value of another type becomes a half one through
+#: float32, as ``c10::Half``/``BFloat16`` are built. Bfloat16 goes through the device
+#: library (``cu.round_bf16``, ``cu.widen_bf16``, ``cu.to_bf16``), never ``.to(tl.bfloat16)``
+#: alone: Triton's interpreter (3.9's ``cast_impl``) truncates float32 to bfloat16 and
+#: flushes bfloat16 subnormals to zero, where torch and compiled code round, so the
+#: interpreter's forms use integers and the compiled ones convert (``cvt.rn.bf16.f32``).
 HALF: frozenset[DType] = LOW_PRECISION
 
 #: a half type's element type in memory (a load's and a store's; registers hold float32)
