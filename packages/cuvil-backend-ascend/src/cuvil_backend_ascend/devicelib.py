@@ -18,26 +18,8 @@ from cuvil_runtime.triton_kernels.devicelib import common
 
 _jit = common.jit(False)
 
-globals().update(common.decorated(False))  # floordiv, mod, ... rand: common.SHARED
+globals().update(common.decorated(False))  # floordiv, mod, ... rand, the bf16 conversions
 _remainder_of = _jit(common.remainder_of)
-
-
-@_jit
-def round_bf16(x):
-    """Float32 ``x`` rounded to bfloat16 (to nearest, ties to even: arith.truncf) and widened back."""
-    return x.to(tl.bfloat16).to(tl.float32)
-
-
-@_jit
-def to_bf16(x):
-    """Float32 ``x`` rounded to a bfloat16 element (to nearest, ties to even)."""
-    return x.to(tl.bfloat16)
-
-
-@_jit
-def widen_bf16(x):
-    """Bfloat16 ``x`` as float32 (exact)."""
-    return x.to(tl.float32)
 
 
 @_jit

@@ -145,6 +145,27 @@ def round_f16(x):
     return x.to(tl.float16).to(tl.float32)
 
 
+def round_bf16(x):
+    """Float32 ``x`` rounded to bfloat16 (to nearest, ties to even: ``cvt.rn.bf16.f32`` on
+    sm_90, ``arith.truncf`` on Ascend) and widened back: compiled code's conversion (the
+    interpreter binds :func:`round_bf16_bits` instead)."""
+    return x.to(tl.bfloat16).to(tl.float32)
+
+
+def to_bf16(x):
+    """Float32 ``x`` rounded to a bfloat16 element (to nearest, ties to even): compiled code's."""
+    return x.to(tl.bfloat16)
+
+
+def widen_bf16(x):
+    """Bfloat16 ``x`` as float32 (exact): compiled code's."""
+    return x.to(tl.float32)
+
+
+#: compiled code's bfloat16 conversions (a compiled namespace adds them to :data:`SHARED`'s)
+COMPILED_BF16 = ("round_bf16", "to_bf16", "widen_bf16")
+
+
 def widen_bf16_bits(x):
     """Bfloat16 ``x`` as float32: its bits are a float32's upper half (exact, subnormals
     included). The interpreter's ``cu.widen_bf16`` (its conversion flushes subnormals)."""
@@ -197,4 +218,5 @@ def decorated(interpret: bool) -> dict[str, Any]:
     """The :data:`SHARED` helpers ``triton.jit``-ed for ``interpret`` mode, by name: a
     namespace module binds them with ``globals().update(common.decorated(...))``."""
     decorate = jit(interpret)
-    return {n: decorate(globals()[n]) for n in SHARED}
+    names = SHARED if interpret else (*SHARED, *COMPILED_BF16)
+    return {n: decorate(globals()[n]) for n in names}
