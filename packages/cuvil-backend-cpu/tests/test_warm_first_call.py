@@ -193,3 +193,23 @@ def test_library_present() -> None:
     assert library_present("c") and library_present("m")
     assert library_present("gomp")  # torch's own copy, mapped in this process
     assert not library_present("cuvil-no-such-library")
+
+
+def test_tensor_ir_lower_is_the_function_whatever_is_imported_first() -> None:
+    """``cuvil_ir.tensor_ir`` exports ``lower`` lazily; importing the submodule ``lower``
+    first (which makes it the package's attribute) must not turn ``tensor_ir.lower`` into
+    a module, and a warm path imports neither."""
+    code = textwrap.dedent(
+        """
+        import sys, types
+        import cuvil_ir.tensor_ir as T
+        assert "cuvil_ir.tensor_ir.lower" not in sys.modules
+        import cuvil_ir.tensor_ir.lower as sub
+        from cuvil_ir.tensor_ir import lower
+        assert isinstance(sys.modules["cuvil_ir.tensor_ir.lower"], types.ModuleType)
+        assert callable(lower) and lower is T.lower is sys.modules["cuvil_ir.tensor_ir.lower"].lower
+        print("ok")
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]

@@ -10,8 +10,9 @@ first call. Paused around that work, the young objects are looked at once when i
 ends (a young collection, a few milliseconds) and no full collection is due yet.
 Objects freed by reference counting are freed as always; only reference cycles made
 inside the window wait for the next collection, and the window is bounded (a warm
-lookup and program load, a ``cu.load``, a program's first run), never a compile
-from scratch. Nesting and threads are counted: the collector is enabled again when
+lookup and program load, a ``cu.load``, a program's first run), never a capture
+(the one compile that can run inside one is the strided variant a first run with a
+non-contiguous input builds: [Note: strided inputs] in :mod:`cuvil_runtime.runner`). Nesting and threads are counted: the collector is enabled again when
 the last window closes, and only if it was enabled when the first one opened (a
 process that turned it off itself keeps it off).
 """

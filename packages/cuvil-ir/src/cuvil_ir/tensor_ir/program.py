@@ -204,7 +204,7 @@ def _numel(shape: tuple[Dim, ...]) -> sympy.Expr:
     n: Any = sympy.Integer(1)
     for d in shape:
         n = n * d
-    return sympy.expand(n)
+    return n if _expanded(n) else sympy.expand(n)
 
 
 @functools.lru_cache(maxsize=1 << 14)
@@ -236,7 +236,16 @@ def contiguous_strides(shape: tuple[Dim, ...]) -> tuple[Dim, ...]:
     for d in reversed(shape):
         strides.append(acc)
         acc = acc * d
-    return tuple(s if isinstance(s, int) else sympy.expand(s) for s in reversed(strides))
+    return tuple(s if _expanded(s) else sympy.expand(s) for s in reversed(strides))
+
+
+def _expanded(e: Any) -> bool:
+    """``e`` is an int, a symbol or a product of symbols and integers: ``sympy.expand``
+    returns it unchanged (and costs ~0.4 ms a call while sympy's caches are cold: most of
+    a warm start's first size plan and wrapper)."""
+    if isinstance(e, int) or e.is_Symbol or e.is_Integer:
+        return True
+    return bool(e.is_Mul) and all(a.is_Symbol or a.is_Integer for a in e.args)
 
 
 def _attr_str(v: Any) -> str:
