@@ -277,13 +277,21 @@ ARM64_KERNEL_TESTS = [
 ]
 ARM64_KERNEL_LEVELS = ["armv8-a", "sve"]
 #: Debian's names for the cross compiler (and its C library, libgomp) and for qemu-aarch64
-ARM64_APT = ["gcc-aarch64-linux-gnu", "qemu-user"]
+#: the cross compiler, its C library's headers and objects (only a *recommendation* of the
+#: compiler's package: ``--no-install-recommends`` leaves them out, and Debian's multiarch cross
+#: gcc then reads the host's /usr/include and fails on ``bits/libc-header-start.h``), qemu
+ARM64_APT = ["gcc-aarch64-linux-gnu", "libc6-dev-arm64-cross", "qemu-user"]
+#: what must be there besides the tools on PATH
+ARM64_FILES = ["/usr/aarch64-linux-gnu/include/stdio.h"]
 
 
-def apt_install(session: nox.Session, packages: list[str], tools: list[str]) -> str | None:
-    """Install Debian ``packages`` unless their ``tools`` are on PATH already; ``None`` when
-    done, else why they cannot be installed here (no apt, no root, no mirror)."""
-    if all(shutil.which(t) for t in tools):
+def apt_install(
+    session: nox.Session, packages: list[str], tools: list[str], files: list[str] | None = None
+) -> str | None:
+    """Install Debian ``packages`` unless their ``tools`` are on PATH and their ``files`` exist
+    already; ``None`` when done, else why they cannot be installed here (no apt, no root, no
+    mirror)."""
+    if all(shutil.which(t) for t in tools) and all(Path(f).exists() for f in files or ()):
         return None
     if shutil.which("apt-get") is None:
         return f"no apt-get here to install {' '.join(packages)} (a Debian or Ubuntu host has it)"
@@ -312,7 +320,7 @@ def tests_arm64(session: nox.Session) -> None:
     :data:`ARM64_TESTS` (and :data:`ARM64_KERNEL_TESTS` at two levels) compare every result
     with eager on this host. Installs
     :data:`ARM64_APT` with apt, or skips saying why it cannot."""
-    why = apt_install(session, ARM64_APT, ["aarch64-linux-gnu-gcc", "qemu-aarch64"])
+    why = apt_install(session, ARM64_APT, ["aarch64-linux-gnu-gcc", "qemu-aarch64"], ARM64_FILES)
     if why is not None:
         session.skip(f"the AArch64 cross compiler and qemu are not installed: {why}")
     install(session, ALL, PYTEST)

@@ -91,7 +91,7 @@ def test_aarch64_level_on_x86_says_how_to_build_or_emulate(monkeypatch: pytest.M
     message = str(e.value)
     assert "this machine is x86_64" in message
     assert "CUVIL_CPU_EXPORT_ISA=armv8.2-a" in message and "CUVIL_CPU_EMULATE=qemu" in message
-    assert "apt-get install gcc-aarch64-linux-gnu qemu-user" in message
+    assert "apt-get install gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user" in message
 
 
 def test_emulate_takes_only_qemu(monkeypatch: pytest.MonkeyPatch) -> None:

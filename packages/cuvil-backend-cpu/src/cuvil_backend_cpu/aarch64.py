@@ -41,7 +41,7 @@ CROSS_CC = "aarch64-linux-gnu-gcc"
 #: the user-mode emulator (Debian/Ubuntu: ``apt-get install qemu-user``)
 QEMU = ("qemu-aarch64", "qemu-aarch64-static")
 #: the packages that provide both, as apt names them
-APT_PACKAGES = ("gcc-aarch64-linux-gnu", "qemu-user")
+APT_PACKAGES = ("gcc-aarch64-linux-gnu", "libc6-dev-arm64-cross", "qemu-user")
 
 
 @dataclass(frozen=True)

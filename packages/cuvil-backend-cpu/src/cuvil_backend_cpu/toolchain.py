@@ -766,7 +766,10 @@ def _probe_cross(cc: str, flags: tuple[str, ...], level: str, emulator: tuple[st
             return True
         reason = _try_cross_probe(cc, Path(tmp), flags, emulator, simd=False)
     if reason is not None:
-        raise IsaError(f"the AArch64 cross compiler {cc} cannot build OpenMP programs for {level}: {reason}")
+        raise IsaError(
+            f"the AArch64 cross compiler {cc} cannot build OpenMP programs for {level}: {reason}"
+            f" (a missing header is the cross C library: apt-get install {' '.join(aarch64.APT_PACKAGES)})"
+        )
     return False
 
 
