@@ -206,7 +206,7 @@ def _row_cells(r: dict[str, Any], data: dict[str, Any], batches: list[str], prom
     ref, got = data["reference_tokens"], r.get("tokens", [])
     same = next((i for i, (a, b) in enumerate(zip(ref, got)) if a != b), min(len(ref), len(got)))
     row += [f"{r['first_generate_s']:.1f}", f"{r['peak_rss_mb']:.0f}", f"{same}/{c['new_tokens']}"]
-    row += [str(r.get("compiles", ""))]
+    row += [str(r.get("compiles", "")), str(r.get("load", ""))]
     return row
 
 
@@ -232,7 +232,7 @@ def _markdown(data: dict[str, Any]) -> str:
         "1 new token. first s: the first generate() (torch: compile included; peers: model load "
         "included). RSS: the child's VmHWM. = eager: greedy tokens of the batch-1 prompt equal "
         "to eager fp32's, as a prefix (quantized formats differ by design: random weights give "
-        "near-flat logits).",
+        "near-flat logits). load: the host's 1-minute load average as the row ended.",
         "",
     ]
     batches = [str(b) for b in c["batches"]]
@@ -242,7 +242,7 @@ def _markdown(data: dict[str, Any]) -> str:
         + [f"decode tok/s b{b}" for b in batches]
         + ["fraction of bound (b1)"]
         + [f"TTFT {p} s" for p in prompts]
-        + ["first s", "peak RSS MB", "= eager fp32", "compiles"]
+        + ["first s", "peak RSS MB", "= eager fp32", "compiles", "load"]
     )
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in data["results"]:
@@ -341,7 +341,23 @@ def main(argv: list[str] | None = None) -> None:
         except Exception as e:  # a peer row says why; the torch rows still run
             print(f"could not save the model for the peers: {e!r}", flush=True)
     del model
-    results = []
+    results: list[dict[str, Any]] = []
+    data = {
+        "host": host_info(),
+        "load_before": " ".join(f"{x:.2f}" for x in load_before),
+        "peer_versions": "",
+        "config": {
+            **{k: v for k, v in vars(args).items() if k != "child"},
+            "command": " ".join(["python -m benchmarks.llm", *(argv or sys.argv[1:])]),
+        },
+        "rates": rates,
+        "weight_bytes": wbytes,
+        "streamed_params": wbytes["fp32"] // 4,
+        "reference_tokens": [int(t) for t in ref],
+        "results": results,
+    }
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
     try:
         for prec in precisions:
             for impl in impls:
@@ -359,28 +375,17 @@ def main(argv: list[str] | None = None) -> None:
                         results.append(
                             _run_child([*cmd, "--child", impl, prec], env, args.child_timeout, impl, prec)
                         )
+                # the host's 1-minute load average as the row finished: on a shared host the
+                # rows of one run can see different loads
+                results[-1]["load"] = round(os.getloadavg()[0], 2)
                 print(json.dumps(results[-1]), flush=True)
+                # written after every row, so an interrupted run keeps what it measured
+                versions = {r["impl"]: r["version"] for r in results if "version" in r}
+                data["peer_versions"] = ", ".join(f"{k} {v}" for k, v in versions.items())
+                (out / f"{args.name}.json").write_text(json.dumps(data, indent=1) + "\n")
+                (out / f"{args.name}.md").write_text(_markdown(data))
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    versions = {r["impl"]: r["version"] for r in results if "version" in r}
-    data = {
-        "host": host_info(),
-        "load_before": " ".join(f"{x:.2f}" for x in load_before),
-        "peer_versions": ", ".join(f"{k} {v}" for k, v in versions.items()),
-        "config": {
-            **{k: v for k, v in vars(args).items() if k != "child"},
-            "command": " ".join(["python -m benchmarks.llm", *(argv or sys.argv[1:])]),
-        },
-        "rates": rates,
-        "weight_bytes": wbytes,
-        "streamed_params": wbytes["fp32"] // 4,
-        "reference_tokens": [int(t) for t in ref],
-        "results": results,
-    }
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{args.name}.json").write_text(json.dumps(data, indent=1) + "\n")
-    (out / f"{args.name}.md").write_text(_markdown(data))
     print(_markdown(data))
 
 
