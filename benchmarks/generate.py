@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -41,6 +40,7 @@ from typing import Any
 
 import torch
 
+from benchmarks.llm_peers import peak_rss_mb
 from benchmarks.roofline import host_info
 
 SIZES: dict[str, dict[str, int]] = {
@@ -132,7 +132,7 @@ def child(impl: str, cache: str, args: argparse.Namespace) -> dict[str, Any]:
         "median_s": statistics.median(times),
         "tokens_per_s": args.batch * args.new_tokens / statistics.median(times),
         "other_prompt_s": other_s,
-        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "peak_rss_mb": peak_rss_mb(),  # VmHWM: ru_maxrss keeps the parent's peak across execve
         "equal_to_eager": None
         if want is None
         else bool(torch.equal(got, want) and torch.equal(again, want) and torch.equal(got_other, want_other)),

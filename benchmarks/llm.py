@@ -191,10 +191,17 @@ def child(impl: str, precision: str, args: argparse.Namespace) -> dict[str, Any]
     return out
 
 
+def _bound_gbps(data: dict[str, Any]) -> float:
+    """The bound's rate: the larger ``torch.mv`` rate of the two measured (at the start and the
+    end of the run). On a shared host a busy spell depresses one of them; the larger is the
+    nearer to what the memory delivers, and gives the smaller, more conservative fractions."""
+    return max(data["rates"]["mv_gbps"], data.get("rates_after", {}).get("mv_gbps", 0.0))
+
+
 def _row_cells(r: dict[str, Any], data: dict[str, Any], batches: list[str], prompts: list[str]) -> list[str]:
-    rates, c = data["rates"], data["config"]
+    c = data["config"]
     wb = r.get("weight_bytes") or data["weight_bytes"][r["precision"]]
-    bound = rates["mv_gbps"] * 1e9 / wb
+    bound = _bound_gbps(data) * 1e9 / wb
     bits = 8 * wb / data["streamed_params"]
     row = [r["precision"], r["impl"], f"{wb / 1e6:.1f}", f"{bits:.2f}", f"{bound:.0f}"]
     if "error" in r:
@@ -206,7 +213,7 @@ def _row_cells(r: dict[str, Any], data: dict[str, Any], batches: list[str], prom
     ref, got = data["reference_tokens"], r.get("tokens", [])
     same = next((i for i, (a, b) in enumerate(zip(ref, got)) if a != b), min(len(ref), len(got)))
     row += [f"{r['first_generate_s']:.1f}", f"{r['peak_rss_mb']:.0f}", f"{same}/{c['new_tokens']}"]
-    row += [str(r.get("compiles", ""))]
+    row += [str(r.get("compiles", "")), str(r.get("load", ""))]
     return row
 
 
@@ -221,9 +228,16 @@ def _markdown(data: dict[str, Any]) -> str:
         f"the run; torch {h['torch']}; {c['threads']} threads; prompt {c['prompt']}, {c['new_tokens']} new "
         f"tokens (greedy), median of {c['repeats']}; Cuvil target {c['target']}, int4 group "
         f"{c['group_size']}; peers: {data['peer_versions'] or 'none'}.",
-        f"Streaming rates in this run ({c['stream_mib']} MiB f32): torch.mv {rates['mv_gbps']:.1f} GB/s "
-        f"(the bound's rate), copy {rates['copy_gbps']:.1f} GB/s (read + write), sum "
-        f"{rates['sum_gbps']:.1f} GB/s.",
+        f"Streaming rates in this run ({c['stream_mib']} MiB f32), at its start: torch.mv "
+        f"{rates['mv_gbps']:.1f} GB/s, copy {rates['copy_gbps']:.1f} GB/s (read + write), sum "
+        f"{rates['sum_gbps']:.1f} GB/s"
+        + (
+            "; at its end (load {load:.2f}): torch.mv {mv_gbps:.1f}, copy {copy_gbps:.1f}, sum "
+            "{sum_gbps:.1f} GB/s".format(**data["rates_after"])
+            if "rates_after" in data
+            else ""
+        )
+        + f". The bound uses the larger torch.mv rate, {_bound_gbps(data):.1f} GB/s.",
         f"Command: `{c['command']}`",
         "",
         "weights MB: what a decode step streams in that row's format (every linear, the lm_head "
@@ -232,7 +246,7 @@ def _markdown(data: dict[str, Any]) -> str:
         "1 new token. first s: the first generate() (torch: compile included; peers: model load "
         "included). RSS: the child's VmHWM. = eager: greedy tokens of the batch-1 prompt equal "
         "to eager fp32's, as a prefix (quantized formats differ by design: random weights give "
-        "near-flat logits).",
+        "near-flat logits). load: the host's 1-minute load average as the row ended.",
         "",
     ]
     batches = [str(b) for b in c["batches"]]
@@ -242,7 +256,7 @@ def _markdown(data: dict[str, Any]) -> str:
         + [f"decode tok/s b{b}" for b in batches]
         + ["fraction of bound (b1)"]
         + [f"TTFT {p} s" for p in prompts]
-        + ["first s", "peak RSS MB", "= eager fp32", "compiles"]
+        + ["first s", "peak RSS MB", "= eager fp32", "compiles", "load"]
     )
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in data["results"]:
@@ -307,8 +321,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--quick", action="store_true", help="batch 1, a 128-token TTFT prompt, 1 repeat")
     p.add_argument("--out", default="benchmarks/results/llm")
     p.add_argument("--name", default="latest", help="the results' file name: NAME.md and NAME.json")
+    p.add_argument("--render", metavar="JSON", help="only write NAME.md again from a run's JSON")
     p.add_argument("--child", nargs=2, metavar=("IMPL", "PRECISION"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.render:
+        data = json.loads(Path(args.render).read_text())
+        Path(args.render).with_suffix(".md").write_text(_markdown(data))
+        return
     if args.quick:
         args.batches, args.ttft_prompts, args.repeats = "1", "128", 1
     args.batches = [int(b) for b in str(args.batches).split(",")]
@@ -341,7 +360,23 @@ def main(argv: list[str] | None = None) -> None:
         except Exception as e:  # a peer row says why; the torch rows still run
             print(f"could not save the model for the peers: {e!r}", flush=True)
     del model
-    results = []
+    results: list[dict[str, Any]] = []
+    data = {
+        "host": host_info(),
+        "load_before": " ".join(f"{x:.2f}" for x in load_before),
+        "peer_versions": "",
+        "config": {
+            **{k: v for k, v in vars(args).items() if k != "child"},
+            "command": " ".join(["python -m benchmarks.llm", *(argv or sys.argv[1:])]),
+        },
+        "rates": rates,
+        "weight_bytes": wbytes,
+        "streamed_params": wbytes["fp32"] // 4,
+        "reference_tokens": [int(t) for t in ref],
+        "results": results,
+    }
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
     try:
         for prec in precisions:
             for impl in impls:
@@ -359,26 +394,18 @@ def main(argv: list[str] | None = None) -> None:
                         results.append(
                             _run_child([*cmd, "--child", impl, prec], env, args.child_timeout, impl, prec)
                         )
+                # the host's 1-minute load average as the row finished: on a shared host the
+                # rows of one run can see different loads
+                results[-1]["load"] = round(os.getloadavg()[0], 2)
                 print(json.dumps(results[-1]), flush=True)
+                # written after every row, so an interrupted run keeps what it measured
+                versions = {r["impl"]: r["version"] for r in results if "version" in r}
+                data["peer_versions"] = ", ".join(f"{k} {v}" for k, v in versions.items())
+                (out / f"{args.name}.json").write_text(json.dumps(data, indent=1) + "\n")
+                (out / f"{args.name}.md").write_text(_markdown(data))
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    versions = {r["impl"]: r["version"] for r in results if "version" in r}
-    data = {
-        "host": host_info(),
-        "load_before": " ".join(f"{x:.2f}" for x in load_before),
-        "peer_versions": ", ".join(f"{k} {v}" for k, v in versions.items()),
-        "config": {
-            **{k: v for k, v in vars(args).items() if k != "child"},
-            "command": " ".join(["python -m benchmarks.llm", *(argv or sys.argv[1:])]),
-        },
-        "rates": rates,
-        "weight_bytes": wbytes,
-        "streamed_params": wbytes["fp32"] // 4,
-        "reference_tokens": [int(t) for t in ref],
-        "results": results,
-    }
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    data["rates_after"] = {**_stream_rates(args.stream_mib, args.threads), "load": os.getloadavg()[0]}
     (out / f"{args.name}.json").write_text(json.dumps(data, indent=1) + "\n")
     (out / f"{args.name}.md").write_text(_markdown(data))
     print(_markdown(data))
