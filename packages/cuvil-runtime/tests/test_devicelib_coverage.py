@@ -105,6 +105,17 @@ def _shared() -> set[str]:
     raise AssertionError("common.py defines no SHARED")
 
 
+def _compiled_bf16() -> set[str]:
+    """The names ``common.decorated(False)`` adds for compiled libraries (``COMPILED_BF16``)."""
+    for node in ast.parse(_COMMON.read_text()).body:
+        if isinstance(node, ast.Assign) and any(
+            getattr(t, "id", None) == "COMPILED_BF16" for t in node.targets
+        ):
+            assert isinstance(node.value, ast.Tuple)
+            return {str(e.value) for e in node.value.elts if isinstance(e, ast.Constant)}
+    raise AssertionError("common.py defines no COMPILED_BF16")
+
+
 def defined(path: Path) -> set[str]:
     """The names a library module defines at top level, with the shared helpers it binds."""
     source = path.read_text()
@@ -116,6 +127,8 @@ def defined(path: Path) -> set[str]:
             out.update(t.id for t in node.targets if isinstance(t, ast.Name))
     if "globals().update(common.decorated(" in source:
         out |= _shared()
+    if "globals().update(common.decorated(False))" in source:
+        out |= _compiled_bf16()
     if _LIBDEVICE_BINDING in source:
         out |= set(LIBDEVICE)
     if _DECOMPOSED_BINDING in source:

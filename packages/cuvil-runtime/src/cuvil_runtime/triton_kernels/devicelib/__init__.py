@@ -22,10 +22,13 @@ from __future__ import annotations
 from cuvil_ir.scalar_functions import TABLE
 
 #: every name a generated kernel may call on ``cu``: the table's device functions, then
-#: the helpers (``remainder`` each library writes; the rest are ``common.SHARED``)
+#: the helpers (``remainder`` each library writes; the rest are ``common.SHARED``), then the
+#: half-precision conversions ([Note: half precision in Triton]: ``round_f16`` shared, the
+#: bfloat16 ones ``common.COMPILED_BF16`` in compiled libraries, integer forms in the interpreter's)
 NAMES = [
     *(f.name for f in TABLE.values() if f.device),
     *"remainder floordiv mod fmod_int truncdiv iabs sign fmax fmin rand prod_combine welford_combine".split(),
+    *"round_f16 round_bf16 to_bf16 widen_bf16".split(),
 ]
 
 __all__ = ["NAMES"]
