@@ -606,6 +606,10 @@ def _ptx_kernel_source() -> tuple[str, dict[str, str]]:
     slot[F64] += 1
     lines.append("    wm, wq, wc = tl.reduce((f64_0, f64_0, f64_0), 0, cu.welford_combine)")
     lines.append(f"    tl.store(o_f64 + {slot[F64]} * BLOCK + offs, wm + wq + wc, mask=m)")
+    # the half-precision conversions ([Note: half precision in Triton])
+    halves = "cu.round_f16(f32_0) + cu.round_bf16(f32_1) + cu.widen_bf16(cu.to_bf16(f32_2))"
+    lines.append(f"    tl.store(o_f32 + {slot[F32]} * BLOCK + offs, {halves}, mask=m)")
+    slot[F32] += 1
     params = ", ".join([f"p_{d.value}" for d in order] + [f"o_{d.value}" for d in order])
     src = (
         "import triton\nimport triton.language as tl\n\n\n@triton.jit\n"
