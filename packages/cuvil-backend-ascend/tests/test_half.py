@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 
 import cuvil as cu
-from cuvil.testing.conformance import EAGER_REFUSES, TOLERANCES
-from cuvil.testing.half_coverage import extra_externs
+from cuvil.testing import half_coverage
+from cuvil.testing.conformance import TOLERANCES
 from cuvil_backend_ascend.launch import AscendLauncher
 from cuvil_backend_ascend.policy import FUSION, POLICY
 from cuvil_backend_ascend.rules import (
@@ -117,6 +117,4 @@ def test_a_half_load_lands_in_a_tile_of_its_own() -> None:
 @pytest.mark.slow  # the corpus captured twice per type (the cpu target's twin runs in nox -s tests)
 @pytest.mark.parametrize("dtype", HALVES, ids=str)
 def test_half_programs_call_torch_only_where_float32_does(dtype: torch.dtype) -> None:
-    extra, refused = extra_externs(FUSION, dtype)
-    assert not extra, f"half-precision programs with extern calls their float32 twins lack: {extra}"
-    assert set(refused) == set(EAGER_REFUSES), f"eager refused {refused}"
+    half_coverage.check(FUSION, dtype)

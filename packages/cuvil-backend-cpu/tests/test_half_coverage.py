@@ -13,13 +13,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cuvil.testing.conformance import EAGER_REFUSES
-from cuvil.testing.half_coverage import extra_externs
+from cuvil.testing import half_coverage
 from cuvil_backend_cpu.policy import FUSION
 
 
 @pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16), ids=str)
 def test_half_programs_call_torch_only_where_float32_does(dtype: torch.dtype) -> None:
-    extra, refused = extra_externs(FUSION, dtype)
-    assert not extra, f"half-precision programs with extern calls their float32 twins lack: {extra}"
-    assert set(refused) == set(EAGER_REFUSES), f"eager refused {refused}"
+    half_coverage.check(FUSION, dtype)

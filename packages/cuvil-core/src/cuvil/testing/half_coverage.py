@@ -71,4 +71,14 @@ def extra_externs(
     return extra, refused
 
 
-__all__ = ["extern_ops", "extra_externs", "graph_of"]
+def check(policy: FusionPolicy, dtype: torch.dtype) -> None:
+    """Every target's coverage test: no corpus program in ``dtype`` calls torch where its
+    float32 twin is a kernel, and eager refuses exactly the programs the corpus says it does."""
+    from cuvil.testing.conformance import EAGER_REFUSES
+
+    extra, refused = extra_externs(policy, dtype)
+    assert not extra, f"half-precision programs with extern calls their float32 twins lack: {extra}"
+    assert set(refused) == set(EAGER_REFUSES), f"eager refused {refused}"
+
+
+__all__ = ["check", "extern_ops", "extra_externs", "graph_of"]
