@@ -19,8 +19,9 @@
     nox -s wheels             build wheels, install cuvil[cpu] into a fresh venv, smoke-test
     nox -s bench              eager vs torch.compile vs Cuvil (benchmarks/README.md)
 
-The packages: cuvil-ir, cuvil-runtime, cuvil-core (``cuvil``) and the targets
-cuvil-backend-cpu, cuvil-backend-cuda and cuvil-backend-ascend. Its tests compile C, so ``tests``, ``tests_pkg(cpu)``,
+The packages: cuvil-ir, cuvil-runtime, cuvil-core (``cuvil``), the targets
+cuvil-backend-cpu, cuvil-backend-cuda and cuvil-backend-ascend, and cuvil-serve (the LLM
+serving engine and its HTTP API; ``tests`` runs its tests beside the others). Its tests compile C, so ``tests``, ``tests_pkg(cpu)``,
 ``demo`` and ``wheels`` need a C compiler (gcc or clang) on PATH.
 
 [Note: pinning torch]
@@ -86,8 +87,19 @@ PACKAGES = {
         "packages/cuvil-core",
         "packages/cuvil-backend-ascend",
     ],
+    "serve": [
+        "packages/cuvil-ir",
+        "packages/cuvil-runtime",
+        "packages/cuvil-core",
+        "packages/cuvil-serve",
+    ],
 }
 ALL = PACKAGES["cpu"]
+#: the serving package (docs/serving.md) beside the cpu target: its HTTP dependencies
+#: (starlette, uvicorn) are installed only where its tests run (``tests``, ``tests_pkg``)
+SERVE = [*ALL, "packages/cuvil-serve"]
+#: the serving tests' HTTP client (tests over real HTTP on loopback); a test dependency only
+HTTPX = "httpx"
 #: the cuda target's tests run in their own session (``tests_cuda``): triton is big and
 #: the kernels run in Triton's interpreter, on CPU tensors (docs/cuda-backend.md)
 CUDA = [*ALL, "packages/cuvil-backend-cuda"]
@@ -128,8 +140,8 @@ def tests_dirs(session: nox.Session, folders: list[str]) -> list[str]:
 def tests(session: nox.Session) -> None:
     """Every package's fast tests in one environment (what CI runs), the optional
     integrations (ONNX, MLIR) included."""
-    install(session, ALL, PYTEST, HYPOTHESIS, HATCHLING, TRANSFORMERS, TORCHAO, *INTEGRATIONS)
-    session.run("pytest", *tests_dirs(session, ALL), "-q", *FAST, *session.posargs)
+    install(session, SERVE, PYTEST, HYPOTHESIS, HATCHLING, TRANSFORMERS, TORCHAO, HTTPX, *INTEGRATIONS)
+    session.run("pytest", *tests_dirs(session, SERVE), "-q", *FAST, *session.posargs)
     if not session.posargs:  # a selection (``nox -s tests -- -k x``) runs only what it names
         run_isas(session)
         # the whole suite: the cuda and ascend targets', the plugins' and the AArch64 sessions follow
@@ -211,7 +223,8 @@ def fuzz(session: nox.Session) -> None:
 def tests_pkg(session: nox.Session, package: str) -> None:
     """One package's fast tests, in an environment holding only it and its dependencies."""
     folders = PACKAGES[package]
-    install(session, folders, PYTEST, HATCHLING, *INTEGRATIONS)
+    extra = [TRANSFORMERS, HTTPX] if package == "serve" else []
+    install(session, folders, PYTEST, HATCHLING, *extra, *INTEGRATIONS)
     session.run("pytest", *tests_dirs(session, folders[-1:]), "-q", *FAST, *session.posargs)
 
 

@@ -52,7 +52,9 @@ def _corpus(max_bytes: int) -> Iterator[str]:
 
 
 #: where ``--serve`` writes, and its vocabulary and corpus sizes
-SERVE_JSON = Path(__file__).resolve().parent.parent / "packages/cuvil-serve/src/cuvil_serve/data/tokenizer.json"
+SERVE_JSON = (
+    Path(__file__).resolve().parent.parent / "packages/cuvil-serve/src/cuvil_serve/data/tokenizer.json"
+)
 SERVE_VOCAB = 2048
 SERVE_CORPUS_BYTES = 1_000_000
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import queue
 import threading
 import time
@@ -23,6 +24,8 @@ from cuvil_serve.scheduler import Scheduler
 from cuvil_serve.sequence import RequestOutput, Sequence, Sink, Status
 from cuvil_serve.step import PagedLlama, StepInputs, make_caches
 from cuvil_serve.tokenizer import IncrementalDecoder
+
+_log = logging.getLogger(__name__)
 
 
 class PromptTooLong(BadParameter):
@@ -119,7 +122,12 @@ class Engine:
         if params.seed is not None and not params.greedy:
             generator = torch.Generator().manual_seed(params.seed)
         seq = Sequence(
-            request_id, list(prompt_ids), len(prompt_ids), params, sink or (lambda out: None), generator=generator
+            request_id,
+            list(prompt_ids),
+            len(prompt_ids),
+            params,
+            sink or (lambda out: None),
+            generator=generator,
         )
         self._seqs[request_id] = seq
         self._decoders[request_id] = IncrementalDecoder(self.tokenizer)
@@ -202,7 +210,7 @@ class Engine:
         )
         seq.sent_text += delta
         seq.sent_tokens = len(seq.output_ids)
-        seq.sink(out)
+        _deliver(seq, out)
         return out
 
     def _finish(self, seq: Sequence, reason: str, text: str, error: str | None = None) -> RequestOutput:
@@ -225,7 +233,7 @@ class Engine:
         )
         seq.sent_text += delta
         seq.sent_tokens = len(seq.output_ids)
-        seq.sink(out)
+        _deliver(seq, out)
         return out
 
     def fail_all(self, error: str) -> None:
@@ -235,7 +243,9 @@ class Engine:
 
     # -- for tests and scripts -----------------------------------------------------------------
 
-    def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams]) -> list[list[int]]:
+    def generate(
+        self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams]
+    ) -> list[list[int]]:
         """Run ``prompts`` together to the end; each one's output token ids."""
         params_list = params if isinstance(params, list) else [params] * len(prompts)
         results: dict[str, list[int]] = {}
@@ -263,6 +273,15 @@ class Engine:
             "finished": dict(self.finished),
             "compiles": self.compiled.stats.compiles if self.compiled is not None else 0,
         }
+
+
+def _deliver(seq: Sequence, out: RequestOutput) -> None:
+    """Give ``out`` to the request's sink; a sink that raises (its client gone, its event
+    loop closed) loses the output, never the engine."""
+    try:
+        seq.sink(out)
+    except Exception as e:  # noqa: BLE001
+        _log.warning("the sink of %s raised %s: %s", seq.request_id, type(e).__name__, e)
 
 
 def _held_back(text: str, stops: tuple[str, ...]) -> int:

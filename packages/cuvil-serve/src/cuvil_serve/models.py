@@ -44,7 +44,9 @@ class LoadedModel:
     max_model_len: int
 
 
-def build_model(name: str = "tiny-llama", *, seed: int = 0, tokenizer: Tokenizer | None = None) -> LoadedModel:
+def build_model(
+    name: str = "tiny-llama", *, seed: int = 0, tokenizer: Tokenizer | None = None
+) -> LoadedModel:
     """``name``'s model with random weights drawn from ``seed`` (the same weights every time)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 

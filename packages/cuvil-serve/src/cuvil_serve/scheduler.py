@@ -85,7 +85,11 @@ class Scheduler:
             if not self.blocks.can_allocate(seq.table, seq.num_computed + n):
                 if not self.running and not batch.items and n > 1:
                     # nothing else holds blocks: a smaller first chunk must fit, or nothing ever will
-                    n = max(1, (self.blocks.num_free + len(seq.table.blocks)) * self.blocks.block_size - seq.num_computed)
+                    n = max(
+                        1,
+                        (self.blocks.num_free + len(seq.table.blocks)) * self.blocks.block_size
+                        - seq.num_computed,
+                    )
                     n = min(n, seq.num_remaining, budget)
                 if not self.blocks.can_allocate(seq.table, seq.num_computed + n):
                     self.blocks.free(seq.table)  # give back a shared prefix it may not use yet

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from cuvil_ir.graph_ir.ops.paged import paged_attention, paged_cache_write
 from torch import nn
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
+from cuvil_ir.graph_ir.ops.paged import paged_attention, paged_cache_write
 from cuvil_serve.sequence import Sequence
 
 
