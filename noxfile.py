@@ -438,10 +438,15 @@ def demo(session: nox.Session) -> None:
 @nox.session
 def bench(session: nox.Session) -> None:
     """eager vs torch.compile vs Cuvil (benchmarks/README.md); ``nox -s bench -- --quick --workloads head``."""
-    install(session, ALL, "matplotlib", "psutil", "onnx", "onnxruntime", TRANSFORMERS)  # the zoo workloads
+    install(
+        session, SERVE, "matplotlib", "psutil", "onnx", "onnxruntime", TRANSFORMERS, HTTPX
+    )  # the zoo workloads
     session.run("python", "-m", "benchmarks.run", *session.posargs)
     # QPS of a serving loop (sync vs submit, against onnxruntime) and warm starts
     session.run("python", "-m", "benchmarks.serve", "--out", "benchmarks/results/serve.json")
+    # the LLM server under 16 concurrent clients vs one-at-a-time generate() (a few minutes,
+    # bounded by --max-seconds per run): benchmarks/results/serve_llm/latest.md
+    session.run("python", "-m", "benchmarks.serve_llm")
     # LLM decode and prefill per precision (benchmarks.llm, ~30 min): opt in with
     # CUVIL_BENCH_LLM=1, or =peers to add onnxruntime-genai (--no-deps: its requirements would
     # replace the pinned torch); llama.cpp builds from source, by hand (benchmarks/README.md)
