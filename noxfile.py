@@ -14,6 +14,7 @@
     nox -s slow               the tests marked slow (the Ray Serve example's included; the
                               cuda and ascend targets' in the interpreter / simulation)
     nox -s serve_example      examples/serve on Ray Serve, on loopback
+    nox -s serve_llm_ray      cuvil-serve's LLM server on Ray Serve with replicas, on loopback
     nox -s lint typecheck     ruff and the import-cycle check; mypy (strict on cuvil_ir)
     nox -s demo               examples/demo.py
     nox -s wheels             build wheels, install cuvil[cpu] into a fresh venv, smoke-test
@@ -362,16 +363,17 @@ def slow(session: nox.Session) -> None:
     precision) in Triton's interpreter, as tests_cuda and tests_ascend run them."""
     install(
         session,
-        [*ALL, "packages/cuvil-backend-cuda", "packages/cuvil-backend-ascend"],
+        [*SERVE, "packages/cuvil-backend-cuda", "packages/cuvil-backend-ascend"],
         PYTEST,
         RAY_SERVE,
         TRANSFORMERS,
         TRITON,
+        HTTPX,
     )
     # Exit code 5 (every test deselected) only means nothing is marked slow yet.
     session.run(
         "pytest",
-        *tests_dirs(session, ALL),
+        *tests_dirs(session, SERVE),
         "examples/serve/tests",
         "-q",
         "-m",
@@ -401,6 +403,14 @@ def serve_example(session: nox.Session) -> None:
     """examples/serve: a Cuvil artifact served by Ray Serve on loopback, checked against eager."""
     install(session, ALL, PYTEST, RAY_SERVE)
     session.run("pytest", "examples/serve/tests", "-q", "-m", "slow", *session.posargs)
+
+
+@nox.session
+def serve_llm_ray(session: nox.Session) -> None:
+    """cuvil-serve's LLM server as a Ray Serve deployment with two replicas, on loopback: answers
+    equal generate()'s, a killed replica loses no retried request (also part of ``slow``)."""
+    install(session, SERVE, PYTEST, RAY_SERVE, TRANSFORMERS, HTTPX)
+    session.run("pytest", "packages/cuvil-serve/tests/test_ray_serve.py", "-q", "-m", "slow", *session.posargs)
 
 
 @nox.session
