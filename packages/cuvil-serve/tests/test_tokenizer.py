@@ -42,6 +42,24 @@ def test_incremental_decoding_never_splits_a_character():
     assert "".join(deltas) == tok.decode(ids)
 
 
+def test_streamed_text_is_a_prefix_of_the_whole_text():
+    """Random ids, byte tokens among them forming invalid UTF-8 (what a random model writes):
+    the stable text only grows, and is always a prefix of the whole output's text."""
+    import random
+
+    tok = Tokenizer()
+    rng = random.Random(0)
+    byte_ids = sorted(tok.byte_ids)
+    for _ in range(200):
+        ids = [
+            rng.choice(byte_ids) if rng.random() < 0.4 else rng.randrange(3, tok.vocab_size)
+            for _ in range(30)
+        ]
+        dec = IncrementalDecoder(tok)
+        streamed = "".join(dec.update(ids[: i + 1]) for i in range(len(ids)))
+        assert tok.decode(ids).startswith(streamed), ids
+
+
 @pytest.mark.skipif(
     (platform.python_version(), __import__("tokenizers").__version__) != MADE_WITH,
     reason=f"the file was made with Python and tokenizers {MADE_WITH}: another standard library is another corpus",

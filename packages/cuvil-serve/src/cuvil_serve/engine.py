@@ -189,7 +189,8 @@ class Engine:
             reason = "length"
         decoder = self._decoders[seq.request_id]
         decoder.update(seq.output_ids)
-        text = decoder.text
+        # the stable text while running, the whole decode at the end ([Note: stable text])
+        text = decoder.text if reason is None else self.tokenizer.decode(seq.output_ids)
         if params.stop:
             # a stop string can only begin in text not yet given out, or in the held-back tail
             lo = max(0, len(seq.sent_text) - max(map(len, params.stop)))

@@ -30,6 +30,12 @@ class Tokenizer:
         self.unk_id = self._tok.token_to_id("<unk>")
         self.bos_id = self._tok.token_to_id("<s>")
         self.eos_id = self._tok.token_to_id("</s>")
+        #: the byte-fallback tokens ``<0x00>`` ... ``<0xFF>`` ([Note: stable text])
+        self.byte_ids = frozenset(
+            i
+            for t, i in self._tok.get_vocab().items()
+            if len(t) == 6 and t.startswith("<0x") and t.endswith(">")
+        )
 
     @property
     def vocab_size(self) -> int:
@@ -49,18 +55,31 @@ class Tokenizer:
 
 
 class IncrementalDecoder:
-    """The text of a growing list of ids, given out as deltas. A delta never ends inside a
-    character: text that ends in U+FFFD (bytes of a character still arriving) is held back."""
+    """The text of a growing list of ids, only as far as it can no longer change.
+
+    [Note: stable text]
+    Byte-fallback tokens (``<0xE4>``) are decoded in runs: a run of them becomes the UTF-8
+    characters it spells, and ``\ufffd`` for each byte that spells none, so a run's text can
+    change while the run grows (``<0xE4>`` alone is ``\ufffd``; with ``<0xBD> <0xA0>`` after
+    it, one character). The decoder chain has no step that looks further (the leading-space
+    strip is removed, ``Tokenizer.__init__``), so the text of ids up to the last token that
+    is not a byte token is a prefix of the text of every longer list: that is the stable
+    text. Streamed deltas are taken from it only, so their concatenation is exactly the
+    decode of the whole output.
+    """
 
     def __init__(self, tokenizer: Tokenizer) -> None:
         self._tokenizer = tokenizer
         self.text = ""
 
     def update(self, ids: list[int]) -> str:
-        text = self._tokenizer.decode(ids)
-        if text.endswith("\ufffd"):
-            return ""
-        delta = text[len(self.text) :] if text.startswith(self.text) else text
+        """The stable text's growth since the last call."""
+        byte_ids = self._tokenizer.byte_ids
+        k = len(ids)
+        while k > 0 and ids[k - 1] in byte_ids:
+            k -= 1
+        text = self._tokenizer.decode(ids[:k])
+        delta = text[len(self.text) :]
         self.text = text
         return delta
 
