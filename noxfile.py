@@ -410,7 +410,9 @@ def serve_llm_ray(session: nox.Session) -> None:
     """cuvil-serve's LLM server as a Ray Serve deployment with two replicas, on loopback: answers
     equal generate()'s, a killed replica loses no retried request (also part of ``slow``)."""
     install(session, SERVE, PYTEST, RAY_SERVE, TRANSFORMERS, HTTPX)
-    session.run("pytest", "packages/cuvil-serve/tests/test_ray_serve.py", "-q", "-m", "slow", *session.posargs)
+    session.run(
+        "pytest", "packages/cuvil-serve/tests/test_ray_serve.py", "-q", "-m", "slow", *session.posargs
+    )
 
 
 @nox.session
