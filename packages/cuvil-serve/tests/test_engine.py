@@ -19,26 +19,28 @@ def test_each_prompt_alone_equals_generate(make_engine, prompts, reference):
         assert engine.generate([p], GREEDY) == [reference(p, 24)]
 
 
-def test_batched_prompts_equal_generate(make_engine, prompts, reference):
-    engine = make_engine(num_blocks=64, block_size=16)
+@pytest.mark.parametrize("attention", ["sdpa", "op"])
+def test_batched_prompts_equal_generate(make_engine, prompts, reference, attention):
+    engine = make_engine(num_blocks=64, block_size=16, attention=attention)
     outs = engine.generate(prompts, GREEDY)
     assert outs == [reference(p, 24) for p in prompts]
     assert engine.steps <= 24 + 1  # one batch: every prompt prefilled in the first step
 
 
-@pytest.mark.parametrize("budget", [3, 7])
-def test_chunked_prefill_equals_generate(make_engine, prompts, reference, budget):
+@pytest.mark.parametrize("budget, attention", [(3, "sdpa"), (7, "sdpa"), (7, "op")])
+def test_chunked_prefill_equals_generate(make_engine, prompts, reference, budget, attention):
     """A token budget below the prompt lengths: prompts are cut into chunks, mixed with
-    other sequences' decode steps in one batch."""
-    engine = make_engine(num_blocks=64, block_size=4, max_tokens_per_step=budget)
+    other sequences' decode steps in one batch (the eager step with either attention)."""
+    engine = make_engine(num_blocks=64, block_size=4, max_tokens_per_step=budget, attention=attention)
     outs = engine.generate(prompts, GREEDY)
     assert outs == [reference(p, 24) for p in prompts]
 
 
-def test_preemption_recomputes_and_equals_generate(make_engine, prompts, reference):
+@pytest.mark.parametrize("attention", ["sdpa", "op"])
+def test_preemption_recomputes_and_equals_generate(make_engine, prompts, reference, attention):
     """Too few blocks for all at once: the newest sequences are preempted (blocks freed,
     recomputed later, prompt and output so far) and still give generate()'s tokens."""
-    engine = make_engine(num_blocks=24, block_size=4)  # 96 slots; the five need ~220
+    engine = make_engine(num_blocks=24, block_size=4, attention=attention)  # 96 slots; the five need ~220
     outs = engine.generate(prompts, GREEDY)
     assert engine.scheduler.num_preemptions > 0
     assert outs == [reference(p, 24) for p in prompts]
@@ -151,11 +153,12 @@ def test_bad_requests_are_refused(make_engine, tiny):
             SamplingParams(**bad)
 
 
-def test_step_logits_equal_the_model_forward(make_engine, prompts, tiny):
+@pytest.mark.parametrize("attention", ["sdpa", "op"])
+def test_step_logits_equal_the_model_forward(make_engine, prompts, tiny, attention):
     """One mixed step's logits (two prompts prefilled) against the model's forward on each."""
     from cuvil_serve.step import StepInputs
 
-    engine = make_engine(num_blocks=16, block_size=4)
+    engine = make_engine(num_blocks=16, block_size=4, attention=attention)
     for p in prompts[1:3]:
         engine.add_request(p, GREEDY)
     batch = engine.scheduler.schedule()

@@ -17,12 +17,13 @@ from typing import Any
 
 import torch
 
+from cuvil_ir.graph_ir.ops.paged import paged_attention
 from cuvil_serve.blocks import BlockManager
 from cuvil_serve.models import LoadedModel
 from cuvil_serve.sampling import BadParameter, SamplingParams, sample
 from cuvil_serve.scheduler import Scheduler
 from cuvil_serve.sequence import RequestOutput, Sequence, Sink, Status
-from cuvil_serve.step import PagedLlama, StepInputs, make_caches
+from cuvil_serve.step import PagedLlama, StepInputs, make_caches, sdpa_paged_attention
 from cuvil_serve.tokenizer import IncrementalDecoder
 
 _log = logging.getLogger(__name__)
@@ -47,6 +48,9 @@ class EngineConfig:
     prefix_sharing: bool = True
     #: compile the step with cu.compile (one call; every size a symbol)
     compile: bool = False
+    #: the eager step's attention: "sdpa" (per sequence, torch's SDPA) or "op" (the paged op's
+    #: reference); a compiled step always calls the op
+    attention: str = "sdpa"
     target: str | None = None
     #: None: the model's max_position_embeddings (and never more than the cache holds)
     max_model_len: int | None = None
@@ -69,7 +73,10 @@ class Engine:
             loaded.max_model_len,
             config.num_blocks * config.block_size,
         )
-        self.paged = PagedLlama(loaded.model)
+        if config.attention not in ("sdpa", "op"):
+            raise ValueError(f"attention must be 'sdpa' or 'op', got {config.attention!r}")
+        eager_sdpa = config.attention == "sdpa" and not config.compile
+        self.paged = PagedLlama(loaded.model, sdpa_paged_attention if eager_sdpa else paged_attention)
         self.key_caches, self.value_caches = make_caches(loaded.model, config.num_blocks, config.block_size)
         self.step_fn: Callable[..., torch.Tensor] = self.paged
         self.compiled: Any = None

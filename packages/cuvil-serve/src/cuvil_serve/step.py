@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from cuvil_ir.graph_ir.ops.paged import paged_attention, paged_cache_write
@@ -29,9 +30,12 @@ class PagedLlama(nn.Module):
     ``lm_head``): Mistral without its window, Qwen2 (projection biases are the modules').
     """
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, attention: Any = paged_attention) -> None:
         super().__init__()
         self.model = model
+        #: ``paged_attention`` (the op: what cu.compile captures) or ``sdpa_paged_attention``
+        #: (the eager engine's: the same contract, faster in eager torch)
+        self.attention = attention
         config = model.config
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
@@ -62,7 +66,7 @@ class PagedLlama(nn.Module):
             v = attn.v_proj(x).view(-1, self.num_kv_heads, self.head_dim)
             q, k = apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1)
             paged_cache_write(k, v, key_caches[i], value_caches[i], slot_mapping)
-            o = paged_attention(
+            o = self.attention(
                 q, key_caches[i], value_caches[i], block_tables, seq_lens, query_start_loc, scale=attn.scaling
             )
             h = h + attn.o_proj(o.reshape(-1, self.num_heads * self.head_dim))
@@ -70,6 +74,38 @@ class PagedLlama(nn.Module):
         last = query_start_loc[1:].long() - 1
         h = inner.norm(h.index_select(0, last))
         return self.model.lm_head(h)
+
+
+def sdpa_paged_attention(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    *,
+    scale: float,
+) -> torch.Tensor:
+    """``paged_attention``'s contract (cuvil_ir.graph_ir.ops.paged) for the eager engine: per
+    sequence, its cached keys and values gathered from its blocks and one
+    ``scaled_dot_product_attention`` (GQA, causal from the sequence's offset). The op's
+    float32 reference materializes every query token's keys; this does not."""
+    _, block_size, kv_heads, dim = key_cache.shape
+    out = torch.empty_like(query)
+    starts = query_start_loc.tolist()
+    for b, length in enumerate(seq_lens.tolist()):
+        lo, hi = starts[b], starts[b + 1]
+        blocks = block_tables[b, : -(-length // block_size)].long()
+        k = key_cache[blocks].reshape(-1, kv_heads, dim)[:length].transpose(0, 1)  # [kv_heads, L, dim]
+        v = value_cache[blocks].reshape(-1, kv_heads, dim)[:length].transpose(0, 1)
+        q = query[lo:hi].transpose(0, 1)  # [heads, q_len, dim]
+        mask = None
+        if hi - lo > 1:  # row i sees positions up to length - q_len + i
+            rows = torch.arange(length - (hi - lo), length)
+            mask = torch.arange(length)[None, :] <= rows[:, None]
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
+        out[lo:hi] = o.transpose(0, 1)
+    return out
 
 
 def make_caches(
@@ -136,4 +172,4 @@ class StepInputs:
         )
 
 
-__all__ = ["PagedLlama", "StepInputs", "make_caches"]
+__all__ = ["PagedLlama", "StepInputs", "make_caches", "sdpa_paged_attention"]
