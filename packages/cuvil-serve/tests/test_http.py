@@ -127,6 +127,8 @@ def test_chat_completion_and_stream(client, tiny, reference):
         ({"model": MODEL, "prompt": [1, 99999]}, 400, "prompt"),
         ({"model": MODEL, "prompt": 5}, 400, "prompt"),
         ({"model": MODEL, "prompt": "x", "stop": 3}, 400, "stop"),
+        ({"model": MODEL, "prompt": "x", "stop_token_ids": ["a"]}, 400, "stop_token_ids"),
+        ({"model": MODEL, "prompt": "x", "echo": True}, 400, "echo"),
     ],
 )
 def test_bad_requests(client, body, status, param):

@@ -43,6 +43,10 @@ class SamplingParams:
             raise BadParameter("top_k", f"top_k must be -1 (all) or a positive integer, got {self.top_k!r}")
         if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
             raise BadParameter("seed", f"seed must be an integer, got {self.seed!r}")
+        if any(not isinstance(t, int) or isinstance(t, bool) or t < 0 for t in self.stop_token_ids):
+            raise BadParameter(
+                "stop_token_ids", f"stop_token_ids must be token ids, got {list(self.stop_token_ids)!r}"
+            )
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise BadParameter("stop", f"stop must be non-empty strings, got {list(self.stop)!r}")
 
