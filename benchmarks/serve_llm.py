@@ -308,6 +308,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--compile", action="store_true", help="the server compiles its step (cu.compile, cpu)")
     p.add_argument("--no-compiled", action="store_true", help="skip the compiled generate() baseline")
+    p.add_argument("--server-only", action="store_true", help="no generate() baselines (tuning runs)")
     p.add_argument("--quick", action="store_true", help="tiny-llama, 4 clients, 8 requests")
     p.add_argument("--out", default=str(ROOT / "benchmarks/results/serve_llm"))
     args = p.parse_args(argv)
@@ -326,9 +327,10 @@ def main(argv: list[str] | None = None) -> None:
             f"server: {rows[0].get('steps', 0):.0f} steps, {rows[0].get('preemptions', 0):.0f} preemptions, "
             f"{rows[0]['compiles']:.0f} compiles of the step (0: the eager step)."
         )
-    log("generate() eager, one request at a time")
-    rows.append(generate_run("generate() eager", loaded.model, work, args.max_seconds))
-    if not args.no_compiled:
+    if not args.server_only:
+        log("generate() eager, one request at a time")
+        rows.append(generate_run("generate() eager", loaded.model, work, args.max_seconds))
+    if not args.no_compiled and not args.server_only:
         import cuvil as cu
 
         log("generate() compiled with cu.compile (cpu), one request at a time")
