@@ -93,6 +93,7 @@ def test_completion_stream(client, tiny, reference):
     assert all(c["choices"][0]["finish_reason"] is None for c in chunks[:-1])
     assert chunks[-1]["choices"][0]["finish_reason"] in ("stop", "length")
     assert "".join(c["choices"][0]["text"] for c in chunks) == tiny.tokenizer.decode(reference(ids, 10))
+    assert len(chunks) == len(reference(ids, 10))  # one chunk per token
 
 
 def test_chat_completion_and_stream(client, tiny, reference):

@@ -153,9 +153,11 @@ class _Api:
                     yield _event(ApiError(500, f"the engine failed: {out.error}", type="server_error").body())
                     break
                 reason = out.finish_reason if finished else None
-                if out.new_text or reason:
+                # one chunk per token, its text possibly empty (held back until it is stable:
+                # [Note: stable text]), so a client sees every token when it is made
+                if out.new_token_ids or out.new_text or reason:
                     if chat:
-                        delta = {"content": out.new_text} if out.new_text else {}
+                        delta = {"content": out.new_text} if out.new_text or not reason else {}
                         yield _event(protocol.chat_chunk(rid, self.model_name, delta, reason))
                     else:
                         yield _event(protocol.completion(rid, self.model_name, out.new_text, reason, None))
