@@ -429,7 +429,15 @@ def lint(session: nox.Session) -> None:
 def typecheck(session: nox.Session) -> None:
     """mypy: strict on cuvil_ir, default strictness on the packages not yet widened."""
     # pytest: cuvil.testing.conformance imports it; the integrations are typed against
-    install(session, [*CUDA, "packages/cuvil-backend-ascend"], MYPY, PYTEST, TRITON, *INTEGRATIONS)
+    install(
+        session,
+        [*CUDA, "packages/cuvil-backend-ascend", "packages/cuvil-serve"],
+        MYPY,
+        PYTEST,
+        TRITON,
+        TRANSFORMERS,
+        *INTEGRATIONS,
+    )
     session.run("mypy", "--strict", "packages/cuvil-ir/src/cuvil_ir")
     session.run(
         "mypy",
@@ -438,6 +446,7 @@ def typecheck(session: nox.Session) -> None:
         "packages/cuvil-backend-cpu/src/cuvil_backend_cpu",
         "packages/cuvil-backend-cuda/src/cuvil_backend_cuda",
         "packages/cuvil-backend-ascend/src/cuvil_backend_ascend",
+        "packages/cuvil-serve/src/cuvil_serve",
     )
 
 

@@ -53,14 +53,15 @@ def build_model(
     if name not in CONFIGS:
         raise UnknownModel(f"unknown model {name!r}; known: {', '.join(sorted(CONFIGS))}")
     tokenizer = tokenizer or Tokenizer()
-    config = LlamaConfig(
-        **CONFIGS[name],
+    fields: dict[str, Any] = dict(
+        CONFIGS[name],
         vocab_size=tokenizer.vocab_size,
         bos_token_id=tokenizer.bos_id,
         eos_token_id=tokenizer.eos_id,
         pad_token_id=tokenizer.unk_id,
         attn_implementation="sdpa",
     )
+    config = LlamaConfig(**fields)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = LlamaForCausalLM(config).eval()

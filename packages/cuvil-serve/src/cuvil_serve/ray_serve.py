@@ -44,7 +44,7 @@ def llm_app(
         loop_engine.start()  # the app's lifespan starts it too; starting twice is a no-op
         return build_app(loop_engine, model)
 
-    deployment = serve.deployment(
+    deployment: Any = serve.deployment(
         serve.ingress(build)(),
         name="cuvil-llm",
         num_replicas=replicas,

@@ -36,7 +36,8 @@ class RequestOutput:
     error: str | None = None
 
 
-Sink = Callable[[RequestOutput], None]
+#: what receives a request's outputs (called in the engine thread; its result is ignored)
+Sink = Callable[[RequestOutput], object]
 
 
 @dataclass(eq=False)

@@ -30,9 +30,9 @@ class PagedLlama(nn.Module):
     ``lm_head``): Mistral without its window, Qwen2 (projection biases are the modules').
     """
 
-    def __init__(self, model: nn.Module, attention: Any = paged_attention) -> None:
+    def __init__(self, model: Any, attention: Any = paged_attention) -> None:
         super().__init__()
-        self.model = model
+        self.model: Any = model
         #: ``paged_attention`` (the op: what cu.compile captures) or ``sdpa_paged_attention``
         #: (the eager engine's: the same contract, faster in eager torch)
         self.attention = attention
@@ -53,13 +53,13 @@ class PagedLlama(nn.Module):
         key_caches: list[torch.Tensor],
         value_caches: list[torch.Tensor],
     ) -> torch.Tensor:
-        inner = self.model.model
+        inner: Any = self.model.model
         h = inner.embed_tokens(input_ids)  # [T, hidden]
         cos, sin = inner.rotary_emb(h, positions[None])  # [1, T, head_dim]
         cos = cos[0]
         sin = sin[0]
         for i, layer in enumerate(inner.layers):
-            attn = layer.self_attn
+            attn: Any = layer.self_attn
             x = layer.input_layernorm(h)
             q = attn.q_proj(x).view(-1, self.num_heads, self.head_dim)
             k = attn.k_proj(x).view(-1, self.num_kv_heads, self.head_dim)
@@ -73,7 +73,8 @@ class PagedLlama(nn.Module):
             h = h + layer.mlp(layer.post_attention_layernorm(h))
         last = query_start_loc[1:].long() - 1
         h = inner.norm(h.index_select(0, last))
-        return self.model.lm_head(h)
+        logits: torch.Tensor = self.model.lm_head(h)
+        return logits
 
 
 def sdpa_paged_attention(
@@ -109,7 +110,7 @@ def sdpa_paged_attention(
 
 
 def make_caches(
-    model: nn.Module, num_blocks: int, block_size: int, dtype: torch.dtype = torch.float32
+    model: Any, num_blocks: int, block_size: int, dtype: torch.dtype = torch.float32
 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """Zeroed key and value caches per layer, ``[num_blocks, block_size, kv_heads, head_dim]``."""
     config = model.config

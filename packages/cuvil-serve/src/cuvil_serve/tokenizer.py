@@ -18,24 +18,33 @@ class Tokenizer:
     """Text <-> token ids. ``<unk>``, ``<s>``, ``</s>`` are ids 0, 1, 2 (as in Llama 2)."""
 
     def __init__(self, path: str | Path | None = None) -> None:
-        if path is None:
-            path = resources.files("cuvil_serve").joinpath("data", TOKENIZER_JSON)
-        self._tok = _HFTokenizer.from_file(str(path))
+        where = (
+            str(path)
+            if path is not None
+            else str(resources.files("cuvil_serve").joinpath("data", TOKENIZER_JSON))
+        )
+        self._tok = _HFTokenizer.from_file(where)
         # Llama 2's decoder strips the space the normalizer put before the text; a
         # completion continues a prompt, so its text keeps its leading space: the same
         # decoder without the strip (prompts are decoded with it, below)
         self._tok.decoder = decoders.Sequence(
             [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
         )
-        self.unk_id = self._tok.token_to_id("<unk>")
-        self.bos_id = self._tok.token_to_id("<s>")
-        self.eos_id = self._tok.token_to_id("</s>")
+        self.unk_id = self._special("<unk>")
+        self.bos_id = self._special("<s>")
+        self.eos_id = self._special("</s>")
         #: the byte-fallback tokens ``<0x00>`` ... ``<0xFF>`` ([Note: stable text])
         self.byte_ids = frozenset(
             i
             for t, i in self._tok.get_vocab().items()
             if len(t) == 6 and t.startswith("<0x") and t.endswith(">")
         )
+
+    def _special(self, token: str) -> int:
+        i = self._tok.token_to_id(token)
+        if i is None:
+            raise ValueError(f"the tokenizer has no {token} token")
+        return int(i)
 
     @property
     def vocab_size(self) -> int:
