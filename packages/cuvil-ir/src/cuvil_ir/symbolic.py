@@ -523,7 +523,16 @@ class ShapeContext:
     without hints (verification) only recorded assumptions and proofs answer.
     """
 
-    __slots__ = ("hints", "assumptions", "reasons", "_known", "_parts", "local_symbols", "path", "data_symbols")
+    __slots__ = (
+        "hints",
+        "assumptions",
+        "reasons",
+        "_known",
+        "_parts",
+        "local_symbols",
+        "path",
+        "data_symbols",
+    )
 
     def __init__(
         self,
