@@ -195,34 +195,29 @@ def _infer(ctx: ShapeContext, *operands: Type, scale: float) -> Type:
     ``num_blocks`` and ``max_blocks`` stay symbols; the operands must fit together as the
     module doc says."""
     if len(operands) != len(_OPERANDS):
-        raise ShapeError(f"paged_attention takes {len(_OPERANDS)} tensors, got {len(operands)}")
+        raise ShapeError(f"takes {len(_OPERANDS)} tensors, got {len(operands)}")
     ts = []
     for (name, rank, dtype), t in zip(_OPERANDS, operands):
-        tt = tensor_of(t, f"paged_attention {name}")
+        tt = tensor_of(t, name)
         ok = tt.dtype == dtype if dtype is not None else tt.dtype.is_floating
         if tt.rank != rank or not ok:
-            want = dtype.value if dtype is not None else "float"
+            want = str(dtype.torch).removeprefix("torch.") if dtype is not None else "float"
             raise ShapeError(
-                f"paged_attention: {name} must be a {rank}-d {want} tensor, got {tt}",
+                f"{name} must be a {rank}-d {want} tensor, got {tt}",
                 hint="see the layout in cuvil_ir/graph_ir/ops/paged.py (docs/paged-attention.md)",
             )
         ts.append(tt)
     q, kc, vc, tables, seq_lens, starts = ts
     if kc.dtype != vc.dtype:
         raise ShapeError(
-            f"paged_attention: key_cache and value_cache must have one dtype, got {kc.dtype.value} "
-            f"and {vc.dtype.value}"
+            f"key_cache and value_cache must have one dtype, got {kc.dtype.value} and {vc.dtype.value}"
         )
     for i, what in enumerate(("num_blocks", "block_size", "kv_heads", "head_dim")):
-        check_equal(ctx, kc.shape[i], vc.shape[i], f"paged_attention: key_cache and value_cache {what}")
-    check_equal(ctx, q.shape[2], kc.shape[3], "paged_attention: query head_dim and the cache's head_dim")
-    check_divisible(
-        ctx, q.shape[1], kc.shape[2], "paged_attention: query heads, by kv heads (grouped-query attention)"
-    )
-    check_equal(ctx, tables.shape[0], seq_lens.shape[0], "paged_attention: block_tables rows and seq_lens")
-    check_equal(
-        ctx, starts.shape[0], seq_lens.shape[0] + 1, "paged_attention: query_start_loc size and batch + 1"
-    )
+        check_equal(ctx, kc.shape[i], vc.shape[i], f"key_cache and value_cache {what}")
+    check_equal(ctx, q.shape[2], kc.shape[3], "query head_dim and the cache's head_dim")
+    check_divisible(ctx, q.shape[1], kc.shape[2], "query heads, by kv heads (grouped-query attention)")
+    check_equal(ctx, tables.shape[0], seq_lens.shape[0], "block_tables rows and seq_lens")
+    check_equal(ctx, starts.shape[0], seq_lens.shape[0] + 1, "query_start_loc size and batch + 1")
     return TensorType(q.dtype, q.shape, device_of(*ts))
 
 
