@@ -249,3 +249,26 @@ def test_compiled_bad_operands_are_clear_errors() -> None:
     bad[7] = torch.tensor([40, 3], dtype=torch.int32)  # a sequence shorter than its queries
     with pytest.raises(PagedShapeError, match="sequence 1 has length 3"):
         f(*bad)
+
+
+def test_a_contiguous_cache_is_one_block_per_sequence(pa: PagedAttentionKernel) -> None:
+    """Issue 29's decode attention over transformers' contiguous ``[batch, kv_heads, S, D]``
+    cache: the cache as one block of S positions per sequence (a transposed view, read in
+    place through its strides) and the identity block table."""
+    from cuvil.testing.paged import PagedBatch
+
+    g = torch.Generator().manual_seed(11)
+    keys, values = (torch.randn(3, 2, 50, 24, generator=g) for _ in range(2))
+    lens = torch.tensor([50, 37, 1], dtype=torch.int32)
+    batch = PagedBatch(
+        torch.randn(3, 4, 24, generator=g),
+        keys.transpose(1, 2),
+        values.transpose(1, 2),
+        torch.arange(3, dtype=torch.int32)[:, None],
+        lens,
+        torch.arange(4, dtype=torch.int32),
+        0.2,
+    )
+    assert not batch.key_cache.is_contiguous()
+    _check(pa, batch, threads=8, split_min=16)
+    assert pa.last_split_items > 0

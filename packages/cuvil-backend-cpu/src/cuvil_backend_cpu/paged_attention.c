@@ -17,8 +17,9 @@
  *
  * Splits (flash-decoding): when the tiles x kv heads are fewer than the threads, a tile whose
  * context is long (at least two chunks of P_SPLIT_MIN positions) is split along the sequence into
- * chunks of whole blocks; each chunk is an item that leaves its rows' (max, sum, accumulator) in a
- * scratch buffer, and one reduction per (tile, kv head) merges them:
+ * chunks of whole blocks (of whole PT sub-tiles where a block is longer); each chunk is an item
+ * that leaves its rows' (max, sum, accumulator) in a scratch buffer, and one reduction per
+ * (tile, kv head) merges them:
  *   M = max_c m_c,  out = sum_c e^(m_c - M) acc_c / sum_c e^(m_c - M) l_c.
  *
  * Nothing here depends on the cache being paged beyond the block-table lookup: a contiguous cache
@@ -272,7 +273,9 @@ static int plan(const int64_t *P, const int32_t *tables, const int32_t *seq_lens
             int64_t ns = want <= 1 || ctx < 2 * P[P_SPLIT_MIN] ? 1 : min64(want, ctx / P[P_SPLIT_MIN]);
             int64_t chunk = ctx;
             if (ns > 1) {
-                chunk = ((ctx + ns - 1) / ns + BS - 1) / BS * BS; /* whole blocks */
+                /* whole blocks (whole sub-tiles of a block longer than one: a contiguous cache) */
+                const int64_t unit = BS < PT ? BS : PT;
+                chunk = ((ctx + ns - 1) / ns + unit - 1) / unit * unit;
                 ns = (ctx + chunk - 1) / chunk;
             }
             tl->nsplit = ns, tl->chunk = chunk, tl->part = -1;
