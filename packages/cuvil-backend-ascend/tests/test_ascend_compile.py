@@ -150,7 +150,12 @@ def test_paged_attention_kernel_passes_make_ttir_and_ttir_to_linalg(group, head_
     with the tiles the ascend target launches it with (cuvil_backend_ascend/paged_attention.py)."""
     from cuvil_backend_ascend import paged_attention as ascend_paged
     from cuvil_backend_ascend.compiler import front_half_of
-    from cuvil_runtime.triton_kernels.paged_attention import paged_attention_kernel, signature
+    from cuvil_runtime.triton_kernels.paged_attention import (
+        merge_signature,
+        paged_attention_kernel,
+        paged_attention_merge,
+        signature,
+    )
 
     cache_bytes = 4 if cache_dtype == "fp32" else 2
     config = ascend_paged.choose(group, head_dim, cache_bytes, POLICY)
@@ -160,3 +165,6 @@ def test_paged_attention_kernel_passes_make_ttir_and_ttir_to_linalg(group, head_
     ttir, linalg = front_half_of(paged_attention_kernel, sig, config, "paged_attention_kernel")
     assert "tt.func" in ttir and "scf.for" in ttir  # the items and the positions are loops
     assert "func.func" in linalg
+    merge = {k: v for k, v in merge_signature(dtype).items() if v != "constexpr"}
+    ttir, linalg = front_half_of(paged_attention_merge, merge, {"SP": 16, "DP": config["DP"]}, "merge")
+    assert "tt.func" in ttir and "func.func" in linalg

@@ -50,6 +50,15 @@ def test_shared_prefix_and_half_cache() -> None:
     _check(make_batch([(40, 1), (17, 5)], cache_dtype=torch.float16, head_dim=40))
 
 
+def test_a_long_decode_is_split_across_the_cores() -> None:
+    from cuvil_runtime.triton_kernels import paged_attention as kernels
+
+    batch = make_batch([(1100, 1)], heads=4, kv_heads=1, head_dim=24, block_size=32)
+    assert kernels.plan_splits(1, batch.block_tables.shape[1] * 32, 64, 40)[0] > 1
+    ((grid, config),) = _check(batch, cores=40)
+    assert grid == (1,) and config["BLOCK_N"] == 64  # one item, before the split
+
+
 def test_tiles_shrink_to_fit_the_unified_buffer() -> None:
     small = AscendPolicy(ub_bytes=96 * 1024)
     big, tight = ascend_paged.choose(4, 128, 4, POLICY), ascend_paged.choose(4, 128, 4, small)

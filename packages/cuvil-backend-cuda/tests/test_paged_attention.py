@@ -67,6 +67,46 @@ def test_fewer_programs_than_items_loop_over_them() -> None:
     torch.testing.assert_close(got.double(), expected(batch), rtol=2e-5, atol=2e-5)
 
 
+@pytest.mark.parametrize("seqs", [[(600, 1)], [(33, 1), (200, 1)], [(300, 9)], [(40, 1), (17, 5)]], ids=str)
+def test_split_along_the_sequence_and_merged(
+    seqs: list[tuple[int, int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Few items, long spans: each item split into chunks (some past a token's position,
+    some a prefill row does not reach), partials merged by the second kernel."""
+    from cuvil_runtime.triton_kernels import paged_attention as kernels
+
+    batch = make_batch(seqs, heads=4, kv_heads=2, head_dim=40, block_size=16, seed=len(seqs))
+    span = batch.block_tables.shape[1] * 16
+    splits, chunk = kernels.plan_splits(batch.query.shape[0] * 2, span, 16, 64, split_chunk=16)
+    assert splits > 1 and chunk % 16 == 0 and splits * chunk >= span
+    merges = []
+    real = kernels.paged_attention_merge
+    monkeypatch.setattr(kernels, "paged_attention_merge", _Recorder(real, merges))
+    got = kernels.launch(*batch.operands(), scale=batch.scale, block_n=16, target=64, split_chunk=16)
+    assert merges, "the items were not split"
+    torch.testing.assert_close(got.double(), expected(batch), rtol=2e-5, atol=2e-5)
+
+
+def test_the_default_split_for_a_long_decode() -> None:
+    from cuvil_runtime.triton_kernels import paged_attention as kernels
+
+    assert kernels.plan_splits(items=2, span=4096, block_n=32, target=264) == (8, 512)
+    assert kernels.plan_splits(items=300, span=4096, block_n=32, target=264)[0] == 1  # enough items
+    assert kernels.plan_splits(items=2, span=512, block_n=32, target=264)[0] == 1  # a short span
+    batch = make_batch([(1500, 1)], heads=4, kv_heads=1, head_dim=24, block_size=32)
+    assert kernels.plan_splits(1, batch.block_tables.shape[1] * 32, 32, 264) == (3, 512)
+    _check(batch)  # through the cuda target's extern: 3 chunks of 512, merged
+
+
+class _Recorder:
+    def __init__(self, kernel: Any, seen: list[Any]) -> None:
+        self.kernel, self.seen = kernel, seen
+
+    def __getitem__(self, grid: Any) -> Any:
+        self.seen.append(grid)
+        return self.kernel[grid]
+
+
 def step(q, k, v, key_cache, value_cache, slots, tables, seq_lens, starts):  # type: ignore[no-untyped-def]
     paged_cache_write(k, v, key_cache, value_cache, slots)
     return paged_attention(q, key_cache, value_cache, tables, seq_lens, starts, scale=0.25)
@@ -108,6 +148,7 @@ def test_compiled_step_runs_the_kernel_with_one_compile(monkeypatch: pytest.Monk
 def test_compiles_to_ptx_for_sm90(dtype: str, cache_dtype: str) -> None:
     text = cuda_paged.ptx(90, group=4, head_dim=128, dtype=dtype, cache_dtype=cache_dtype)
     assert ".target sm_90" in text and ".entry paged_attention_kernel" in text
+    assert ".entry paged_attention_merge" in text  # the split's second pass
     assert "ex2.approx" in text  # the online softmax's exponentials
 
 

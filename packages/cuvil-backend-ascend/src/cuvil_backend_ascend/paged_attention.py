@@ -140,7 +140,7 @@ def extern(
         check_launch(config, grid, cache_bytes, policy)
         if launches is not None:
             launches.append((grid, config))
-        return launch(*operands, scale=scale, block_n=config["BLOCK_N"], programs=grid[0])
+        return launch(*operands, scale=scale, block_n=config["BLOCK_N"], programs=grid[0], target=cores)
 
     return run
 

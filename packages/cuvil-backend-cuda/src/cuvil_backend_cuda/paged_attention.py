@@ -66,27 +66,43 @@ def extern(reference: Callable[..., Any]) -> Callable[..., Any]:
         operands = (query, key_cache, value_cache, block_tables, seq_lens, query_start_loc)
         if not takes(query, key_cache, value_cache):
             return reference(*operands, scale=scale)  # type: ignore[no-any-return]
-        return launch(*operands, scale=scale, block_n=BLOCK_N, options=options)
+        return launch(*operands, scale=scale, block_n=BLOCK_N, target=_programs(query), options=options)
 
     return run
 
 
+def _programs(query: torch.Tensor) -> int:
+    """Programs the device runs at once, about: two per multiprocessor (an H100's 132 under the
+    interpreter), below which items are split along the sequence."""
+    if query.device.type != "cuda":
+        return 2 * 132
+    return 2 * torch.cuda.get_device_properties(query.device).multi_processor_count
+
+
 def compile_here(arch: int, group: int, head_dim: int, dtype: str = "fp32", cache_dtype: str = "fp32") -> str:
-    """PTX of the kernel for ``sm_<arch>`` with these tile sizes and operand types, compiled in
-    this process (not under the interpreter)."""
+    """PTX of the kernel and of the split's merge for ``sm_<arch>`` with these tile sizes and
+    operand types, compiled in this process (not under the interpreter)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from cuvil_runtime.triton_kernels.paged_attention import paged_attention_kernel, signature, tile_sizes
+    from cuvil_runtime.triton_kernels import paged_attention as kernels
 
-    sig = signature()
+    sig = kernels.signature()
     sig.update(out_ptr=f"*{dtype}", q_ptr=f"*{dtype}", k_ptr=f"*{cache_dtype}", v_ptr=f"*{cache_dtype}")
-    src = ASTSource(paged_attention_kernel, signature=sig, constexprs=tile_sizes(group, head_dim, BLOCK_N))
-    compiled = triton.compile(
-        src, target=GPUTarget("cuda", arch, 32), options={"num_warps": LAUNCH.num_warps}
+    tiles = kernels.tile_sizes(group, head_dim, BLOCK_N)
+    target = GPUTarget("cuda", arch, 32)
+    options = {"num_warps": LAUNCH.num_warps}
+    main = triton.compile(
+        ASTSource(kernels.paged_attention_kernel, signature=sig, constexprs=tiles), target, options
     )
-    return str(compiled.asm["ptx"])
+    merge_src = ASTSource(
+        kernels.paged_attention_merge,
+        signature=kernels.merge_signature(dtype),
+        constexprs={"SP": 16, "DP": tiles["DP"]},
+    )
+    merge = triton.compile(merge_src, target, options)
+    return f"{main.asm['ptx']}\n{merge.asm['ptx']}"
 
 
 def ptx(
