@@ -272,3 +272,19 @@ def test_a_contiguous_cache_is_one_block_per_sequence(pa: PagedAttentionKernel) 
     assert not batch.key_cache.is_contiguous()
     _check(pa, batch, threads=8, split_min=16)
     assert pa.last_split_items > 0
+
+
+@torch.no_grad()
+def test_saved_and_loaded_program_runs_the_kernel(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A loaded artifact (``CpuHooks.extern``) builds the kernel with this host's compiler and
+    serves other batch sizes."""
+
+    def attend(q, kc, vc, tables, lens, starts):  # type: ignore[no-untyped-def]
+        return paged_attention(q, kc, vc, tables, lens, starts, scale=0.25) * 2
+
+    path = cu.save(attend, tmp_path / "paged.cuvil", *make_batch([(40, 1), (17, 5)]).operands())
+    loaded = cu.load(path)
+    spy = _Spy(monkeypatch)
+    other = make_batch([(70, 1), (17, 5), (3, 3)], seed=3)
+    torch.testing.assert_close(loaded(*other.operands()), attend(*other.operands()), rtol=1e-5, atol=1e-5)
+    assert spy.calls == 1

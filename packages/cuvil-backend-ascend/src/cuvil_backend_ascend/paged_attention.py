@@ -10,7 +10,10 @@
   (the ``[GP, BLOCK_N, DP]`` product, one at a time, the K and V tiles with one int64 address per element
   and, for a half cache, the narrow tile a load lands in, the query and the accumulator), and
   :func:`choose` takes the largest ``BLOCK_N`` that fits;
-* tile rows are multiples of 32 bytes (``DP`` at least 16: 32 bytes of a half cache).
+* tile rows are multiples of 32 bytes (``DP`` at least 16: 32 bytes of a half cache);
+* a decode step split along the sequence (fewer items than cores) merges its chunks in a
+  second kernel under the same grid, whose ``[splits, DP]`` tile must fit too
+  (:func:`merge_bytes`).
 
 Every launch is checked (:func:`check_launch`), in simulation and on an NPU alike; a head size
 no legal tile can hold is a :class:`~cuvil_backend_ascend.rules.LaunchRuleError` naming the rule.
@@ -53,6 +56,13 @@ def needed_bytes(config: dict[str, int], cache_bytes: int, policy: AscendPolicy)
     kv = 2 * bn * dp * (4 + policy.address_bytes + (cache_bytes if cache_bytes < 4 else 0))
     rows = 3 * gp * dp * 4 + 3 * gp * bn * 4  # q, acc, out; scores, probabilities, a mask
     return products + kv + rows
+
+
+def merge_bytes(splits: int, head_dim: int, policy: AscendPolicy) -> int:
+    """Bytes of unified buffer the split's merge takes: one ``[SP, DP]`` float32 tile of
+    partial accumulators with its addresses, and the maxima and sums."""
+    sp, dp = _pow2(splits), max(16, _pow2(head_dim))
+    return sp * dp * (4 + policy.address_bytes) + 4 * sp * (4 + policy.address_bytes) + dp * 4
 
 
 def choose(group: int, head_dim: int, cache_bytes: int, policy: AscendPolicy) -> dict[str, int]:
@@ -116,7 +126,7 @@ def extern(
 ) -> Callable[..., Any]:
     """What a ``paged_attention`` extern call runs: the kernel under the rules, or ``reference``
     for operands it does not take. ``launches`` (tests) records each launch's (grid, config)."""
-    from cuvil_runtime.triton_kernels.paged_attention import launch
+    from cuvil_runtime.triton_kernels.paged_attention import launch, plan_splits
 
     def run(
         query: torch.Tensor,
@@ -138,6 +148,13 @@ def extern(
         items = query.shape[0] * key_cache.shape[2]
         grid = (max(1, min(items, cores, policy.max_programs)),)
         check_launch(config, grid, cache_bytes, policy)
+        span = block_tables.shape[1] * key_cache.shape[1]
+        splits, _ = plan_splits(items, span, config["BLOCK_N"], cores)
+        if splits > 1 and merge_bytes(splits, head_dim, policy) > policy.budget:
+            raise LaunchRuleError(
+                f"kernel paged_attention_merge: {splits} splits of a head size of {head_dim} need "
+                f"{merge_bytes(splits, head_dim, policy)} bytes of unified buffer; the policy allows {policy.budget}"
+            )
         if launches is not None:
             launches.append((grid, config))
         return launch(*operands, scale=scale, block_n=config["BLOCK_N"], programs=grid[0], target=cores)
@@ -145,4 +162,14 @@ def extern(
     return run
 
 
-__all__ = ["DTYPES", "OP", "OPTIONS", "check_launch", "choose", "extern", "needed_bytes", "takes"]
+__all__ = [
+    "DTYPES",
+    "OP",
+    "OPTIONS",
+    "check_launch",
+    "choose",
+    "extern",
+    "merge_bytes",
+    "needed_bytes",
+    "takes",
+]
