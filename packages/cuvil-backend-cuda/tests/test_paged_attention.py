@@ -144,9 +144,12 @@ def test_compiled_step_runs_the_kernel_with_one_compile(monkeypatch: pytest.Monk
     assert str(f.graphs[0]).count("in_place = true") == 2
 
 
-@pytest.mark.parametrize("dtype,cache_dtype", [("fp32", "fp32"), ("bf16", "bf16"), ("fp32", "fp16")])
-def test_compiles_to_ptx_for_sm90(dtype: str, cache_dtype: str) -> None:
-    text = cuda_paged.ptx(90, group=4, head_dim=128, dtype=dtype, cache_dtype=cache_dtype)
+@pytest.mark.parametrize(
+    "group,head_dim,dtype,cache_dtype",
+    [(4, 128, "fp32", "fp32"), (1, 24, "fp32", "fp32"), (8, 80, "bf16", "bf16"), (2, 64, "fp32", "fp16")],
+)
+def test_compiles_to_ptx_for_sm90(group: int, head_dim: int, dtype: str, cache_dtype: str) -> None:
+    text = cuda_paged.ptx(90, group=group, head_dim=head_dim, dtype=dtype, cache_dtype=cache_dtype)
     assert ".target sm_90" in text and ".entry paged_attention_kernel" in text
     assert ".entry paged_attention_merge" in text  # the split's second pass
     assert "ex2.approx" in text  # the online softmax's exponentials
