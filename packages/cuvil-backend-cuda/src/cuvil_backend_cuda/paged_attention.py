@@ -109,9 +109,9 @@ def ptx(
     arch: int = 90, group: int = 4, head_dim: int = 128, dtype: str = "fp32", cache_dtype: str = "fp32"
 ) -> str:
     """:func:`compile_here`, in a child process under the interpreter."""
-    args = {"arch": arch, "group": group, "head_dim": head_dim, "dtype": dtype, "cache_dtype": cache_dtype}
     if not interpreting():
-        return compile_here(**args)
+        return compile_here(arch, group, head_dim, dtype, cache_dtype)
+    args = {"arch": arch, "group": group, "head_dim": head_dim, "dtype": dtype, "cache_dtype": cache_dtype}
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run(
         [sys.executable, "-m", "cuvil_backend_cuda.paged_attention", json.dumps(args)],
