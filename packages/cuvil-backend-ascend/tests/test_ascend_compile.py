@@ -139,3 +139,32 @@ def test_float_functions_of_the_device_library_pass_both_stages(fn):
     for kernel, texts in exe.kernel_texts.items():
         assert f"cu.{fn.__name__}" in texts["triton"], texts["triton"]
         assert "tt.func" in texts["ttir"] and "func.func" in texts["linalg"], kernel
+
+
+@pytest.mark.parametrize(
+    "group,head_dim,dtype,cache_dtype",
+    [(1, 64, "fp32", "fp32"), (4, 128, "fp32", "fp32"), (2, 80, "bf16", "bf16"), (8, 128, "fp16", "fp16")],
+)
+def test_paged_attention_kernel_passes_make_ttir_and_ttir_to_linalg(group, head_dim, dtype, cache_dtype):
+    """The hand-written paged attention kernel (cuvil_runtime/triton_kernels/paged_attention.py)
+    with the tiles the ascend target launches it with (cuvil_backend_ascend/paged_attention.py)."""
+    from cuvil_backend_ascend import paged_attention as ascend_paged
+    from cuvil_backend_ascend.compiler import front_half_of
+    from cuvil_runtime.triton_kernels.paged_attention import (
+        merge_signature,
+        paged_attention_kernel,
+        paged_attention_merge,
+        signature,
+    )
+
+    cache_bytes = 4 if cache_dtype == "fp32" else 2
+    config = ascend_paged.choose(group, head_dim, cache_bytes, POLICY)
+    ascend_paged.check_launch(config, (40,), cache_bytes, POLICY)
+    sig = {k: v for k, v in signature().items() if v != "constexpr"}
+    sig.update(out_ptr=f"*{dtype}", q_ptr=f"*{dtype}", k_ptr=f"*{cache_dtype}", v_ptr=f"*{cache_dtype}")
+    ttir, linalg = front_half_of(paged_attention_kernel, sig, config, "paged_attention_kernel")
+    assert "tt.func" in ttir and "scf.for" in ttir  # the items and the positions are loops
+    assert "func.func" in linalg
+    merge = {k: v for k, v in merge_signature(dtype).items() if v != "constexpr"}
+    ttir, linalg = front_half_of(paged_attention_merge, merge, {"SP": 16, "DP": config["DP"]}, "merge")
+    assert "tt.func" in ttir and "func.func" in linalg

@@ -99,14 +99,18 @@ def test_rewrite_is_deterministic_and_leaves_other_graphs() -> None:
 
 
 @torch.no_grad()
-def test_a_llama_decoder_reads_its_cache_unrepeated() -> None:
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+def test_a_llama_decoder_reads_its_cache_unrepeated(cache: str) -> None:
+    """Every layer's attention, not only the first: with a static cache, the later layers'
+    cache sizes are known through conjunctions (``Eq(c1_0, c0_0) & Eq(c1_1, 2)``) and the
+    query's heads through ``Eq(64*floor(8*b*s/c0_0), 512)`` (both used to stop the match)."""
     T = pytest.importorskip("transformers")
     torch.manual_seed(0)
     cfg = T.LlamaConfig(
         vocab_size=96,
         hidden_size=64,
         intermediate_size=64,
-        num_hidden_layers=2,
+        num_hidden_layers=3,
         num_attention_heads=8,
         num_key_value_heads=2,
         max_position_embeddings=64,
@@ -115,8 +119,10 @@ def test_a_llama_decoder_reads_its_cache_unrepeated() -> None:
     ids = torch.randint(0, 96, (2, 6))
     m = cu.compile(model, target="cpu", fallback="error")
     kw = {"max_new_tokens": 5, "do_sample": False}
+    if cache == "static":
+        kw["cache_implementation"] = "static"
     assert torch.equal(m.generate(ids, **kw), model.generate(ids, **kw))
     for art in m.artifacts:
         assert art.executable is not None
         text = art.executable.program.graph.text
-        assert text.count("enable_gqa = true") == 2 and "expand" not in text, text
+        assert text.count("enable_gqa = true") == 3 and "expand" not in text, text

@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from cuvil_ir.graph_ir.ops.paged import paged_attention
 from cuvil_ir.graph_ir.ops.quant import weight_only_linear
 from cuvil_ir.testing import CaseTable, In, OpCase, Sz, check_case, spec
 
@@ -78,6 +79,26 @@ case(
     fmt="int4",
     group_size=32,
     ops=_WOL,
+)
+
+# paged attention (cuvil_ir/graph_ir/ops/paged.py): every size a symbol. Random int32 operands
+# are in range (block tables index the cache) though not a real batch (query_start_loc all 0);
+# the kernels' tests (each backend's test_paged_attention.py) run real batches.
+I32 = torch.int32
+case(
+    "paged_attention-gqa",
+    paged_attention,
+    (X, Y, Z, In(3), In(4), In(5)),
+    [
+        S(3, 4, 8),
+        S(6, 16, 2, 8),
+        S(6, 16, 2, 8),
+        S(2, 3, dtype=I32, low=0, high=6),
+        S(2, dtype=I32, low=1, high=40),
+        S(3, dtype=I32, low=0, high=1),
+    ],
+    scale=0.3,
+    ops={"paged_attention"},
 )
 
 # -- convolution and pooling --------------------------------------------------------------------

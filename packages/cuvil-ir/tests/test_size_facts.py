@@ -70,3 +70,19 @@ def test_specialized_facts_are_canonical_so_the_verifier_finds_them() -> None:
     special = specialize(g)
     assert all(f == canonical(f) for f in special.assumptions)
     verify(special)
+
+
+def test_a_context_uses_the_parts_of_conjunctions_and_pinned_expressions() -> None:
+    """A guard on a whole shape is one ``And`` fact, and a reshape's ``-1`` leaves a
+    ``floor`` pinned by ``Eq(64*floor(...), 512)``: each part is known on its own."""
+    from cuvil_ir.symbolic import ShapeContext, equal_classes
+
+    a, b, c, x, y = (symbol(n) for n in ("a_0", "b_0", "c_1", "x_0", "y_0"))
+    heads = sympy.floor(8 * x / y)
+    facts = [sympy.And(sympy.Eq(a, b), sympy.Eq(c, 2)), sympy.Eq(64 * heads, 512)]
+    ctx = ShapeContext(assumptions=facts)
+    assert ctx.prove(sympy.Eq(4 * c, 8)) is True
+    assert ctx.prove(sympy.Eq(heads, 8)) is True
+    assert ctx.known(sympy.Eq(a, b)) is True
+    assert equal_classes(facts) == {a: a, b: a}
+    assert ShapeContext(assumptions=facts[1:]).prove(sympy.Eq(4 * c, 8)) is None

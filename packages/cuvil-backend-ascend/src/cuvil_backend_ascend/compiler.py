@@ -43,20 +43,29 @@ def _backend(arch: str) -> Any:
 
 def front_half(tk: TritonKernel, config: dict[str, Any], arch: str = DEFAULT_ARCH) -> tuple[str, str]:
     """``(ttir, linalg)`` texts of ``tk`` with these constexprs, from triton-ascend."""
+    fn = load(tk, devicelib, "ascend")
+    signature = {p: t for p, t in tk.signature if t != "constexpr"}
+    return front_half_of(fn, signature, config, tk.name, arch)
+
+
+def front_half_of(
+    fn: Any, signature: dict[str, str], config: dict[str, Any], name: str, arch: str = DEFAULT_ARCH
+) -> tuple[str, str]:
+    """``(ttir, linalg)`` texts of any ``@triton.jit`` function (a generated kernel, or a
+    hand-written one: ``cuvil_runtime.triton_kernels.paged_attention``) with these argument
+    types and constexprs, from triton-ascend."""
     from triton._C.libtriton import ir
     from triton.backends.ascend.compiler import make_ttir, ttir_to_linalg
     from triton.compiler.compiler import ASTSource
 
     backend = _backend(arch)
-    fn = load(tk, devicelib, "ascend")
-    signature = {p: t for p, t in tk.signature if t != "constexpr"}
     options = backend.parse_options({})
     context = ir.context()
     ir.load_dialects(context)
     backend.load_dialects(context)
     src = ASTSource(fn, signature=signature, constants=dict(config))
     metadata = {
-        "hash": tk.name,
+        "hash": name,
         "enable_nd2nz_on_vector": options.enable_nd2nz_on_vector,
         "enable_select_analysis": options.enable_select_analysis,
         "compile_on_910_95": options.compile_on_910_95,
@@ -71,10 +80,10 @@ def front_half(tk: TritonKernel, config: dict[str, Any], arch: str = DEFAULT_ARC
         linalg = ttir_to_linalg(ttir, metadata, options, named_ops=True)
     except subprocess.CalledProcessError as e:
         raise AscendCompileError(
-            f"kernel {tk.name} {config}: triton-ascend's {stage} failed: {_first_error(e.stderr)}"
+            f"kernel {name} {config}: triton-ascend's {stage} failed: {_first_error(e.stderr)}"
         ) from None
     except Exception as e:
-        raise AscendCompileError(f"kernel {tk.name} {config}: triton-ascend's {stage} failed: {e}") from e
+        raise AscendCompileError(f"kernel {name} {config}: triton-ascend's {stage} failed: {e}") from e
     return ttir_text, str(linalg)
 
 
@@ -98,4 +107,4 @@ def compile_stages(
     return (("ttir", "\n".join(ttirs)), ("linalg", "\n".join(linalgs)))
 
 
-__all__ = ["DEFAULT_ARCH", "AscendCompileError", "compile_stages", "front_half"]
+__all__ = ["DEFAULT_ARCH", "AscendCompileError", "compile_stages", "front_half", "front_half_of"]

@@ -27,6 +27,7 @@ from typing import Any
 import cuvil_backend_ascend
 import cuvil_ir
 import cuvil_runtime
+from cuvil_backend_ascend import paged_attention
 from cuvil_backend_ascend.declared import ASCEND_COMPILER, CAPABILITIES, SIM, STAGES, cann_missing
 from cuvil_backend_ascend.launch import make_launch
 from cuvil_backend_ascend.policy import FUSION, POLICY, RULES, AscendPolicy
@@ -117,6 +118,8 @@ class AscendTarget:
         return launches
 
     def extern(self, op: str, reference: Callable[..., Any], channels_last: bool) -> Callable[..., Any]:
+        if op == paged_attention.OP:  # the Triton kernel, under the launch rules
+            return paged_attention.extern(reference, self.policy, self.cores)
         return reference  # on npu tensors torch dispatches to torch-npu (aclnn: matmul, conv, attention)
 
     def out_variant(self, op: str) -> Callable[..., Any]:

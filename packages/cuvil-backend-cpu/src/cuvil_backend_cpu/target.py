@@ -25,6 +25,7 @@ from cuvil_backend_cpu import (
     attention_pattern,
     epilogues,
     externs,
+    paged_attention,
     quant_linear,
     repeated_heads,
     shared_input_linears,
@@ -72,6 +73,9 @@ class CpuHooks:
         return {"loop_ir": code.loop_ir, "c": code.source}
 
     def extern(self, op: str, reference: Callable[..., Any], channels_last: bool) -> Callable[..., Any]:
+        if op == paged_attention.OP:
+            # (a loaded artifact: the kernel where this host has a C compiler, else the reference)
+            return paged_attention.extern(None, reference)
         return externs.implementation(op, reference, channels_last)
 
     def out_variant(self, op: str) -> Callable[..., Any]:
@@ -111,8 +115,9 @@ class CpuTarget(CpuHooks):
 
     # -- the KernelBackend hooks ----------------------------------------------------------
     def extern(self, op: str, reference: Callable[..., Any], channels_last: bool) -> Callable[..., Any]:
-        """As :class:`CpuHooks`', except attention, which runs our own kernel (built by this
-        target's kernel cache; a loaded artifact, which may have no compiler, runs eager's),
+        """As :class:`CpuHooks`', except attention and paged attention, which run our own kernels
+        (built by this target's kernel cache; a loaded artifact, which may have no compiler, runs
+        eager's),
         and float32 linears, whose GEMM choice includes our GEMV for few rows."""
         if op == "sdpa":
             return attention.extern(self.cache, reference)
@@ -121,6 +126,8 @@ class CpuTarget(CpuHooks):
             return externs.linear_with_gemv(quant_linear.f32_gemv(self.cache))
         if op == "cpu_attention":
             return attention.pattern_extern(self.cache, reference)
+        if op == paged_attention.OP:
+            return paged_attention.extern(self.cache, reference)
         return super().extern(op, reference, channels_last)
 
     def out_variant(self, op: str) -> Callable[..., Any]:

@@ -23,6 +23,7 @@ from typing import Any
 import cuvil_backend_cuda
 import cuvil_ir
 import cuvil_runtime
+from cuvil_backend_cuda import paged_attention
 from cuvil_backend_cuda.autotune import Autotuner, gpu_timer, wall_timer
 from cuvil_backend_cuda.declared import CAPABILITIES, STAGES, interpreting
 from cuvil_backend_cuda.graphs import GraphedExecutable, graphs_enabled, why_not_graphed
@@ -124,6 +125,8 @@ class CudaTarget:
         return self._tuner
 
     def extern(self, op: str, reference: Callable[..., Any], channels_last: bool) -> Callable[..., Any]:
+        if op == paged_attention.OP:  # our Triton kernel (cuvil_runtime.triton_kernels.paged_attention)
+            return paged_attention.extern(reference)
         return reference  # torch's own CUDA kernels: cuBLAS, cuDNN, flash attention
 
     def out_variant(self, op: str) -> Callable[..., Any]:

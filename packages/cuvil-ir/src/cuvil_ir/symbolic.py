@@ -20,7 +20,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from fractions import Fraction
 from typing import Any, Union
 
@@ -463,6 +463,15 @@ def canonical(fact: sympy.Basic) -> sympy.Basic:
     return fact
 
 
+def conjuncts(facts: Iterable[sympy.Basic]) -> Iterator[sympy.Basic]:
+    """Each fact, a conjunction as its parts (``Eq(a, b) & Eq(c, 2)``: both)."""
+    for f in facts:
+        if isinstance(f, sympy.And):
+            yield from conjuncts(f.args)
+        else:
+            yield f
+
+
 def equal_classes(assumptions: Iterable[sympy.Basic]) -> dict[sympy.Symbol, sympy.Symbol]:
     """Every size symbol an ``Eq(a, b)`` of two symbols names -> the first name (by
     name) of the class of symbols those facts make equal, through others too (a
@@ -474,7 +483,7 @@ def equal_classes(assumptions: Iterable[sympy.Basic]) -> dict[sympy.Symbol, symp
             s = parent[s]
         return s
 
-    for a in assumptions:
+    for a in conjuncts(assumptions):
         if isinstance(a, sympy.Eq) and isinstance(a.lhs, sympy.Symbol) and isinstance(a.rhs, sympy.Symbol):
             ra, rb = find(a.lhs), find(a.rhs)
             if ra != rb:
@@ -514,7 +523,16 @@ class ShapeContext:
     without hints (verification) only recorded assumptions and proofs answer.
     """
 
-    __slots__ = ("hints", "assumptions", "reasons", "_known", "local_symbols", "path", "data_symbols")
+    __slots__ = (
+        "hints",
+        "assumptions",
+        "reasons",
+        "_known",
+        "_parts",
+        "local_symbols",
+        "path",
+        "data_symbols",
+    )
 
     def __init__(
         self,
@@ -524,9 +542,13 @@ class ShapeContext:
         self.hints: dict[sympy.Symbol, int] | None = dict(hints) if hints is not None else None
         self.assumptions: list[sympy.Basic] = list(assumptions)
         self.reasons: dict[sympy.Basic, str] = {}
-        #: symbols an assumption pins to a value (``Eq(x_1, 16)``): substituted before
+        #: symbols (and size expressions) an assumption pins to a value (``Eq(x_1, 16)``,
+        #: ``Eq(64*floor(x_0/2), 512)``): substituted before
         #: proving, so facts that follow from them need no assumption of their own
-        self._known: dict[sympy.Symbol, int] = {}
+        self._known: dict[sympy.Basic, int] = {}
+        #: the conjuncts of assumptions that are conjunctions (a guard on a whole shape,
+        #: ``Eq(a_0, b_0) & Eq(a_1, 2)``): each holds on its own
+        self._parts: set[sympy.Basic] = set()
         #: symbols bound inside a region (a loop index) -> (first, last) value: a fact
         #: about one must hold over that whole range, or it cannot be used
         self.local_symbols: dict[sympy.Symbol, tuple[Any, Any]] = {}
@@ -541,10 +563,18 @@ class ShapeContext:
             self._learn(fact)
 
     def _learn(self, fact: sympy.Basic) -> None:
-        if isinstance(fact, sympy.Eq):
+        if isinstance(fact, sympy.And):
+            for part in fact.args:
+                self._parts.add(part)
+                self._learn(part)
+        elif isinstance(fact, sympy.Eq):
             for a, b in ((fact.lhs, fact.rhs), (fact.rhs, fact.lhs)):
-                if isinstance(a, sympy.Symbol) and b.is_Integer:
-                    self._known[a] = int(b)
+                if not b.is_Integer or a.is_number:
+                    continue
+                # ``Eq(64*floor(8*x_0/y_0), 512)`` pins ``floor(8*x_0/y_0)`` to 8 as well
+                c, rest = a.as_coeff_Mul()
+                if c.is_Integer and c != 0 and int(b) % int(c) == 0:
+                    self._known[rest] = int(b) // int(c)
 
     def prove(self, cond: sympy.Basic) -> bool | None:
         """``cond`` decided without any assumption or example value: from the symbol
@@ -571,7 +601,7 @@ class ShapeContext:
         # a fact assumed for the whole graph holds on every path; one learnt under
         # the current branch conditions is recorded conditional on them
         for fact, value in ((cond, True), (neg, False)):
-            if fact in self.assumptions or self._under_path(fact) in self.assumptions:
+            if fact in self.assumptions or fact in self._parts or self._under_path(fact) in self.assumptions:
                 return value
         return None
 

@@ -32,6 +32,7 @@ final value is then ``t.copy_(t)``, which ATen returns at once.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import threading
 from collections.abc import Iterator, Sequence
@@ -120,12 +121,18 @@ def exclusive(inputs: Sequence[Any], written: Sequence[int]) -> bool:
     spans.sort()
     if any(a[1] > b[0] for a, b in zip(spans, spans[1:])):
         return False  # two of them in one storage
+    # sorted and disjoint: the one span a pointer can lie in is the last starting at or
+    # before it (a bisection, not a scan of all spans per input: this runs every call)
+    starts = [a for a, _ in spans]
+    ends = [b for _, b in spans]
     chosen = set(written)
+    tensor = torch.Tensor
     for j, t in enumerate(inputs):
-        if j in chosen or not isinstance(t, torch.Tensor):
+        if j in chosen or not isinstance(t, tensor):
             continue
         p = t.data_ptr()
-        if p and any(start <= p < end for start, end in spans):
+        k = bisect.bisect_right(starts, p) - 1
+        if p and k >= 0 and p < ends[k]:
             return False
     return True
 

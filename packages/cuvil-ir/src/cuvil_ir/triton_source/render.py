@@ -268,7 +268,10 @@ class Renderer(IndexPrinter):
                 lane = ctx is not None and self.lane_dependent(e)
                 mask = ctx.mask if lane and ctx is not None else "xmask"
                 scope = ctx.scope if lane and ctx is not None else 0
-                self.line(scope, f"tl.store(p_err + {self.zeros(lane)}, 1, mask={mask} & ({args[1]} == 0))")
+                # (the divisor's test as a full tile: Triton's interpreter gives int64, which a
+                # mask may not be, for a bool tile & a 0-d bool, the test of a size divisor)
+                zeros = self.zeros(lane)
+                self.line(scope, f"tl.store(p_err + {zeros}, 1, mask={mask} & ({args[1]} + {zeros} == 0))")
         return text
 
     def zeros(self, lane: bool) -> str:

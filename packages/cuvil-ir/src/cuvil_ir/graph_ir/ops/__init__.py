@@ -11,6 +11,7 @@ from cuvil_ir.graph_ir.ops import (
     linalg,  # noqa: F401
     nn,  # noqa: F401
     norm,  # noqa: F401
+    paged,  # noqa: F401
     quant,  # noqa: F401
     reduction,  # noqa: F401
     shape,  # noqa: F401

@@ -20,9 +20,21 @@ Grouped-query attention: ``heads`` is a multiple of ``kv_heads``; query head ``h
 head ``h // (heads // kv_heads)``. The cache is written before attention reads it (the
 step's own keys are in the cache).
 
-This module holds the torch callables and their references (float32 softmax and
-accumulation, the result in the query's dtype); the Graph IR ops and the kernels follow the
-pattern of ``weight_only_linear`` (ops/quant.py).
+This module holds the torch callables, their references (float32 softmax and
+accumulation, the result in the query's dtype) and the Graph IR op :class:`PagedAttention`,
+following the pattern of ``weight_only_linear`` (ops/quant.py): in eager
+:func:`paged_attention` runs :func:`reference`; captured, it is one ``paged_attention``
+node, which the ``cpu`` target runs with its own C kernel
+(``cuvil_backend_cpu/paged_attention.c``), the ``cuda`` and ``ascend`` targets with a Triton
+kernel (``cuvil_runtime/triton_kernels/paged_attention.py``) and every other consumer
+through the reference (docs/paged-attention.md).
+
+:func:`paged_cache_write` needs no op of its own: it is two ``index_put_`` calls on the
+caches (block and offset of each slot), overwrites of argument tensors that a compiled
+function performs on the caller's caches themselves, with no clone or copy back
+([Note: updates in place] in ``cuvil_ir/graph_ir/in_place.py``). (``index_copy_`` on the
+flattened ``view`` of the cache, the first form, is the same write but an in-place update
+through a view, which capture refuses.)
 """
 
 from __future__ import annotations
@@ -30,6 +42,14 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+
+from cuvil_ir.graph_ir.ops._rules import ShapeError, check_divisible, check_equal, device_of, tensor_of
+from cuvil_ir.graph_ir.registry import Emitter, Op
+from cuvil_ir.graph_ir.types import DType, TensorType, Type
+from cuvil_ir.symbolic import ShapeContext
+
+#: the block sizes the kernels are tuned and tested for (any positive size is accepted)
+BLOCK_SIZES = (16, 32)
 
 
 class PagedShapeError(ValueError):
@@ -45,14 +65,20 @@ def check_paged(
     query_start_loc: torch.Tensor,
 ) -> None:
     """Raise :class:`PagedShapeError` unless the operands are a paged attention call."""
-    if query.dim() != 3:
+    if query.dim() != 3 or not query.is_floating_point():
         raise PagedShapeError(
-            f"paged_attention: query must be [tokens, heads, head_dim], got {tuple(query.shape)}"
+            f"paged_attention: query must be a float [tokens, heads, head_dim] tensor, got "
+            f"{query.dtype} {tuple(query.shape)}"
         )
     if key_cache.dim() != 4 or key_cache.shape != value_cache.shape:
         raise PagedShapeError(
             "paged_attention: key_cache and value_cache must both be [num_blocks, block_size, kv_heads, "
             f"head_dim], got {tuple(key_cache.shape)} and {tuple(value_cache.shape)}"
+        )
+    if key_cache.dtype != value_cache.dtype or not key_cache.is_floating_point():
+        raise PagedShapeError(
+            "paged_attention: key_cache and value_cache must be float tensors of one dtype, got "
+            f"{key_cache.dtype} and {value_cache.dtype}"
         )
     heads, dim = query.shape[1], query.shape[2]
     kv_heads = key_cache.shape[2]
@@ -144,9 +170,132 @@ def paged_cache_write(
 ) -> None:
     """Write ``key``/``value`` ``[tokens, kv_heads, head_dim]`` into the caches, token ``t`` at
     slot ``slot_mapping[t]`` (``int64 [tokens]``; see the module doc), in place."""
-    _, block_size, kv_heads, dim = key_cache.shape
-    key_cache.view(-1, kv_heads, dim).index_copy_(0, slot_mapping, key.to(key_cache.dtype))
-    value_cache.view(-1, kv_heads, dim).index_copy_(0, slot_mapping, value.to(value_cache.dtype))
+    # (index_put_ on the cache itself, not index_copy_ on its flattened view: the same write,
+    # which a compiled function can make on the caller's cache in place; see the module doc)
+    block_size = key_cache.shape[1]
+    blocks = slot_mapping // block_size
+    offsets = slot_mapping - blocks * block_size
+    key_cache.index_put_((blocks, offsets), key.to(key_cache.dtype))
+    value_cache.index_put_((blocks, offsets), value.to(value_cache.dtype))
 
 
-__all__ = ["PagedShapeError", "check_paged", "paged_attention", "paged_cache_write", "reference"]
+#: what the Graph IR type rule checks, operand by operand: (name, rank, dtype or None: float)
+_OPERANDS = (
+    ("query", 3, None),
+    ("key_cache", 4, None),
+    ("value_cache", 4, None),
+    ("block_tables", 2, DType.i32),
+    ("seq_lens", 1, DType.i32),
+    ("query_start_loc", 1, DType.i32),
+)
+
+
+def _infer(ctx: ShapeContext, *operands: Type, scale: float) -> Type:
+    """The type rule of ``paged_attention`` (:class:`PagedAttention`): ``tokens``, ``batch``,
+    ``num_blocks`` and ``max_blocks`` stay symbols; the operands must fit together as the
+    module doc says."""
+    if len(operands) != len(_OPERANDS):
+        raise ShapeError(f"takes {len(_OPERANDS)} tensors, got {len(operands)}")
+    ts = []
+    for (name, rank, dtype), t in zip(_OPERANDS, operands):
+        tt = tensor_of(t, name)
+        ok = tt.dtype == dtype if dtype is not None else tt.dtype.is_floating
+        if tt.rank != rank or not ok:
+            want = str(dtype.torch).removeprefix("torch.") if dtype is not None else "float"
+            raise ShapeError(
+                f"{name} must be a {rank}-d {want} tensor, got {tt}",
+                hint="see the layout in cuvil_ir/graph_ir/ops/paged.py (docs/paged-attention.md)",
+            )
+        ts.append(tt)
+    q, kc, vc, tables, seq_lens, starts = ts
+    if kc.dtype != vc.dtype:
+        raise ShapeError(
+            f"key_cache and value_cache must have one dtype, got {kc.dtype.value} and {vc.dtype.value}"
+        )
+    for i, what in enumerate(("num_blocks", "block_size", "kv_heads", "head_dim")):
+        check_equal(ctx, kc.shape[i], vc.shape[i], f"key_cache and value_cache {what}")
+    check_equal(ctx, q.shape[2], kc.shape[3], "query head_dim and the cache's head_dim")
+    check_divisible(ctx, q.shape[1], kc.shape[2], "query heads, by kv heads (grouped-query attention)")
+    check_equal(ctx, tables.shape[0], seq_lens.shape[0], "block_tables rows and seq_lens")
+    check_equal(ctx, starts.shape[0], seq_lens.shape[0] + 1, "query_start_loc size and batch + 1")
+    return TensorType(q.dtype, q.shape, device_of(*ts))
+
+
+class PagedAttention(Op):
+    """Causal grouped-query attention of a varlen batch over a paged KV cache; inputs
+    ``query, key_cache, value_cache, block_tables, seq_lens, query_start_loc``, attribute
+    ``scale`` (see the module doc)."""
+
+    name = "paged_attention"
+    traits = frozenset({"extern_kernel", "pure"})
+    extern_reasons = {
+        "tensor_ir": "attention gathered through block tables, with per-sequence lengths read from "
+        "tensors: one kernel call (the cpu target's cuvil_backend_cpu/paged_attention.c, the Triton "
+        "kernel on cuda and ascend), not a loop nest",
+        "mlir": "the block-table gather and the per-sequence causal bounds come from tensor data; no "
+        "linalg form here yet (the reference gathers, then runs a masked softmax)",
+        "onnx": "not exported yet (ONNX has no paged attention; com.microsoft's PagedAttention of "
+        "onnxruntime-genai would carry it)",
+    }
+
+    @staticmethod
+    def torch() -> tuple[Any, ...]:
+        return (paged_attention,)
+
+    @staticmethod
+    def capture(
+        b: Emitter,
+        query: Any,
+        key_cache: Any,
+        value_cache: Any,
+        block_tables: Any,
+        seq_lens: Any,
+        query_start_loc: Any,
+        *,
+        scale: float,
+    ) -> Any:
+        return b.emit(
+            "paged_attention",
+            [query, key_cache, value_cache, block_tables, seq_lens, query_start_loc],
+            scale=float(scale),
+        )
+
+    @staticmethod
+    def infer(
+        ctx: ShapeContext,
+        query: Type,
+        key_cache: Type,
+        value_cache: Type,
+        block_tables: Type,
+        seq_lens: Type,
+        query_start_loc: Type,
+        *,
+        scale: float,
+    ) -> Type:
+        return _infer(
+            ctx, query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale=scale
+        )
+
+    @staticmethod
+    def reference(
+        query: Any,
+        key_cache: Any,
+        value_cache: Any,
+        block_tables: Any,
+        seq_lens: Any,
+        query_start_loc: Any,
+        *,
+        scale: float,
+    ) -> Any:
+        return reference(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale=scale)
+
+
+__all__ = [
+    "BLOCK_SIZES",
+    "PagedAttention",
+    "PagedShapeError",
+    "check_paged",
+    "paged_attention",
+    "paged_cache_write",
+    "reference",
+]

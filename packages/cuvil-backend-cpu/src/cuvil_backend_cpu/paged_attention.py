@@ -1,0 +1,197 @@
+"""``paged_attention`` (cuvil_ir/graph_ir/ops/paged.py) as the ``cpu`` target's own kernel.
+
+``paged_attention.c`` is written once (not generated) and built by the target's kernel cache like
+any generated kernel (same compiler, flags and ISA: ``CUVIL_CPU_ISA`` picks the AVX-512, AVX2 or
+portable code). Float32 math throughout: a float32, bfloat16 or float16 cache is read as it is
+stored and widened row by row; a query that is not float32 is widened here and the result
+rounded once to its dtype, as the op's reference does (docs/paged-attention.md).
+
+:func:`extern` is what a ``paged_attention`` extern call runs on the ``cpu`` target: the kernel
+on CPU tensors it takes, else the op's reference. A batch the kernel refuses (query_start_loc not
+rising from 0 to the token count, a sequence longer than its block table or shorter than its
+queries, a block number outside the cache) is a :class:`~cuvil_ir.graph_ir.ops.paged.PagedShapeError`
+naming the sequence.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import struct
+import threading
+import weakref
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from cuvil_backend_cpu.emulation import EmulatedLibrary
+from cuvil_backend_cpu.kernel_cache import KernelCache
+from cuvil_backend_cpu.toolchain import ToolchainError
+from cuvil_ir.graph_ir.ops import paged
+
+SOURCE = (Path(__file__).parent / "paged_attention.c").read_text()
+
+#: the Graph IR op this module runs
+OP = paged.PagedAttention.name
+
+#: the caches' dtypes the kernel reads, and their codes in ``paged_attention.c``
+CACHE_DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+
+#: query tokens of one sequence per work item: a prefill chunk's tokens share each K/V row read
+QUERY_TILE = 8
+#: a decode tile is split along its sequence only where it sees at least twice this many
+#: positions (a chunk shorter than this costs more in the reduction than it saves)
+SPLIT_MIN = 256
+
+_ERRORS = {
+    2: "query_start_loc must rise from 0 to the number of query tokens ({tokens}); at sequence {seq} "
+    "it is {value}",
+    3: "sequence {seq} has length {value}, which is below its query tokens or above its block table's "
+    "max_blocks x block_size = {span}",
+    4: "sequence {seq} uses block {value}, outside the cache's {blocks} blocks",
+}
+
+
+class PagedAttentionKernel:
+    """The compiled kernel of ``paged_attention.c``, loaded from ``cache``."""
+
+    def __init__(self, cache: KernelCache, lanes: int | None = None) -> None:
+        """``lanes`` forces the vector width (tests: the AVX-512 width on any host)."""
+        source = SOURCE if lanes is None else f"#define CUVIL_PA_VW {lanes}\n{SOURCE}"
+        lib = cache.load(cache.build(source, name="paged_attention"), source, name="paged_attention")
+        self._fn = lib.cuvil_paged_attention
+        self._fn.argtypes = [ctypes.c_void_p] * 7 + [ctypes.c_char_p, ctypes.c_float, ctypes.c_void_p]
+        self._fn.restype = ctypes.c_int
+        #: an emulated kernel (:mod:`cuvil_backend_cpu.emulation`) takes tensors, not addresses
+        self._tensors = isinstance(lib, EmulatedLibrary)
+        vw, pt = ctypes.c_int64(), ctypes.c_int64()
+        info = lib.cuvil_paged_attention_info
+        info.argtypes = [ctypes.POINTER(ctypes.c_int64)] * 2
+        info.restype = None
+        info(ctypes.byref(vw), ctypes.byref(pt))
+        #: the build's vector width (floats) and positions per sub-tile
+        self.lanes, self.positions = vw.value, pt.value
+        #: split items of the last call (tests: the long-context split happened)
+        self.last_split_items = 0
+
+    @staticmethod
+    def takes(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor) -> bool:
+        """Whether the kernel runs these operands (the rest runs the reference)."""
+        return (
+            query.device.type == key_cache.device.type == value_cache.device.type == "cpu"
+            and query.is_floating_point()
+            and key_cache.dtype == value_cache.dtype
+            and key_cache.dtype in CACHE_DTYPES
+            and query.dim() == 3
+            and key_cache.dim() == 4
+        )
+
+    def __call__(
+        self,
+        query: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        block_tables: torch.Tensor,
+        seq_lens: torch.Tensor,
+        query_start_loc: torch.Tensor,
+        *,
+        scale: float,
+        threads: int | None = None,
+        split_min: int = SPLIT_MIN,
+        query_tile: int = QUERY_TILE,
+    ) -> torch.Tensor:
+        """``paged_attention(...)`` by the kernel (operands the op's checks accepted and
+        :meth:`takes`); ``threads``, ``split_min`` and ``query_tile`` override the defaults
+        (tests: the split and the tiling on any machine)."""
+        paged.check_paged(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc)
+        tokens, heads, dim = query.shape
+        num_blocks, block_size, kv_heads, _ = key_cache.shape
+        batch, max_blocks = block_tables.shape
+        q = query if query.dtype == torch.float32 else query.float()
+        if q.stride(-1) != 1 and dim > 1:
+            q = q.contiguous()
+        kc, vc = _unit_last(key_cache), _unit_last(value_cache)
+        tables, lens, starts = (t.contiguous() for t in (block_tables, seq_lens, query_start_loc))
+        out = torch.empty((tokens, heads, dim), dtype=torch.float32)
+        info = torch.zeros(2, dtype=torch.int64)
+        params = struct.pack(
+            "20q",
+            tokens, heads, kv_heads, dim, batch, max_blocks, block_size, num_blocks,
+            q.stride(0), q.stride(1), *kc.stride()[:3], *vc.stride()[:3],
+            CACHE_DTYPES[kc.dtype],
+            max(1, torch.get_num_threads() if threads is None else threads),
+            max(1, split_min), max(1, query_tile),
+        )  # fmt: skip
+        tensors = (q, kc, vc, tables, lens, starts, out)
+        ptrs = tensors if self._tensors else tuple(t.data_ptr() for t in tensors)
+        rc = self._fn(*ptrs, params, float(scale), info if self._tensors else info.data_ptr())
+        if rc == 1:
+            raise MemoryError(f"paged_attention of {tokens} tokens over {batch} sequences: out of memory")
+        if rc:
+            seq, value = (int(x) for x in info)
+            message = _ERRORS[rc].format(
+                seq=seq, value=value, tokens=tokens, span=max_blocks * block_size, blocks=num_blocks
+            )
+            raise paged.PagedShapeError(f"paged_attention: {message}")
+        self.last_split_items = int(info[1])
+        return out if query.dtype == torch.float32 else out.to(query.dtype)
+
+
+def _unit_last(t: torch.Tensor) -> torch.Tensor:
+    return t if t.stride(-1) == 1 or t.shape[-1] <= 1 else t.contiguous()
+
+
+_KERNELS: weakref.WeakKeyDictionary[KernelCache, PagedAttentionKernel] = weakref.WeakKeyDictionary()
+_LOCK = threading.Lock()
+
+
+def kernel(cache: KernelCache) -> PagedAttentionKernel:
+    """The kernel built and loaded from ``cache``, once per cache."""
+    with _LOCK:
+        found = _KERNELS.get(cache)
+        if found is None:
+            found = _KERNELS[cache] = PagedAttentionKernel(cache)
+        return found
+
+
+def extern(cache: KernelCache | None, reference: Callable[..., Any]) -> Callable[..., Any]:
+    """What a ``paged_attention`` extern call runs: the kernel where it takes the operands, else
+    ``reference``. ``cache=None`` (a loaded artifact) builds the kernel with this host's compiler
+    if it has one, else runs the reference."""
+    pa: PagedAttentionKernel | None = None
+    if cache is None:
+        try:
+            cache = KernelCache()
+        except ToolchainError:
+            cache = None
+    if cache is not None:
+        pa = kernel(cache)
+
+    def run(
+        query: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        block_tables: torch.Tensor,
+        seq_lens: torch.Tensor,
+        query_start_loc: torch.Tensor,
+        *,
+        scale: float,
+    ) -> torch.Tensor:
+        operands = (query, key_cache, value_cache, block_tables, seq_lens, query_start_loc)
+        if pa is None or not pa.takes(query, key_cache, value_cache):
+            return reference(*operands, scale=scale)  # type: ignore[no-any-return]
+        return pa(*operands, scale=scale)
+
+    return run
+
+
+__all__ = [
+    "CACHE_DTYPES",
+    "OP",
+    "QUERY_TILE",
+    "SPLIT_MIN",
+    "PagedAttentionKernel",
+    "extern",
+    "kernel",
+]
