@@ -35,3 +35,16 @@ def test_compiled_step_equals_eager_and_compiles_once(make_engine, prompts, refe
     assert stats.compiles == 1, stats.recompile_reasons
     assert stats.fallbacks == 0, stats.fallback_reasons
     assert stats.cache_hits == engine.steps - 1
+
+
+@pytest.mark.parametrize("target", [t for t in targets() if t == "cpu"])
+def test_compiled_step_under_preemption_and_prefix_sharing(make_engine, prompts, reference, target):
+    """Too few blocks (preemption, recompute) and identical prompts (shared blocks) with the
+    compiled step: generate()'s tokens, still one compile."""
+    params = SamplingParams(max_tokens=24, temperature=0)
+    engine = make_engine(num_blocks=24, block_size=4, compile=True, target=target)
+    assert engine.generate(prompts, params) == [reference(p, 24) for p in prompts]
+    assert engine.scheduler.num_preemptions > 0
+    assert engine.generate([prompts[3]] * 3, params) == [reference(prompts[3], 24)] * 3
+    assert engine.blocks.shared_hits > 0
+    assert engine.compiled.stats.compiles == 1, engine.compiled.stats.recompile_reasons
