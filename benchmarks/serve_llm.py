@@ -1,7 +1,8 @@
 """Load on the LLM server (``cuvil_serve``) against one-request-at-a-time ``generate()``.
 
-    python -m benchmarks.serve_llm                       16 clients, small-llama, eager step
-    python -m benchmarks.serve_llm --compile             the engine's step compiled (cu.compile)
+    python -m benchmarks.serve_llm                       16 clients, small-llama, the server with
+                                                         its step compiled (cu.compile) and eager
+    python -m benchmarks.serve_llm --steps compiled      the compiled step only
     python -m benchmarks.serve_llm --quick               a smoke run (4 clients, tiny-llama)
 
 N concurrent clients (``--clients``) stream completions from ``python -m cuvil_serve`` (a
@@ -92,7 +93,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_server(args: argparse.Namespace, port: int) -> subprocess.Popen[bytes]:
+def start_server(args: argparse.Namespace, port: int, compile: bool) -> subprocess.Popen[bytes]:
     cmd = [
         sys.executable,
         "-m",
@@ -108,7 +109,7 @@ def start_server(args: argparse.Namespace, port: int) -> subprocess.Popen[bytes]
         "--max-tokens-per-step",
         str(args.max_tokens_per_step),
     ]
-    if args.compile:
+    if compile:
         cmd += ["--compile", "--target", "cpu"]
     log(" ".join(cmd[1:]))
     return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -167,11 +168,24 @@ async def run_clients(
     return summary("cuvil-serve", ttft, itl, tokens, time.perf_counter() - start, done)
 
 
-def serve_run(args: argparse.Namespace, work: list[tuple[list[int], int]]) -> dict[str, Any]:
+def server_metrics(url: str) -> dict[str, float]:
+    """compiles, preemptions and steps from the server's /metrics."""
+    import httpx
+
+    names = ("cuvil_serve_compiles", "cuvil_serve_preemptions_total", "cuvil_serve_steps_total")
+    out = {}
+    for line in httpx.get(url + "/metrics", timeout=30).text.splitlines():
+        if line.startswith(names):
+            name, value = line.split()
+            out[name.removeprefix("cuvil_serve_").removesuffix("_total")] = float(value)
+    return out
+
+
+def serve_run(args: argparse.Namespace, work: list[tuple[list[int], int]], compile: bool) -> dict[str, Any]:
     import httpx
 
     port = free_port()
-    proc = start_server(args, port)
+    proc = start_server(args, port, compile)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 300
@@ -189,17 +203,13 @@ def serve_run(args: argparse.Namespace, work: list[tuple[list[int], int]]) -> di
         # warm-up: one short and one long request (the compiled step compiles here)
         log("warm-up")
         asyncio.run(run_clients(url, args.model, [work[0][:1] + (4,), ([1] * 200, 4)], 2, 600))
+        warm = server_metrics(url)
         log(f"{args.clients} clients, {len(work)} requests, at most {args.max_seconds:.0f} s")
         result = asyncio.run(run_clients(url, args.model, work, args.clients, args.max_seconds))
-        metrics = httpx.get(url + "/metrics", timeout=30).text
-        for line in metrics.splitlines():
-            if line.startswith(
-                ("cuvil_serve_compiles", "cuvil_serve_preemptions_total", "cuvil_serve_steps_total")
-            ):
-                name, value = line.split()
-                result[name.removeprefix("cuvil_serve_").removesuffix("_total")] = float(value)
-        if args.compile:
-            result["impl"] = "cuvil-serve (compiled step)"
+        after = server_metrics(url)
+        result.update(after)
+        result["recompiles"] = after.get("compiles", 0) - warm.get("compiles", 0)
+        result["impl"] = "cuvil-serve, compiled step" if compile else "cuvil-serve, eager step"
         return result
     finally:
         proc.terminate()
@@ -287,15 +297,19 @@ def write(out: Path, header: dict[str, Any], rows: list[dict[str, Any]], notes: 
         f"{PROMPT_LENS} tokens, outputs {OUTPUT_LENS} tokens (seed {header['seed']}), greedy, "
         "every output to max_tokens.",
         "",
-        "| impl | requests | output tokens | wall s | tokens/s | vs generate() eager | TTFT P50 ms | TTFT P99 ms | ITL P50 ms | ITL P99 ms |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| impl | requests | output tokens | wall s | tokens/s | vs generate() eager | vs generate() cu.compile "
+        "| TTFT P50 ms | TTFT P99 ms | ITL P50 ms | ITL P99 ms |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     base = next((r["tokens_per_s"] for r in rows if r["impl"] == "generate() eager"), None)
+    base_c = next((r["tokens_per_s"] for r in rows if r["impl"] == "generate() cu.compile"), None)
     for r in rows:
         speed = f"{r['tokens_per_s'] / base:.2f}x" if base else ""
+        speed_c = f"{r['tokens_per_s'] / base_c:.2f}x" if base_c else ""
         lines.append(
             f"| {r['impl']} | {r['requests']} | {r['output_tokens']} | {r['wall_s']:.1f} | {r['tokens_per_s']:.1f} | "
-            f"{speed} | {r['ttft_p50_ms']:.0f} | {r['ttft_p99_ms']:.0f} | {r['itl_p50_ms']:.1f} | {r['itl_p99_ms']:.1f} |"
+            f"{speed} | {speed_c} | {r['ttft_p50_ms']:.0f} | {r['ttft_p99_ms']:.0f} | {r['itl_p50_ms']:.1f} | "
+            f"{r['itl_p99_ms']:.1f} |"
         )
     lines += ["", *(f"- {n}" for n in notes), ""]
     (out / "latest.md").write_text("\n".join(lines))
@@ -311,7 +325,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--num-blocks", type=int, default=512)
     p.add_argument("--max-tokens-per-step", type=int, default=256)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--compile", action="store_true", help="the server compiles its step (cu.compile, cpu)")
+    p.add_argument(
+        "--steps",
+        default="compiled,eager",
+        help="the server's step: compiled (cu.compile, cpu), eager, or both",
+    )
     p.add_argument("--no-compiled", action="store_true", help="skip the compiled generate() baseline")
     p.add_argument("--server-only", action="store_true", help="no generate() baselines (tuning runs)")
     p.add_argument("--quick", action="store_true", help="tiny-llama, 4 clients, 8 requests")
@@ -325,12 +343,17 @@ def main(argv: list[str] | None = None) -> None:
     load_before = os.getloadavg()
     loaded = build_model(args.model, seed=0)
     work = workload(args.requests, args.seed, loaded.tokenizer.vocab_size)
-    rows = [serve_run(args, work)]
+    steps = [s.strip() for s in args.steps.split(",") if s.strip()]
+    if not steps or set(steps) - {"compiled", "eager"}:
+        p.error(f"--steps takes compiled and/or eager, got {args.steps!r}")
+    rows = []
     notes = []
-    if "compiles" in rows[0]:
+    for kind in steps:
+        row = serve_run(args, work, kind == "compiled")
+        rows.append(row)
         notes.append(
-            f"server: {rows[0].get('steps', 0):.0f} steps, {rows[0].get('preemptions', 0):.0f} preemptions, "
-            f"{rows[0]['compiles']:.0f} compiles of the step (0: the eager step)."
+            f"{row['impl']}: {row.get('steps', 0):.0f} steps, {row.get('preemptions', 0):.0f} preemptions, "
+            f"{row.get('compiles', 0):.0f} compiles of the step, {row.get('recompiles', 0):.0f} of them after warm-up."
         )
     if not args.server_only:
         log("generate() eager, one request at a time")
@@ -353,12 +376,12 @@ def main(argv: list[str] | None = None) -> None:
             )
         except Exception as e:  # noqa: BLE001 - a baseline that fails is reported, not fatal
             notes.append(f"compiled generate() failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
-    step_ms = batch1_decode_step_ms(loaded, args.compile)
-    kind = "compiled" if args.compile else "eager"
-    notes.append(
-        f"the engine's batch-1 decode step ({kind}, 64-token context): {step_ms:.1f} ms; "
-        f"target P99 ITL <= 2x = {2 * step_ms:.1f} ms."
-    )
+    for kind in steps:
+        step_ms = batch1_decode_step_ms(loaded, kind == "compiled")
+        notes.append(
+            f"the engine's batch-1 decode step ({kind}, 64-token context): {step_ms:.1f} ms; "
+            f"target P99 ITL <= 2x = {2 * step_ms:.1f} ms."
+        )
     notes.append(
         "baseline TTFT is the time of the prompt's forward for a request served alone (no queueing); "
         "requests past --max-seconds are not run (see the requests column)."
