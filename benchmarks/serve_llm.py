@@ -323,7 +323,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--requests", type=int, default=48)
     p.add_argument("--max-seconds", type=float, default=180)
     p.add_argument("--num-blocks", type=int, default=512)
-    p.add_argument("--max-tokens-per-step", type=int, default=256)
+    p.add_argument("--max-tokens-per-step", type=int, default=128)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--steps",

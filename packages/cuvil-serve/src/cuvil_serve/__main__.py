@@ -17,7 +17,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--num-blocks", type=int, default=512, help="KV cache blocks")
     p.add_argument("--block-size", type=int, default=16, help="tokens per block")
-    p.add_argument("--max-tokens-per-step", type=int, default=256, help="the step's token budget")
+    p.add_argument("--max-tokens-per-step", type=int, default=128, help="the step's token budget")
     p.add_argument("--max-seqs", type=int, default=64, help="sequences per step")
     p.add_argument("--max-waiting", type=int, default=256, help="queued requests before 429")
     p.add_argument("--no-prefix-sharing", action="store_true")

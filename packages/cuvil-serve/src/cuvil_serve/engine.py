@@ -41,7 +41,7 @@ class QueueFull(RuntimeError):
 class EngineConfig:
     num_blocks: int = 256
     block_size: int = 16
-    max_tokens_per_step: int = 256
+    max_tokens_per_step: int = 128
     max_seqs: int = 64
     #: accepted requests beyond the running ones before add_request raises QueueFull
     max_waiting: int = 256

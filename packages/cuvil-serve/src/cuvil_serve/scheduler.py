@@ -23,7 +23,7 @@ class ScheduledBatch:
 
 
 class Scheduler:
-    def __init__(self, blocks: BlockManager, *, max_tokens_per_step: int = 256, max_seqs: int = 64) -> None:
+    def __init__(self, blocks: BlockManager, *, max_tokens_per_step: int = 128, max_seqs: int = 64) -> None:
         if max_tokens_per_step < 1 or max_seqs < 1:
             raise ValueError("the step budget must allow one token of one sequence")
         self.blocks = blocks
