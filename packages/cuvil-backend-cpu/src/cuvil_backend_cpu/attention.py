@@ -19,8 +19,6 @@ from __future__ import annotations
 import ctypes
 import math
 import struct
-import threading
-import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -29,7 +27,7 @@ import torch
 
 from cuvil_backend_cpu import attention_pattern, gemm_choice
 from cuvil_backend_cpu.emulation import EmulatedLibrary
-from cuvil_backend_cpu.kernel_cache import KernelCache
+from cuvil_backend_cpu.kernel_cache import KernelCache, per_cache
 
 SOURCE = (Path(__file__).parent / "attention.c").read_text()
 
@@ -159,17 +157,9 @@ def _rank4(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-_KERNELS: weakref.WeakKeyDictionary[KernelCache, FlashAttention] = weakref.WeakKeyDictionary()
-_LOCK = threading.Lock()
-
-
 def kernel(cache: KernelCache) -> FlashAttention:
     """The attention kernel built and loaded from ``cache``, once per cache."""
-    with _LOCK:
-        found = _KERNELS.get(cache)
-        if found is None:
-            found = _KERNELS[cache] = FlashAttention(cache)
-        return found
+    return per_cache(FlashAttention, cache)
 
 
 def extern(cache: KernelCache, reference: Callable[..., Any]) -> Callable[..., Any]:

@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import ctypes
 import struct
-import threading
-import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -26,7 +24,7 @@ from typing import Any
 import torch
 
 from cuvil_backend_cpu.emulation import EmulatedLibrary
-from cuvil_backend_cpu.kernel_cache import KernelCache
+from cuvil_backend_cpu.kernel_cache import KernelCache, per_cache
 from cuvil_backend_cpu.toolchain import ToolchainError
 from cuvil_ir.graph_ir.ops import paged
 
@@ -142,17 +140,9 @@ def _unit_last(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 or t.shape[-1] <= 1 else t.contiguous()
 
 
-_KERNELS: weakref.WeakKeyDictionary[KernelCache, PagedAttentionKernel] = weakref.WeakKeyDictionary()
-_LOCK = threading.Lock()
-
-
 def kernel(cache: KernelCache) -> PagedAttentionKernel:
     """The kernel built and loaded from ``cache``, once per cache."""
-    with _LOCK:
-        found = _KERNELS.get(cache)
-        if found is None:
-            found = _KERNELS[cache] = PagedAttentionKernel(cache)
-        return found
+    return per_cache(PagedAttentionKernel, cache)
 
 
 def extern(cache: KernelCache | None, reference: Callable[..., Any]) -> Callable[..., Any]:

@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import ctypes
 import struct
-import threading
-import weakref
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -25,7 +23,7 @@ from typing import Any
 import torch
 
 from cuvil_backend_cpu.emulation import EmulatedLibrary
-from cuvil_backend_cpu.kernel_cache import KernelCache
+from cuvil_backend_cpu.kernel_cache import KernelCache, per_cache
 from cuvil_backend_cpu.toolchain import ToolchainError
 from cuvil_ir.graph_ir.ops import quant
 
@@ -273,17 +271,9 @@ def f32_gemv(cache: KernelCache) -> Callable[..., torch.Tensor | None]:
     return run
 
 
-_KERNELS: weakref.WeakKeyDictionary[KernelCache, QuantLinearKernel] = weakref.WeakKeyDictionary()
-_LOCK = threading.Lock()
-
-
 def kernel(cache: KernelCache) -> QuantLinearKernel:
     """The kernels built and loaded from ``cache``, once per cache."""
-    with _LOCK:
-        found = _KERNELS.get(cache)
-        if found is None:
-            found = _KERNELS[cache] = QuantLinearKernel(cache)
-        return found
+    return per_cache(QuantLinearKernel, cache)
 
 
 def out_variant(cache: KernelCache | None) -> Callable[..., None]:
