@@ -169,11 +169,12 @@ def test_saved_and_loaded_model_keeps_its_quantized_weights(tmp_path: Any, monke
 _LOAD_WITHOUT_COMPILER = """
 import sys, torch, cuvil as cu
 from cuvil_backend_cpu import quant_linear
+from cuvil_backend_cpu.kernel_cache import built
 loaded = cu.load(sys.argv[1])
 x, want = torch.load(sys.argv[2])
 with torch.no_grad():
     torch.testing.assert_close(loaded(x), want, rtol=1e-5, atol=1e-5)
-print("ok", quant_linear._KERNELS and "kernel" or "reference")
+print("ok", "kernel" if built(quant_linear.QuantLinearKernel) else "reference")
 """
 
 

@@ -348,3 +348,34 @@ def test_results_keep_their_structure():
     r = two(x)
     assert type(r) is tuple and len(r) == 2
     close(r[1], x - 1)
+
+
+def test_keyword_calls_take_the_fast_path_with_their_guards():
+    """``model(input_ids=ids, attention_mask=mask)`` is how transformers models are called:
+    keyword tensors are served by the fast path too, each checked like a positional one,
+    and only in the order and names the variant was compiled with."""
+
+    def g(x, y, z=None):
+        return x * 2 + y if z is None else x - z
+
+    f = cu.compile(g, fallback="error")
+    x, y = torch.randn(4), torch.randn(4)
+    f(x, y=y)
+    f(x, y=y)
+    fast = f.artifacts[-1].fast
+    assert isinstance(fast, fast_path.FastPath) and "kwargs" in fast.source
+    hits = f.stats.cache_hits
+    for n in (4, 7):  # sizes are symbols: one variant
+        a, b = torch.randn(n), torch.randn(n)
+        close(f(a, y=b), g(a, y=b))
+    assert f.stats.cache_hits == hits + 2 and f.stats.compiles == 1
+    assert f._fast is fast.fn
+    close(f(x, y=y.double()), g(x, y=y.double()))  # a keyword's dtype: another variant
+    assert f.stats.compiles == 2
+    close(f(x, y=y), g(x, y=y))
+    close(f(x, y=x, z=y), g(x, y=x, z=y))  # another keyword: another variant
+    close(f(y=y, x=x), g(y=y, x=x))  # the same keywords in another order
+    close(f(x, y), g(x, y))  # positional
+    close(f(x, y=y), g(x, y=y))
+    with pytest.raises(TypeError, match="multiple values"):
+        f(x, x=y)

@@ -19,19 +19,18 @@ from __future__ import annotations
 import ctypes
 import math
 import struct
-import threading
-import weakref
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from cuvil_backend_cpu import attention_pattern, gemm_choice
+from cuvil_backend_cpu.c_prelude import kernel_source
 from cuvil_backend_cpu.emulation import EmulatedLibrary
-from cuvil_backend_cpu.kernel_cache import KernelCache
+from cuvil_backend_cpu.kernel_cache import KernelCache, per_cache
 
-SOURCE = (Path(__file__).parent / "attention.c").read_text()
+#: the kernel's source, the vector prelude in place (:mod:`cuvil_backend_cpu.c_prelude`)
+SOURCE = kernel_source("attention.c")
 
 #: queries per work item and keys per block (rounded up to the kernel's tile sizes);
 #: measured with benchmarks/attention.py (docs/cpu-backend.md, "Attention")
@@ -51,7 +50,7 @@ class FlashAttention:
 
     def __init__(self, cache: KernelCache, lanes: int | None = None) -> None:
         """``lanes`` forces the vector width (tests: the AVX-512 tiling on any host)."""
-        source = SOURCE if lanes is None else f"#define CUVIL_ATTENTION_VW {lanes}\n{SOURCE}"
+        source = kernel_source("attention.c", lanes)
         lib = cache.load(cache.build(source, name="attention"), source, name="attention")
         self._fn = lib.cuvil_attention
         self._fn.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_char_p, ctypes.c_float]
@@ -159,17 +158,9 @@ def _rank4(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-_KERNELS: weakref.WeakKeyDictionary[KernelCache, FlashAttention] = weakref.WeakKeyDictionary()
-_LOCK = threading.Lock()
-
-
 def kernel(cache: KernelCache) -> FlashAttention:
     """The attention kernel built and loaded from ``cache``, once per cache."""
-    with _LOCK:
-        found = _KERNELS.get(cache)
-        if found is None:
-            found = _KERNELS[cache] = FlashAttention(cache)
-        return found
+    return per_cache(FlashAttention, cache)
 
 
 def extern(cache: KernelCache, reference: Callable[..., Any]) -> Callable[..., Any]:

@@ -42,6 +42,7 @@ import secrets
 import shlex
 import subprocess
 import threading
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from contextlib import contextmanager
@@ -431,11 +432,37 @@ def load_library(data: bytes, folder: Path, stem: str, what: str) -> ctypes.CDLL
         copy.unlink(missing_ok=True)
 
 
+#: the hand-written kernel libraries (flash attention, quantized linears, paged attention) made
+#: from each kernel cache, by class: built and loaded once per cache, whatever calls them
+_BUILT: weakref.WeakKeyDictionary[KernelCache, dict[type, object]] = weakref.WeakKeyDictionary()
+_BUILT_LOCK = threading.Lock()
+_K = TypeVar("_K")
+
+
+def per_cache(cls: Callable[[KernelCache], _K], cache: KernelCache) -> _K:
+    """``cls(cache)``, made once per kernel cache (under a lock: threads calling at once
+    build it once) and kept while the cache lives."""
+    with _BUILT_LOCK:
+        made = _BUILT.setdefault(cache, {})
+        found = made.get(cls)  # type: ignore[call-overload]
+        if found is None:
+            found = made[cls] = cls(cache)  # type: ignore[index]
+        return found  # type: ignore[no-any-return]
+
+
+def built(cls: type) -> bool:
+    """Whether some kernel cache has made ``cls`` (tests: the kernel, not the reference, ran)."""
+    with _BUILT_LOCK:
+        return any(cls in made for made in _BUILT.values())
+
+
 __all__ = [
     "CacheStats",
     "KernelBuildError",
     "KernelCache",
     "KernelLoadError",
+    "built",
     "default_kernel_cache_dir",
     "load_library",
+    "per_cache",
 ]

@@ -35,32 +35,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#if defined(CUVIL_PA_VW)
-/* a forced width in plain vector arithmetic: tests run the AVX-512 (16) and SSE/NEON (4) widths on
-   any host, so a host without AVX-512 still checks that path's logic */
-#define VW CUVIL_PA_VW
-#elif defined(__AVX512F__)
-#include <immintrin.h>
-#define VW 16
-#define FMA(a, b, c) ((vf)_mm512_fmadd_ps((__m512)(a), (__m512)(b), (__m512)(c)))
-#elif defined(__AVX__)
-#include <immintrin.h>
-#define VW 8
-#if defined(__FMA__)
-#define FMA(a, b, c) ((vf)_mm256_fmadd_ps((__m256)(a), (__m256)(b), (__m256)(c)))
-#endif
-#elif defined(__ARM_NEON)
-#include <arm_neon.h>
-#define VW 4
-#define FMA(a, b, c) ((vf)vfmaq_f32((float32x4_t)(c), (float32x4_t)(a), (float32x4_t)(b)))
-#else
-#define VW 4
-#endif
-#ifndef FMA
-#define FMA(a, b, c) ((a) * (b) + (c))
-#endif
-
-typedef float vf __attribute__((vector_size(VW * 4)));
+#include "cuvil_vectors.h"
 
 #define PT 32 /* positions per sub-tile: the scores of one sub-tile, rows x PT, stay in L1 */
 

@@ -17,20 +17,19 @@ from __future__ import annotations
 
 import ctypes
 import struct
-import threading
-import weakref
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
 
+from cuvil_backend_cpu.c_prelude import kernel_source
 from cuvil_backend_cpu.emulation import EmulatedLibrary
-from cuvil_backend_cpu.kernel_cache import KernelCache
+from cuvil_backend_cpu.kernel_cache import KernelCache, per_cache
 from cuvil_backend_cpu.toolchain import ToolchainError
 from cuvil_ir.graph_ir.ops import paged
 
-SOURCE = (Path(__file__).parent / "paged_attention.c").read_text()
+#: the kernel's source, the vector prelude in place (:mod:`cuvil_backend_cpu.c_prelude`)
+SOURCE = kernel_source("paged_attention.c")
 
 #: the Graph IR op this module runs
 OP = paged.PagedAttention.name
@@ -58,7 +57,7 @@ class PagedAttentionKernel:
 
     def __init__(self, cache: KernelCache, lanes: int | None = None) -> None:
         """``lanes`` forces the vector width (tests: the AVX-512 width on any host)."""
-        source = SOURCE if lanes is None else f"#define CUVIL_PA_VW {lanes}\n{SOURCE}"
+        source = kernel_source("paged_attention.c", lanes)
         lib = cache.load(cache.build(source, name="paged_attention"), source, name="paged_attention")
         self._fn = lib.cuvil_paged_attention
         self._fn.argtypes = [ctypes.c_void_p] * 7 + [ctypes.c_char_p, ctypes.c_float, ctypes.c_void_p]
@@ -142,17 +141,9 @@ def _unit_last(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 or t.shape[-1] <= 1 else t.contiguous()
 
 
-_KERNELS: weakref.WeakKeyDictionary[KernelCache, PagedAttentionKernel] = weakref.WeakKeyDictionary()
-_LOCK = threading.Lock()
-
-
 def kernel(cache: KernelCache) -> PagedAttentionKernel:
     """The kernel built and loaded from ``cache``, once per cache."""
-    with _LOCK:
-        found = _KERNELS.get(cache)
-        if found is None:
-            found = _KERNELS[cache] = PagedAttentionKernel(cache)
-        return found
+    return per_cache(PagedAttentionKernel, cache)
 
 
 def extern(cache: KernelCache | None, reference: Callable[..., Any]) -> Callable[..., Any]:

@@ -31,36 +31,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#if defined(CUVIL_QL_VW)
-/* a forced width in plain vector arithmetic: tests run the AVX-512 (16) and SSE/NEON (4) tilings on
-   any host, so a host without AVX-512 still checks that path's logic */
-#define VW CUVIL_QL_VW
-#elif defined(__AVX512F__)
-#include <immintrin.h>
-#define VW 16
-#define FMA(a, b, c) ((vf)_mm512_fmadd_ps((__m512)(a), (__m512)(b), (__m512)(c)))
-#elif defined(__AVX2__)
-#include <immintrin.h>
-#define VW 8
-#if defined(__FMA__)
-#define FMA(a, b, c) ((vf)_mm256_fmadd_ps((__m256)(a), (__m256)(b), (__m256)(c)))
-#endif
-#elif defined(__ARM_NEON)
-#include <arm_neon.h>
-#define VW 4
-#define FMA(a, b, c) ((vf)vfmaq_f32((float32x4_t)(c), (float32x4_t)(a), (float32x4_t)(b)))
-#else
-#define VW 4
-#endif
-#ifndef FMA
-#define FMA(a, b, c) ((a) * (b) + (c))
-#endif
+#include "cuvil_vectors.h"
 
 #if VW != 4 && VW != 8 && VW != 16
-#error "CUVIL_QL_VW must be 4, 8 or 16 (an int4 run of 32 values is two halves of 16)"
+#error "CUVIL_VW must be 4, 8 or 16 (an int4 run of 32 values is two halves of 16)"
 #endif
-
-typedef float vf __attribute__((vector_size(VW * 4)));
 typedef int32_t vi __attribute__((vector_size(VW * 4)));
 typedef uint32_t vu __attribute__((vector_size(VW * 4)));
 typedef uint16_t vu16 __attribute__((vector_size(VW * 2)));
@@ -116,11 +91,11 @@ INLINE float bf16_scalar(uint16_t h) {
    extracting lanes one by one, so x86 builds use the one-instruction widening intrinsics
    (vpmovsxbd, vpmovzxbd, vpmovzxwd); the generic path widens in two steps (8 -> 16 -> 32 bits), which
    GCC does vectorize, and serves forced widths, SSE2 and NEON. */
-#if !defined(CUVIL_QL_VW) && defined(__AVX512F__)
+#if !defined(CUVIL_VW) && defined(__AVX512F__)
 INLINE vi widen_i8(const void *p) { return (vi)_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)); }
 INLINE vi widen_u8(const void *p) { return (vi)_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p)); }
 INLINE vu widen_u16(const void *p) { return (vu)_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)); }
-#elif !defined(CUVIL_QL_VW) && defined(__AVX2__)
+#elif !defined(CUVIL_VW) && defined(__AVX2__)
 INLINE vi widen_i8(const void *p) { return (vi)_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)); }
 INLINE vi widen_u8(const void *p) { return (vi)_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)); }
 INLINE vu widen_u16(const void *p) { return (vu)_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)); }
@@ -203,7 +178,7 @@ DENSE_TILE(tile_f32, float, f32_load, f32_scalar)
 DENSE_TILE(tile_bf16, uint16_t, bf16_load, bf16_scalar)
 DENSE_TILE(tile_int8, int8_t, int8_load, int8_scalar)
 
-#if !defined(CUVIL_QL_VW) && !defined(CUVIL_QL_NO_TABLE) && defined(__AVX512F__)
+#if !defined(CUVIL_VW) && !defined(CUVIL_QL_NO_TABLE) && defined(__AVX512F__)
 #define QL_INT4_TABLE 1
 /* int4 with AVX-512: a vector of 16 floats is a table of the 16 values a group's codes stand for,
  * (i - 8) s + zero, built once per group and row, and vpermps looks the codes up in it (it reads the

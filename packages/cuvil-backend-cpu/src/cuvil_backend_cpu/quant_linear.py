@@ -16,20 +16,19 @@ from __future__ import annotations
 
 import ctypes
 import struct
-import threading
-import weakref
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
 
+from cuvil_backend_cpu.c_prelude import kernel_source
 from cuvil_backend_cpu.emulation import EmulatedLibrary
-from cuvil_backend_cpu.kernel_cache import KernelCache
+from cuvil_backend_cpu.kernel_cache import KernelCache, per_cache
 from cuvil_backend_cpu.toolchain import ToolchainError
 from cuvil_ir.graph_ir.ops import quant
 
-SOURCE = (Path(__file__).parent / "quant_linear.c").read_text()
+#: the kernel's source, the vector prelude in place (:mod:`cuvil_backend_cpu.c_prelude`)
+SOURCE = kernel_source("quant_linear.c")
 
 #: the Graph IR op this module runs
 OP = quant.WeightOnlyLinear.name
@@ -51,7 +50,7 @@ class QuantLinearKernel:
 
     def __init__(self, cache: KernelCache, lanes: int | None = None) -> None:
         """``lanes`` forces the vector width (tests: the AVX-512 tiling on any host)."""
-        source = SOURCE if lanes is None else f"#define CUVIL_QL_VW {lanes}\n{SOURCE}"
+        source = kernel_source("quant_linear.c", lanes)
         lib = cache.load(cache.build(source, name="quant_linear"), source, name="quant_linear")
         self._linear = lib.cuvil_ql_linear
         self._linear.argtypes = [ctypes.c_int] + [ctypes.c_void_p] * 6 + [ctypes.c_char_p]
@@ -273,17 +272,9 @@ def f32_gemv(cache: KernelCache) -> Callable[..., torch.Tensor | None]:
     return run
 
 
-_KERNELS: weakref.WeakKeyDictionary[KernelCache, QuantLinearKernel] = weakref.WeakKeyDictionary()
-_LOCK = threading.Lock()
-
-
 def kernel(cache: KernelCache) -> QuantLinearKernel:
     """The kernels built and loaded from ``cache``, once per cache."""
-    with _LOCK:
-        found = _KERNELS.get(cache)
-        if found is None:
-            found = _KERNELS[cache] = QuantLinearKernel(cache)
-        return found
+    return per_cache(QuantLinearKernel, cache)
 
 
 def out_variant(cache: KernelCache | None) -> Callable[..., None]:

@@ -139,7 +139,7 @@ class CompiledFunction:
                 )
         self._last: Artifact | None = None
         #: the fast path of the variant served last ([Note: the fast path of a hit])
-        self._fast: Callable[[tuple[Any, ...]], Any] | None = None
+        self._fast: Callable[[tuple[Any, ...], dict[str, Any]], Any] | None = None
         #: serializes compiles (re-entrant: capture may call this function again)
         self._compile_lock = threading.RLock()
         #: ``submit``'s calls of this function, in order
@@ -261,14 +261,13 @@ class CompiledFunction:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         fast = self._fast
-        if fast is not None and not kwargs:
-            out = fast(args)
+        if fast is not None:
+            out = fast(args, kwargs)
             if out is not fast_path.MISS:
                 return out
         art, leaves, hit = self._prepare(args, kwargs)
         out = self._serve(art, leaves, args, kwargs, hit=hit)
-        if not kwargs:  # the next call tries this variant first
-            self._fast = fast_path.of(self, art)
+        self._fast = fast_path.of(self, art)  # the next call tries this variant first
         return out
 
     def submit(self, *args: Any, **kwargs: Any) -> Future[Any]:

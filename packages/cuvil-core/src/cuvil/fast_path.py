@@ -1,6 +1,6 @@
 """The fast path of a cache hit: one generated function per compiled variant that
-checks every guard of that variant and runs it, for calls of plain positional
-tensors.
+checks every guard of that variant and runs it, for calls of plain tensors passed
+positionally or by keyword (``model(input_ids=ids, attention_mask=mask)``).
 
 [Note: the fast path of a hit]
 ``CompiledFunction.__call__`` first tries the fast path of the variant it served
@@ -11,8 +11,9 @@ list, no result tree rebuilt through pytree. It checks, in this order, exactly w
 ``CompiledFunction._find`` checks for that artifact, each written out for its
 values:
 
-1. the call: as many positional arguments as the variant's leaves, each exactly a
-   ``torch.Tensor`` (or ``nn.Parameter``), no keywords;
+1. the call: as many positional arguments as the variant had and the same keywords in
+   the same order (the tree structure's dict keys), each exactly a ``torch.Tensor``
+   (or ``nn.Parameter``);
 2. each tensor's structure key (``guards.leaf_key``): dtype, rank, dense strided
    layout, not nested, device, the shape under ``dynamic=False``, and not requiring
    grad while grad mode is on;
@@ -59,14 +60,14 @@ class FastPath:
 
     __slots__ = ("fn", "source")
 
-    def __init__(self, fn: Callable[[tuple[Any, ...]], Any], source: str) -> None:
+    def __init__(self, fn: Callable[[tuple[Any, ...], dict[str, Any]], Any], source: str) -> None:
         self.fn = fn
         self.source = source
 
 
-def of(cf: Any, art: Any) -> Callable[[tuple[Any, ...]], Any] | None:
+def of(cf: Any, art: Any) -> Callable[[tuple[Any, ...], dict[str, Any]], Any] | None:
     """The fast path of ``art`` (an artifact of ``cf``), generated at its first hit;
-    None when the artifact's structure is not plain positional tensors."""
+    None when the artifact's structure is not tensors passed positionally or by keyword."""
     fp = art.fast
     if fp is None:
         fp = art.fast = _generate(cf, art) or NONE
@@ -87,11 +88,32 @@ def _eligible(cf: Any, art: Any) -> bool:
     leaves = art.key[1]
     if not all(k[0] == "tensor" and len(k) == 6 and not k[5] for k in leaves):
         return False
-    if art.key[0] != pytree.tree_structure(((0,) * len(leaves), {})):
-        return False  # containers or keywords
+    if _call_form(art) is None:
+        return False  # containers
     if any(kind not in ("graph", "item", "const") for kind, _ in c.outputs):
         return False
     return all(isinstance(k, tuple) and k and k[0] != "not a tensor" for k in art.lifted_keys)
+
+
+def _call_form(art: Any) -> tuple[int, tuple[str, ...]] | None:
+    """``(positional count, keyword names in call order)`` when the variant's argument tree
+    is tensors passed positionally and by keyword, each a leaf; None for containers."""
+    spec = art.key[0]
+    if spec.type is not tuple or spec.num_children != 2:
+        return None
+    pos, kw = spec.children()
+    if pos.type is not tuple or kw.type is not dict:
+        return None
+    if not all(ch.is_leaf() for ch in (*pos.children(), *kw.children())):
+        return None
+    names = tuple(kw.context)
+    if not all(isinstance(k, str) for k in names):
+        return None
+    form = (pos.num_children, names)
+    # the spec such a call flattens to, rebuilt: only this exact structure is served here
+    if spec != pytree.tree_structure(((0,) * form[0], dict.fromkeys(names, 0))):
+        return None
+    return form
 
 
 def _generate(cf: Any, art: Any) -> FastPath | None:
@@ -101,6 +123,9 @@ def _generate(cf: Any, art: Any) -> FastPath | None:
     check = c.check
     leaves = art.key[1]
     n = len(leaves)
+    form = _call_form(art)
+    assert form is not None
+    positional, keywords = form
     ns: dict[str, Any] = {
         **EXACT_NAMESPACE,
         "MISS": MISS,
@@ -116,9 +141,18 @@ def _generate(cf: Any, art: Any) -> FastPath | None:
     }
     body: list[str] = []
     a = [f"a{i}" for i in range(n)]
-    body.append(f"if len(args) != {n}: return MISS")
-    if n:
-        body.append(f"{', '.join(a)}, = args")
+    # 1. the call's form: the positional count, and the keywords' names in the call's order
+    # (a dict's order is its tree structure's: the full path keys variants so too)
+    body.append(f"if len(args) != {positional}: return MISS")
+    if keywords:
+        ns["_names"] = keywords
+        body.append("if tuple(kwargs) != _names: return MISS")
+    else:
+        body.append("if kwargs: return MISS")
+    if positional:
+        body.append(f"{', '.join(a[:positional])}, = args")
+    for i, name in enumerate(keywords):
+        body.append(f"a{positional + i} = kwargs[{name!r}]")
     # 1-2. each argument's structure key
     for i, (_, dtype, device, rank, shape, _) in enumerate(leaves):
         ns[f"_d{i}"], ns[f"_dev{i}"] = dtype, device
@@ -237,7 +271,7 @@ def _generate(cf: Any, art: Any) -> FastPath | None:
     else:
         ns["_unflatten"], ns["_spec"] = unflatten, spec
         body.append(f"return _unflatten([{', '.join(outs)}], _spec)")
-    source = "def hit(args):\n" + "".join(f"    {line}\n" for line in body)
+    source = "def hit(args, kwargs):\n" + "".join(f"    {line}\n" for line in body)
     exec(compile(source, f"<cuvil hit {cf.__qualname__}>", "exec"), ns)
     return FastPath(ns["hit"], source)
 

@@ -19,6 +19,7 @@ with torchao's own codes, scales and zero points, whatever ``fmt`` says (see :fu
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -231,13 +232,33 @@ def from_torchao(linear: nn.Linear) -> QuantizedLinear:
 
 
 def _unpack_int4_cpu(packed: torch.Tensor, n: int, k: int) -> torch.Tensor:
-    """Codes ``[N, K]`` of ``_convert_weight_to_int4pack_for_cpu``'s bytes: blocks of 64 output
-    rows, stored ``[N / 64][K][32]``, byte ``i`` of row ``k`` of block ``b`` holding output row
-    ``64 b + i`` in its low nibble and ``64 b + 32 + i`` in its high nibble (verified after
-    conversion by :func:`_check_against`)."""
-    p = packed.reshape(n // 64, k, 32)
-    q = torch.cat([p & 15, p >> 4], dim=2)  # [N / 64, K, 64]
+    """Codes ``[N, K]`` of ``_convert_weight_to_int4pack_for_cpu``'s bytes: blocks of ``B``
+    output rows, stored ``[N / B][K][B / 2]``, byte ``i`` of row ``k`` of block ``b`` holding
+    output row ``B b + i`` in its low nibble and ``B b + B / 2 + i`` in its high nibble, where
+    ``B`` is the running torch's block (:func:`_int4_cpu_block`: 64 where its kernel was built
+    for AVX-512, 32 for AVX2; verified after conversion by :func:`_check_against`)."""
+    block = _int4_cpu_block()
+    p = packed.reshape(n // block, k, block // 2)
+    q = torch.cat([p & 15, p >> 4], dim=2)  # [N / B, K, B]
     return q.permute(0, 2, 1).reshape(n, k)
+
+
+@functools.cache
+def _int4_cpu_block() -> int:
+    """The output rows of one block of torch's CPU int4 packing on this host, read off the packing
+    itself: torch picks it by the CPU's ISA (one wheel, two layouts), so a weight torchao packed on
+    another ISA would not be read right (the conversion's check says so)."""
+    probe = torch.zeros(64, 64, dtype=torch.int32)
+    probe[32, 0] = 5
+    q = torch.ops.aten._convert_weight_to_int4pack_for_cpu(probe, 1).flatten()
+    if int(q[0]) == 0x50:  # row 32 in the high nibble of block 0's first byte
+        return 64
+    if int(q[64 * 16]) == 0x05:  # row 32 first in block 1 (64 rows of K, 16 bytes each)
+        return 32
+    raise QuantFormatError(
+        "cu.quantize: this torch's CPU int4 packing (_convert_weight_to_int4pack_for_cpu) has a layout "
+        "Cuvil does not know; quantize the float model with cu.quantize(model, 'int4') instead"
+    )
 
 
 def _check_against(original: nn.Module, converted: QuantizedLinear) -> None:
