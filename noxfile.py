@@ -14,13 +14,15 @@
     nox -s slow               the tests marked slow (the Ray Serve example's included; the
                               cuda and ascend targets' in the interpreter / simulation)
     nox -s serve_example      examples/serve on Ray Serve, on loopback
+    nox -s serve_llm_ray      cuvil-serve's LLM server on Ray Serve with replicas, on loopback
     nox -s lint typecheck     ruff and the import-cycle check; mypy (strict on cuvil_ir)
     nox -s demo               examples/demo.py
     nox -s wheels             build wheels, install cuvil[cpu] into a fresh venv, smoke-test
     nox -s bench              eager vs torch.compile vs Cuvil (benchmarks/README.md)
 
-The packages: cuvil-ir, cuvil-runtime, cuvil-core (``cuvil``) and the targets
-cuvil-backend-cpu, cuvil-backend-cuda and cuvil-backend-ascend. Its tests compile C, so ``tests``, ``tests_pkg(cpu)``,
+The packages: cuvil-ir, cuvil-runtime, cuvil-core (``cuvil``), the targets
+cuvil-backend-cpu, cuvil-backend-cuda and cuvil-backend-ascend, and cuvil-serve (the LLM
+serving engine and its HTTP API; ``tests`` runs its tests beside the others). Its tests compile C, so ``tests``, ``tests_pkg(cpu)``,
 ``demo`` and ``wheels`` need a C compiler (gcc or clang) on PATH.
 
 [Note: pinning torch]
@@ -86,8 +88,19 @@ PACKAGES = {
         "packages/cuvil-core",
         "packages/cuvil-backend-ascend",
     ],
+    "serve": [
+        "packages/cuvil-ir",
+        "packages/cuvil-runtime",
+        "packages/cuvil-core",
+        "packages/cuvil-serve",
+    ],
 }
 ALL = PACKAGES["cpu"]
+#: the serving package (docs/serving.md) beside the cpu target: its HTTP dependencies
+#: (starlette, uvicorn) are installed only where its tests run (``tests``, ``tests_pkg``)
+SERVE = [*ALL, "packages/cuvil-serve"]
+#: the serving tests' HTTP client (tests over real HTTP on loopback); a test dependency only
+HTTPX = "httpx"
 #: the cuda target's tests run in their own session (``tests_cuda``): triton is big and
 #: the kernels run in Triton's interpreter, on CPU tensors (docs/cuda-backend.md)
 CUDA = [*ALL, "packages/cuvil-backend-cuda"]
@@ -128,8 +141,8 @@ def tests_dirs(session: nox.Session, folders: list[str]) -> list[str]:
 def tests(session: nox.Session) -> None:
     """Every package's fast tests in one environment (what CI runs), the optional
     integrations (ONNX, MLIR) included."""
-    install(session, ALL, PYTEST, HYPOTHESIS, HATCHLING, TRANSFORMERS, TORCHAO, *INTEGRATIONS)
-    session.run("pytest", *tests_dirs(session, ALL), "-q", *FAST, *session.posargs)
+    install(session, SERVE, PYTEST, HYPOTHESIS, HATCHLING, TRANSFORMERS, TORCHAO, HTTPX, *INTEGRATIONS)
+    session.run("pytest", *tests_dirs(session, SERVE), "-q", *FAST, *session.posargs)
     if not session.posargs:  # a selection (``nox -s tests -- -k x``) runs only what it names
         run_isas(session)
         # the whole suite: the cuda and ascend targets', the plugins' and the AArch64 sessions follow
@@ -211,7 +224,8 @@ def fuzz(session: nox.Session) -> None:
 def tests_pkg(session: nox.Session, package: str) -> None:
     """One package's fast tests, in an environment holding only it and its dependencies."""
     folders = PACKAGES[package]
-    install(session, folders, PYTEST, HATCHLING, *INTEGRATIONS)
+    extra = [TRANSFORMERS, HTTPX] if package == "serve" else []
+    install(session, folders, PYTEST, HATCHLING, *extra, *INTEGRATIONS)
     session.run("pytest", *tests_dirs(session, folders[-1:]), "-q", *FAST, *session.posargs)
 
 
@@ -351,16 +365,17 @@ def slow(session: nox.Session) -> None:
     precision) in Triton's interpreter, as tests_cuda and tests_ascend run them."""
     install(
         session,
-        [*ALL, "packages/cuvil-backend-cuda", "packages/cuvil-backend-ascend"],
+        [*SERVE, "packages/cuvil-backend-cuda", "packages/cuvil-backend-ascend"],
         PYTEST,
         RAY_SERVE,
         TRANSFORMERS,
         TRITON,
+        HTTPX,
     )
     # Exit code 5 (every test deselected) only means nothing is marked slow yet.
     session.run(
         "pytest",
-        *tests_dirs(session, ALL),
+        *tests_dirs(session, SERVE),
         "examples/serve/tests",
         "-q",
         "-m",
@@ -393,6 +408,16 @@ def serve_example(session: nox.Session) -> None:
 
 
 @nox.session
+def serve_llm_ray(session: nox.Session) -> None:
+    """cuvil-serve's LLM server as a Ray Serve deployment with two replicas, on loopback: answers
+    equal generate()'s, a killed replica loses no retried request (also part of ``slow``)."""
+    install(session, SERVE, PYTEST, RAY_SERVE, TRANSFORMERS, HTTPX)
+    session.run(
+        "pytest", "packages/cuvil-serve/tests/test_ray_serve.py", "-q", "-m", "slow", *session.posargs
+    )
+
+
+@nox.session
 def lint(session: nox.Session) -> None:
     """ruff, and no import cycles among the modules of packages/*/src (docs/testing.md)."""
     session.install(RUFF, GRIMP, PYTEST)
@@ -406,7 +431,15 @@ def lint(session: nox.Session) -> None:
 def typecheck(session: nox.Session) -> None:
     """mypy: strict on cuvil_ir, default strictness on the packages not yet widened."""
     # pytest: cuvil.testing.conformance imports it; the integrations are typed against
-    install(session, [*CUDA, "packages/cuvil-backend-ascend"], MYPY, PYTEST, TRITON, *INTEGRATIONS)
+    install(
+        session,
+        [*CUDA, "packages/cuvil-backend-ascend", "packages/cuvil-serve"],
+        MYPY,
+        PYTEST,
+        TRITON,
+        TRANSFORMERS,
+        *INTEGRATIONS,
+    )
     session.run("mypy", "--strict", "packages/cuvil-ir/src/cuvil_ir")
     session.run(
         "mypy",
@@ -415,6 +448,7 @@ def typecheck(session: nox.Session) -> None:
         "packages/cuvil-backend-cpu/src/cuvil_backend_cpu",
         "packages/cuvil-backend-cuda/src/cuvil_backend_cuda",
         "packages/cuvil-backend-ascend/src/cuvil_backend_ascend",
+        "packages/cuvil-serve/src/cuvil_serve",
     )
 
 
@@ -427,10 +461,15 @@ def demo(session: nox.Session) -> None:
 @nox.session
 def bench(session: nox.Session) -> None:
     """eager vs torch.compile vs Cuvil (benchmarks/README.md); ``nox -s bench -- --quick --workloads head``."""
-    install(session, ALL, "matplotlib", "psutil", "onnx", "onnxruntime", TRANSFORMERS)  # the zoo workloads
+    install(
+        session, SERVE, "matplotlib", "psutil", "onnx", "onnxruntime", TRANSFORMERS, HTTPX
+    )  # the zoo workloads
     session.run("python", "-m", "benchmarks.run", *session.posargs)
     # QPS of a serving loop (sync vs submit, against onnxruntime) and warm starts
     session.run("python", "-m", "benchmarks.serve", "--out", "benchmarks/results/serve.json")
+    # the LLM server under 16 concurrent clients vs one-at-a-time generate() (a few minutes,
+    # bounded by --max-seconds per run): benchmarks/results/serve_llm/latest.md
+    session.run("python", "-m", "benchmarks.serve_llm")
     # LLM decode and prefill per precision (benchmarks.llm, ~30 min): opt in with
     # CUVIL_BENCH_LLM=1, or =peers to add onnxruntime-genai (--no-deps: its requirements would
     # replace the pinned torch); llama.cpp builds from source, by hand (benchmarks/README.md)

@@ -1,6 +1,7 @@
 """A Llama-2-style tokenizer made here, with no hub download, for exporting a model to peers.
 
     python -m benchmarks.llm_tokenizer OUT_DIR [--vocab 8000]
+    python -m benchmarks.llm_tokenizer --serve     the tokenizer cuvil-serve ships (below)
 
 The peers of ``benchmarks.llm`` load a model from a Hugging Face folder, and their
 converters insist on a tokenizer in it: onnxruntime-genai's model builder saves one
@@ -13,6 +14,13 @@ fallback, the ``▁`` metaspace and the decoder of Llama 2's ``tokenizer.json``,
 llama.cpp's converter takes its Llama path (``LlamaHfVocab``) without needing a known
 pre-tokenizer hash, and ``<unk>``, ``<s>``, ``</s>`` are ids 0, 1, 2 as in the model's
 config.
+
+``--serve`` writes the tokenizer the serving package ships
+(``packages/cuvil-serve/src/cuvil_serve/data/tokenizer.json``, docs/serving.md): the same
+training with a 2048-token vocabulary on the first 1 MB of the standard library, only
+``tokenizer.json`` (loaded with ``tokenizers.Tokenizer.from_file``, no transformers needed).
+Training is deterministic: the same Python (its standard library is the corpus) and the
+same ``tokenizers`` give the same file, byte for byte.
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ import json
 import sysconfig
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 SPECIALS = ["<unk>", "<s>", "</s>"]
 BYTES = [f"<0x{i:02X}>" for i in range(256)]
@@ -42,11 +51,17 @@ def _corpus(max_bytes: int) -> Iterator[str]:
             return
 
 
-def make_tokenizer(out_dir: str | Path, vocab: int, corpus_bytes: int = 4_000_000) -> Path:
-    """Train the tokenizer on the standard library and save it (``tokenizer.json`` and
-    transformers' ``tokenizer_config.json``) into ``out_dir``; ``vocab`` ids exactly."""
+#: where ``--serve`` writes, and its vocabulary and corpus sizes
+SERVE_JSON = (
+    Path(__file__).resolve().parent.parent / "packages/cuvil-serve/src/cuvil_serve/data/tokenizer.json"
+)
+SERVE_VOCAB = 2048
+SERVE_CORPUS_BYTES = 1_000_000
+
+
+def train_tokenizer(vocab: int, corpus_bytes: int = 4_000_000) -> Any:
+    """A ``tokenizers.Tokenizer`` trained on the standard library, ``vocab`` ids exactly."""
     from tokenizers import Tokenizer, decoders, models, normalizers, trainers
-    from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
     tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
@@ -67,6 +82,15 @@ def make_tokenizer(out_dir: str | Path, vocab: int, corpus_bytes: int = 4_000_00
     tok = Tokenizer.from_str(json.dumps(state))
     if tok.get_vocab_size() != vocab:
         raise RuntimeError(f"trained {tok.get_vocab_size()} tokens, not {vocab}: give it more text")
+    return tok
+
+
+def make_tokenizer(out_dir: str | Path, vocab: int, corpus_bytes: int = 4_000_000) -> Path:
+    """Train the tokenizer on the standard library and save it (``tokenizer.json`` and
+    transformers' ``tokenizer_config.json``) into ``out_dir``; ``vocab`` ids exactly."""
+    from transformers import PreTrainedTokenizerFast
+
+    tok = train_tokenizer(vocab, corpus_bytes)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>", add_bos_token=True
     )
@@ -77,9 +101,18 @@ def make_tokenizer(out_dir: str | Path, vocab: int, corpus_bytes: int = 4_000_00
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("out")
+    p.add_argument("out", nargs="?")
     p.add_argument("--vocab", type=int, default=8000)
+    p.add_argument("--serve", action="store_true", help=f"write {SERVE_JSON.name} for cuvil-serve")
     args = p.parse_args(argv)
+    if args.serve:
+        tok = train_tokenizer(SERVE_VOCAB, SERVE_CORPUS_BYTES)
+        # compact JSON: the file is package data, kept small
+        SERVE_JSON.write_text(tok.to_str(pretty=False) + "\n", encoding="utf-8")
+        print(SERVE_JSON, SERVE_JSON.stat().st_size, "bytes")
+        return
+    if not args.out:
+        p.error("OUT_DIR is required unless --serve")
     print(make_tokenizer(args.out, args.vocab))
 
 
