@@ -20,6 +20,7 @@ from cuvil.mlir import run_mlir, to_mlir
 from cuvil.onnx.api import compile_onnx, export_onnx
 from cuvil.plugins import reload_plugins
 from cuvil.quantize import QuantizedLinear, quantize
+from cuvil_ir.graph_ir.ops.paged import paged_attention, paged_cache_write
 
 __version__ = "0.1.0"
 
@@ -88,6 +89,8 @@ __all__ = [
     "explain",
     "export_onnx",
     "load",
+    "paged_attention",
+    "paged_cache_write",
     "quantize",
     "reload_plugins",
     "run_mlir",
