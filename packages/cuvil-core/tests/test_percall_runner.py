@@ -133,3 +133,89 @@ def test_regions_with_and_without_bindings():
         x, y = torch.rand(n), torch.randn(m)
         close(h(x, y), loop(x, y))
     assert h.stats.compiles == 1
+
+
+def _same_plan(runner, key):
+    """The compiled plan ([Note: compiled size plans]) against make_plan's, field by field."""
+    from cuvil_runtime.size_plan import make_plan
+
+    b = dict(zip(runner.symbols, key))
+    got = runner._plans(b)
+    want = make_plan(runner.program, runner.kernels, runner.late, runner._alloc_in_plan, b)
+    assert got.arena.numel() >= want.arena.numel()
+    assert got.temps.keys() == want.temps.keys()
+    for name, t in got.temps.items():
+        w = want.temps[name]
+        assert (t.dtype, t.shape, t.stride()) == (w.dtype, w.shape, w.stride()), name
+        assert t.data_ptr() - got.arena.data_ptr() == w.data_ptr() - want.arena.data_ptr(), name
+        assert got.ptrs[name] == t.data_ptr()
+    assert got.derived == want.derived
+    assert got.attrs == want.attrs
+    assert got.alloc == want.alloc
+    return got
+
+
+@pytest.mark.parametrize(
+    "fn, shapes",
+    [
+        # floor(h/2) sizes, temporaries in the arena
+        (lambda x: torch.nn.functional.avg_pool2d(x.softmax(-1), 2) * 2 + 1, [(2, 3, 8, 6), (1, 2, 7, 9)]),
+        # a size-valued attribute (view) and a float computed from a size (the scale)
+        (lambda x: (x.view(x.shape[0], -1, 4) * x.shape[-1] ** -0.5).softmax(-1).sum(1), [(3, 8), (5, 12)]),
+        # an extern attribute that is a size expression (k)
+        (lambda x: torch.topk(x.softmax(-1), x.shape[-1] // 2).values * 2, [(4, 6), (3, 9)]),
+        # a matmul (an extern) between kernels
+        (lambda x: (x.relu() @ x.t()).softmax(-1) + x.sum(), [(4, 6), (7, 3)]),
+    ],
+)
+def test_compiled_plans_equal_make_plans(fn, shapes):
+    f = cpu(fn)
+    for shape in shapes:
+        x = torch.randn(*shape)
+        close(f(x), fn(x))
+    runner = executable_of(f)._runner
+    keys = list(runner._local.plans)
+    assert keys
+    for key in keys:
+        _same_plan(runner, key)
+    assert runner._plans.source.startswith("def numbers(")
+
+
+def test_expressions_not_printed_exactly_are_evaluated_in_the_function(monkeypatch):
+    from cuvil_runtime import size_plan
+
+    def unprintable(*args):
+        raise TypeError("not printable")
+
+    monkeypatch.setattr(size_plan, "exact_code", unprintable)
+    fn = lambda x: torch.nn.functional.avg_pool2d(x.softmax(-1), 2) * x.shape[-1] ** -0.5  # noqa: E731
+    f = cpu(fn)
+    for shape in ((2, 3, 8, 6), (1, 2, 7, 9)):
+        x = torch.randn(*shape)
+        close(f(x), fn(x))
+    runner = executable_of(f)._runner
+    assert "_ev(_E[" in runner._plans.source and "_num(" not in runner._plans.source
+    for key in list(runner._local.plans):
+        _same_plan(runner, key)
+
+
+def test_a_plan_the_function_cannot_make_is_made_by_make_plan(monkeypatch):
+    f = cpu(lambda x: (x.softmax(-1) * 2).sum(0))
+    x = torch.randn(5, 7)
+    close(f(x), (x.softmax(-1) * 2).sum(0))
+    runner = executable_of(f)._runner
+    calls = []
+    real = runner._plans._reference
+
+    def reference(b):
+        calls.append(b)
+        return real(b)
+
+    def broken(*args):
+        raise ZeroDivisionError("as a size expression dividing by a zero size would")
+
+    monkeypatch.setattr(runner._plans, "_reference", reference)
+    monkeypatch.setattr(runner._plans, "_numbers", broken)
+    y = torch.randn(9, 7)
+    close(f(y), (y.softmax(-1) * 2).sum(0))
+    assert calls

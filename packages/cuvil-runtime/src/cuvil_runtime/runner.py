@@ -37,7 +37,7 @@ from cuvil_ir.tensor_ir import expr as E
 from cuvil_ir.tensor_ir.memory import data_sizes
 from cuvil_ir.tensor_ir.program import Control, Extern, Kernel, ScalarRef, TensorProgram, View
 from cuvil_runtime.executor import evaluate_attr
-from cuvil_runtime.size_plan import SizePlan, add_symbols, is_late, kernel_value, make_plan, program_symbols
+from cuvil_runtime.size_plan import PlanMaker, SizePlan, add_symbols, is_late, kernel_value, program_symbols
 from cuvil_runtime.target import Launch, ProgramHooks
 from cuvil_runtime.wrapper_calls import (
     draw_seed,
@@ -95,6 +95,8 @@ class ProgramRunner:
         #: per graph output, the view it is of an input or another output (see [Note:
         #: output aliasing] in cuvil_ir.graph_ir.aliases); None: all are computed
         self.aliases = _aliases(program)
+        #: the plans' numbers from one generated function ([Note: compiled size plans])
+        self._plans = PlanMaker(program, self.kernels, self.late, self._alloc_in_plan, self.symbols)
         self.source, self._run = self._generate()
 
     def __call__(self, *inputs: Any) -> tuple[Any, ...]:
@@ -129,7 +131,7 @@ class ProgramRunner:
         return p
 
     def _make_plan(self, b: dict[sympy.Symbol, int]) -> SizePlan:
-        return make_plan(self.program, self.kernels, self.late, self._alloc_in_plan, b)
+        return self._plans(b)
 
     def _is_late(self, x: Any) -> bool:
         """``x`` (an expression or attribute tree) uses a size computed from tensor data."""

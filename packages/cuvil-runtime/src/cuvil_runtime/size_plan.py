@@ -3,22 +3,23 @@
 A :class:`SizePlan` holds the arena of the memory plan and each planned buffer's
 slice of it (and its address), the derived kernel arguments, the extern attributes
 and the shapes of outputs whose sizes are expressions: everything of a call that
-depends only on the sizes (:func:`make_plan`). The runner keeps a few per thread
-(``ProgramRunner.plan``). Also here: the size symbols a program uses
+depends only on the sizes (:func:`make_plan`; :class:`PlanMaker` computes the same plan from one generated
+function). The runner keeps a few per thread (``ProgramRunner.plan``). Also here: the size symbols a program uses
 (:func:`program_symbols`) and whether a value uses a size computed from data
 (:func:`is_late`, see [Note: sizes from data] in cuvil_runtime.runner).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any
 
 import sympy
 import torch
 
-from cuvil_ir.symbolic import evaluate
+from cuvil_ir.symbolic import EXACT_NAMESPACE, evaluate, exact_code
 from cuvil_ir.tensor_ir import expr as E
 from cuvil_ir.tensor_ir.memory import ALIGN
 from cuvil_ir.tensor_ir.program import Extern, Kernel, ScalarRef, TensorProgram, View
@@ -91,6 +92,186 @@ def make_plan(
         for buf in (prog.buffers[name],)
     }
     return SizePlan(arena, temps, ptrs, derived, attrs, alloc)
+
+
+# [Note: compiled size plans]
+# A new size binding (a decode step's context length, a serving step's token and sequence
+# counts) needs a new plan, and make_plan evaluates every buffer's shape, size and strides,
+# every derived kernel argument and extern attribute expression by expression through
+# sympy-keyed lookups: 3-8 ms for a 4-layer decoder's step (140 buffers), paid by a quarter
+# of a serving engine's steps. PlanMaker prints every one of those expressions once, as
+# exact Python (cuvil_ir.symbolic.exact_code: the guards' arithmetic), into one generated
+# function of the size values, and builds the tensors from its numbers: the same plan as
+# make_plan's (tests compare the two), for a fraction of the time. An expression the
+# printer cannot write exactly is evaluated by evaluate() from inside the function; a
+# binding the function fails on (a division by zero) is made by make_plan, which says why.
+
+
+class PlanMaker:
+    """:func:`make_plan` for one program, its expressions compiled into one function
+    ([Note: compiled size plans]). Thread-safe: the function is made at the first plan
+    (twice at worst) and read-only after."""
+
+    def __init__(
+        self,
+        program: TensorProgram,
+        kernels: dict[str, Launch],
+        late: set[sympy.Symbol],
+        alloc_in_plan: Sequence[str],
+        symbols: Sequence[sympy.Symbol],
+    ) -> None:
+        self.program = program
+        self.kernels = kernels
+        self.late = late
+        self.alloc_in_plan = alloc_in_plan
+        self.symbols = tuple(symbols)
+        self._numbers: Callable[..., tuple[Any, ...]] | None = None
+        #: generated source (tests, debugging)
+        self.source = ""
+
+    def __call__(self, b: dict[sympy.Symbol, int]) -> SizePlan:
+        if self._numbers is None:
+            self._numbers = self._generate()
+        try:
+            slots, temps, derived, attrs, alloc = self._numbers(b, *[b[s] for s in self.symbols])
+        except Exception:  # noqa: BLE001 -- make_plan evaluates it (and says what is wrong)
+            return self._reference(b)
+        offsets = []
+        total = 0
+        for size in slots:
+            offsets.append(total)
+            total += (size + ALIGN - 1) // ALIGN * ALIGN
+        arena = torch.empty(max(total, ALIGN), dtype=torch.uint8, device=self.program.device)
+        typed: dict[torch.dtype, torch.Tensor] = {}
+        out_temps: dict[str, torch.Tensor] = {}
+        ptrs: dict[str, int] = {}
+        for name, slot, dtype, shape, strides in zip(
+            self._temp_names, self._temp_slots, self._temp_dtypes, *temps
+        ):
+            whole = typed.get(dtype)
+            if whole is None:
+                whole = typed[dtype] = arena.view(dtype)
+            t = torch.as_strided(whole, shape, strides, offsets[slot] // whole.element_size())
+            out_temps[name] = t
+            ptrs[name] = t.data_ptr()
+        out_attrs = {}
+        for step, values in zip(self._attr_steps, attrs):
+            items = dict(self._attr_consts[step])
+            for key, v in zip(self._attr_keys[step], values):
+                items[key] = evaluate_attr(v, b)
+            out_attrs[step] = {k: items[k] for k in self._attr_order[step]}
+        return SizePlan(
+            arena,
+            out_temps,
+            ptrs,
+            dict(zip(self._derived_names, derived)),
+            out_attrs,
+            dict(zip(self.alloc_in_plan, alloc)),
+        )
+
+    def _reference(self, b: dict[sympy.Symbol, int]) -> SizePlan:
+        return make_plan(self.program, self.kernels, self.late, self.alloc_in_plan, b)
+
+    def _generate(self) -> Callable[..., tuple[Any, ...]]:
+        prog = self.program
+        names = {s: f"s{i}" for i, s in enumerate(self.symbols)}
+        fallback: list[Any] = []
+
+        def code(e: Any) -> str:
+            if isinstance(e, int):
+                return str(e)
+            try:
+                return f"_num({exact_code(e, names)})"
+            except Exception:  # noqa: BLE001 -- not printable exactly (or an unbound symbol)
+                fallback.append(e)
+                return f"_ev(_E[{len(fallback) - 1}], _b)"
+
+        def tup(parts: Sequence[str]) -> str:
+            return "(" + "".join(f"{p}, " for p in parts) + ")"
+
+        slots = [f"max({', '.join(code(x) for x in s.sizes)}, 0)" for s in prog.plan.slots]
+        self._temp_names = list(prog.plan.slot_of)
+        self._temp_slots = [prog.plan.slot_of[n] for n in self._temp_names]
+        self._temp_dtypes = [prog.buffers[n].dtype.torch for n in self._temp_names]
+        shapes, strides = [], []
+        for n in self._temp_names:
+            buf = prog.buffers[n]
+            shapes.append(tup([code(d) for d in buf.shape]))
+            strides.append(
+                f"_contiguous({shapes[-1]})" if buf.order is None else tup([code(d) for d in buf.strides])
+            )
+        self._derived_names = [
+            k
+            for k, launch in self.kernels.items()
+            if launch.derived and not is_late(tuple(e for e, _ in launch.derived), self.late)
+        ]
+        derived = [
+            tup([f"{'float' if t == 'float' else 'int'}({code(e)})" for e, t in self.kernels[k].derived])
+            for k in self._derived_names
+        ]
+        # attributes: constants evaluated once; those with sizes evaluated per plan
+        self._attr_steps: list[str] = []
+        self._attr_consts: dict[str, dict[str, Any]] = {}
+        self._attr_keys: dict[str, list[str]] = {}
+        self._attr_order: dict[str, list[str]] = {}
+        attr_values: list[Any] = []
+        for s in prog.steps:
+            if not isinstance(s, Extern) or is_late(s.node.attrs, self.late):
+                continue
+            consts, keys, values = {}, [], []
+            for k, v in s.node.attrs:
+                syms: set[sympy.Symbol] = set()
+                add_symbols(syms, v)
+                if syms:
+                    keys.append(k)
+                    values.append(v)
+                else:
+                    consts[k] = evaluate_attr(v, {})
+            self._attr_steps.append(s.name)
+            self._attr_consts[s.name] = consts
+            self._attr_keys[s.name] = keys
+            self._attr_order[s.name] = [k for k, _ in s.node.attrs]
+            attr_values.append(tuple(values))
+        alloc = [
+            f"({tup([code(d) for d in buf.shape])}, {tup([code(d) for d in buf.strides])})"
+            for name in self.alloc_in_plan
+            for buf in (prog.buffers[name],)
+        ]
+        args = "".join(f", {names[s]}" for s in self.symbols)
+        self.source = (
+            f"def numbers(_b{args}):\n"
+            f"    return ({tup(slots)}, ({tup(shapes)}, {tup(strides)}), {tup(derived)}, _A, {tup(alloc)})\n"
+        )
+        ns: dict[str, Any] = {
+            **EXACT_NAMESPACE,
+            "_num": _num,
+            "_ev": evaluate,
+            "_E": tuple(fallback),
+            "_A": tuple(attr_values),
+            "_contiguous": _contiguous,
+        }
+        exec(compile(self.source, f"<cuvil size plan {prog.name}>", "exec"), ns)  # our own printed code
+        return ns["numbers"]  # type: ignore[no-any-return]
+
+
+def _num(v: Any) -> Any:
+    """An exact value as evaluate() gives it: an int if it is whole, else a float."""
+    if type(v) is int:
+        return v
+    if isinstance(v, Fraction) and v.denominator == 1:
+        return int(v)
+    if isinstance(v, bool):
+        return int(v)
+    return float(v)
+
+
+def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides = []
+    acc = 1
+    for d in reversed(shape):
+        strides.append(acc)
+        acc *= max(d, 1)
+    return tuple(reversed(strides))
 
 
 def is_late(x: Any, late: set[sympy.Symbol]) -> bool:
