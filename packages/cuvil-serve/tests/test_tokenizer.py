@@ -60,6 +60,36 @@ def test_streamed_text_is_a_prefix_of_the_whole_text():
         assert tok.decode(ids).startswith(streamed), ids
 
 
+def test_the_parts_decoded_add_up_to_the_whole_text():
+    """The decoder decodes only the ids after its last stable end: with byte runs, special
+    tokens and ordinary ones mixed, the deltas joined are the whole list's text once it
+    ends in a token that is not a byte."""
+    import random
+
+    tok = Tokenizer()
+    rng = random.Random(1)
+    byte_ids = sorted(tok.byte_ids)
+    special = [tok.bos_id, tok.eos_id, tok.unk_id]
+    for _ in range(300):
+        ids = []
+        for _ in range(rng.randrange(1, 40)):
+            r = rng.random()
+            ids.append(
+                rng.choice(byte_ids)
+                if r < 0.4
+                else rng.choice(special)
+                if r < 0.5
+                else rng.randrange(3, tok.vocab_size)
+            )
+        ids.append(rng.randrange(3, tok.vocab_size))
+        while ids[-1] in tok.byte_ids:
+            ids[-1] = rng.randrange(3, tok.vocab_size)
+        dec = IncrementalDecoder(tok)
+        step = rng.randrange(1, 4)  # several tokens between updates, as after a preemption
+        deltas = [dec.update(ids[:i]) for i in range(step, len(ids) + step, step)]
+        assert "".join(deltas) == dec.text == tok.decode(ids), ids
+
+
 @pytest.mark.skipif(
     (platform.python_version(), __import__("tokenizers").__version__) != MADE_WITH,
     reason=f"the file was made with Python and tokenizers {MADE_WITH}: another standard library is another corpus",

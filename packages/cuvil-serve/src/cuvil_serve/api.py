@@ -87,7 +87,7 @@ class _Api:
                 rid = self.engine.submit(
                     parsed.prompt_ids,
                     parsed.params,
-                    lambda out: loop.call_soon_threadsafe(outputs.put_nowait, out),
+                    self.engine.queue_sink(loop, outputs),
                     protocol.new_id("chatcmpl" if chat else "cmpl"),
                 )
             except PromptTooLong as e:

@@ -171,13 +171,16 @@ class Engine:
             logits = self.step_fn(*inputs.args(self.key_caches, self.value_caches))
         self.step_seconds += time.perf_counter() - start
         self.steps += 1
+        # greedy rows take their tokens from one argmax over the batch (one call, not one
+        # per row); rows with sampling parameters are sampled one by one
+        greedy = logits.argmax(-1).tolist()
         outputs = []
         for row, (seq, n) in enumerate(batch.items):
             seq.num_computed += n
             self.blocks.register_computed(seq.table, seq.token_ids, seq.num_computed)
             if seq.num_computed < len(seq.token_ids):
                 continue  # a prefill chunk before the last: no token yet
-            token = sample(logits[row], seq.params, seq.generator)
+            token = greedy[row] if seq.params.greedy else sample(logits[row], seq.params, seq.generator)
             out = self._append(seq, token)
             if out is not None:
                 outputs.append(out)
@@ -306,6 +309,11 @@ def _held_back(text: str, stops: tuple[str, ...]) -> int:
 _STOP = object()
 
 
+def _put_all(items: list[tuple[asyncio.Queue[RequestOutput], RequestOutput]]) -> None:
+    for outputs, out in items:
+        outputs.put_nowait(out)
+
+
 class AsyncEngine:
     """The engine's loop in a background thread. Other threads submit and abort through a
     command queue; the loop thread alone touches the engine's state."""
@@ -319,6 +327,11 @@ class AsyncEngine:
         self._thread: threading.Thread | None = None
         self.error: BaseException | None = None
         self._ids = itertools.count()
+        #: outputs for asyncio queues, gathered during a step and handed to each event loop
+        #: in one call after it (:meth:`queue_sink`); touched by the loop thread only
+        self._pending: dict[
+            asyncio.AbstractEventLoop, list[tuple[asyncio.Queue[RequestOutput], RequestOutput]]
+        ] = {}
 
     @property
     def alive(self) -> bool:
@@ -374,15 +387,31 @@ class AsyncEngine:
         self._commands.put(("abort", request_id))
         self._wake.set()
 
+    def queue_sink(self, loop: asyncio.AbstractEventLoop, outputs: asyncio.Queue[RequestOutput]) -> Sink:
+        """A sink that puts a request's outputs on ``outputs``, an asyncio queue of ``loop``.
+        The outputs of one step for every queue of a loop reach it in one
+        ``call_soon_threadsafe`` (one wake-up of the event loop a step, not one a token)."""
+
+        def sink(out: RequestOutput) -> None:
+            self._pending.setdefault(loop, []).append((outputs, out))
+
+        return sink
+
+    def _flush(self) -> None:
+        pending, self._pending = self._pending, {}
+        for loop, items in pending.items():
+            try:
+                loop.call_soon_threadsafe(_put_all, items)
+            except RuntimeError:  # the loop is closed: its clients are gone
+                _log.warning("dropped %d outputs for a closed event loop", len(items))
+
     async def generate(
         self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None
     ) -> AsyncIterator[RequestOutput]:
         """The request's outputs as they are produced; leaving early aborts it."""
         loop = asyncio.get_running_loop()
         outputs: asyncio.Queue[RequestOutput] = asyncio.Queue()
-        rid = self.submit(
-            prompt_ids, params, lambda out: loop.call_soon_threadsafe(outputs.put_nowait, out), request_id
-        )
+        rid = self.submit(prompt_ids, params, self.queue_sink(loop, outputs), request_id)
         finished = False
         try:
             while not finished:
@@ -421,6 +450,7 @@ class AsyncEngine:
                     break
                 if cmd is _STOP:
                     engine.fail_all("the engine stopped")
+                    self._flush()
                     return
                 if cmd[0] == "add":
                     _, prompt_ids, params, sink, rid = cmd
@@ -441,7 +471,9 @@ class AsyncEngine:
                 except Exception as e:  # noqa: BLE001 - the loop must outlive a failed step
                     self.error = e
                     engine.fail_all(f"{type(e).__name__}: {e}")
+                self._flush()
             else:
+                self._flush()
                 self._wake.wait(0.5)
 
 

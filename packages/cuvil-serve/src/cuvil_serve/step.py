@@ -140,22 +140,25 @@ class StepInputs:
         seq_lens: list[int] = []
         starts = [0]
         max_blocks = max(len(seq.table.blocks) for seq, _ in items)
-        tables = torch.zeros(len(items), max_blocks, dtype=torch.int32)
-        for b, (seq, n) in enumerate(items):
+        rows: list[list[int]] = []
+        for seq, n in items:
             lo, hi = seq.num_computed, seq.num_computed + n
-            ids.extend(seq.token_ids[lo:hi])
+            ids += seq.token_ids[lo:hi]
             blocks = seq.table.blocks
-            for p in range(lo, hi):
-                positions.append(p)
-                slots.append(blocks[p // block_size] * block_size + p % block_size)
+            positions += range(lo, hi)
+            if n == 1:  # a decode token
+                slots.append(blocks[lo // block_size] * block_size + lo % block_size)
+            else:
+                slots += [blocks[p // block_size] * block_size + p % block_size for p in range(lo, hi)]
             seq_lens.append(hi)
             starts.append(starts[-1] + n)
-            tables[b, : len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
+            rows.append(blocks + [0] * (max_blocks - len(blocks)))
+        # one tensor per operand, made from Python lists once (not a tensor per sequence)
         return cls(
             torch.tensor(ids, dtype=torch.int64),
             torch.tensor(positions, dtype=torch.int64),
             torch.tensor(slots, dtype=torch.int64),
-            tables,
+            torch.tensor(rows, dtype=torch.int32),
             torch.tensor(seq_lens, dtype=torch.int32),
             torch.tensor(starts, dtype=torch.int32),
         )

@@ -39,6 +39,10 @@ class Tokenizer:
             for t, i in self._tok.get_vocab().items()
             if len(t) == 6 and t.startswith("<0x") and t.endswith(">")
         )
+        #: tokens decoding drops (special ones): byte runs on both sides of one join up
+        self.special_ids = frozenset(i for i, t in self._tok.get_added_tokens_decoder().items() if t.special)
+        #: tokens after which the text of a list may still change ([Note: stable text])
+        self.unstable_ids = self.byte_ids | self.special_ids
 
     def _special(self, token: str) -> int:
         i = self._tok.token_to_id(token)
@@ -73,23 +77,33 @@ class IncrementalDecoder:
     it, one character). The decoder chain has no step that looks further (the leading-space
     strip is removed, ``Tokenizer.__init__``), so the text of ids up to the last token that
     is not a byte token is a prefix of the text of every longer list: that is the stable
-    text. Streamed deltas are taken from it only, so their concatenation is exactly the
-    decode of the whole output.
+    text. Special tokens are dropped before the byte runs are decoded (a run on each side
+    of one is one run), so the stable end is also never just after a special token.
+    Streamed deltas are taken from it only, so their concatenation is exactly the decode
+    of the whole output.
     """
 
     def __init__(self, tokenizer: Tokenizer) -> None:
         self._tokenizer = tokenizer
         self.text = ""
+        #: ids whose text is in ``text`` (always at a stable end)
+        self._done = 0
 
     def update(self, ids: list[int]) -> str:
-        """The stable text's growth since the last call."""
-        byte_ids = self._tokenizer.byte_ids
+        """The stable text's growth since the last call. Only the ids after the last stable
+        end are decoded: the chain maps each token (or run of byte tokens) on its own, so
+        the text of ids cut after a token that is neither a byte nor dropped (a special token,
+        across which byte runs join) is the texts of the parts joined (a test checks it
+        against decoding the whole list)."""
+        unstable = self._tokenizer.unstable_ids
         k = len(ids)
-        while k > 0 and ids[k - 1] in byte_ids:
+        while k > self._done and ids[k - 1] in unstable:
             k -= 1
-        text = self._tokenizer.decode(ids[:k])
-        delta = text[len(self.text) :]
-        self.text = text
+        if k <= self._done:
+            return ""
+        delta = self._tokenizer.decode(ids[self._done : k])
+        self.text += delta
+        self._done = k
         return delta
 
 
