@@ -108,6 +108,8 @@ def start_server(args: argparse.Namespace, port: int, compile: bool) -> subproce
         str(max(16, args.clients)),
         "--max-tokens-per-step",
         str(args.max_tokens_per_step),
+        "--max-prefill-while-decoding",
+        str(args.max_prefill_while_decoding),
     ]
     if compile:
         cmd += ["--compile", "--target", "cpu"]
@@ -324,6 +326,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--max-seconds", type=float, default=180)
     p.add_argument("--num-blocks", type=int, default=512)
     p.add_argument("--max-tokens-per-step", type=int, default=128)
+    p.add_argument(
+        "--max-prefill-while-decoding", type=int, default=32, help="the server's flag (0: the whole budget)"
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--steps",

@@ -3,6 +3,8 @@ budget, admission and preemption."""
 
 from __future__ import annotations
 
+import pytest
+
 from cuvil_serve.blocks import BlockManager, BlockTable
 from cuvil_serve.sampling import SamplingParams
 from cuvil_serve.scheduler import Scheduler
@@ -84,3 +86,47 @@ def test_preemption_frees_the_newest_and_requeues_it_first():
     s.remove(old)
     s.remove(new)
     assert bm.num_free == 4
+
+
+def test_prefill_chunks_are_capped_while_sequences_decode():
+    bm = BlockManager(64, 4)
+    s = Scheduler(bm, max_tokens_per_step=16, max_prefill_while_decoding=3)
+    a = seq("a", list(range(1, 6)))
+    s.add(a)
+    assert [(x.request_id, n) for x, n in s.schedule().items] == [("a", 5)]
+    a.num_computed = 5
+    a.token_ids.append(7)
+    b = seq("b", list(range(30)))
+    s.add(b)
+    batch = s.schedule()
+    assert [(x.request_id, n) for x, n in batch.items] == [("a", 1), ("b", 3)]  # the cap, not 15
+    b.num_computed = 3
+    s.remove(a)  # nothing decodes: the whole budget again
+    assert [(x.request_id, n) for x, n in s.schedule().items] == [("b", 16)]
+    s.remove(b)
+    assert bm.num_free == 64
+    with pytest.raises(ValueError, match="max_prefill_while_decoding"):
+        Scheduler(bm, max_prefill_while_decoding=0)
+
+
+def test_decodes_go_first_and_a_chunk_never_preempts_them():
+    """An older sequence still prefilling and a newer one decoding: the decode token is
+    scheduled first, and the chunk takes only what the free blocks hold (it used to preempt
+    the newest sequence, which this batch had just scheduled)."""
+    bm = BlockManager(6, 4)  # 24 slots
+    s = Scheduler(bm, max_tokens_per_step=64)
+    old, new = seq("old", list(range(1, 21))), seq("new", list(range(1, 5)))
+    bm.allocate(old.table, 8)  # old has computed 8 of its 20 prompt tokens (2 blocks)
+    old.num_computed, old.status = 8, Status.RUNNING
+    bm.allocate(new.table, 4)  # new has computed its 4 prompt tokens (1 block) ...
+    new.token_ids.append(9)  # ... and decodes its 5th: a second block
+    new.num_computed, new.status = 4, Status.RUNNING
+    s.running = [old, new]
+    batch = s.schedule()
+    # new's token first (1 block), then old's chunk in the 2 blocks left: 8 of its 12 tokens
+    assert [(x.request_id, n) for x, n in batch.items] == [("old", 8), ("new", 1)]
+    assert not batch.preempted and s.num_preemptions == 0
+    assert bm.num_free == 0
+    for x in (old, new):
+        s.remove(x)
+    assert bm.num_free == 6

@@ -18,6 +18,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--num-blocks", type=int, default=512, help="KV cache blocks")
     p.add_argument("--block-size", type=int, default=16, help="tokens per block")
     p.add_argument("--max-tokens-per-step", type=int, default=128, help="the step's token budget")
+    p.add_argument(
+        "--max-prefill-while-decoding",
+        type=int,
+        default=32,
+        help="prefill tokens in a step that also decodes (0: the whole step budget)",
+    )
     p.add_argument("--max-seqs", type=int, default=64, help="sequences per step")
     p.add_argument("--max-waiting", type=int, default=256, help="queued requests before 429")
     p.add_argument("--no-prefix-sharing", action="store_true")
@@ -35,6 +41,7 @@ def main(argv: list[str] | None = None) -> None:
         num_blocks=args.num_blocks,
         block_size=args.block_size,
         max_tokens_per_step=args.max_tokens_per_step,
+        max_prefill_while_decoding=args.max_prefill_while_decoding or None,
         max_seqs=args.max_seqs,
         max_waiting=args.max_waiting,
         prefix_sharing=not args.no_prefix_sharing,

@@ -42,6 +42,9 @@ class EngineConfig:
     num_blocks: int = 256
     block_size: int = 16
     max_tokens_per_step: int = 128
+    #: prefill tokens in a step that also decodes (a long chunk delays every running
+    #: sequence's next token); None: the whole ``max_tokens_per_step``
+    max_prefill_while_decoding: int | None = 32
     max_seqs: int = 64
     #: accepted requests beyond the running ones before add_request raises QueueFull
     max_waiting: int = 256
@@ -66,7 +69,10 @@ class Engine:
         self.tokenizer = loaded.tokenizer
         self.blocks = BlockManager(config.num_blocks, config.block_size, prefix_sharing=config.prefix_sharing)
         self.scheduler = Scheduler(
-            self.blocks, max_tokens_per_step=config.max_tokens_per_step, max_seqs=config.max_seqs
+            self.blocks,
+            max_tokens_per_step=config.max_tokens_per_step,
+            max_seqs=config.max_seqs,
+            max_prefill_while_decoding=config.max_prefill_while_decoding,
         )
         self.max_model_len = min(
             config.max_model_len or loaded.max_model_len,

@@ -23,12 +23,27 @@ class ScheduledBatch:
 
 
 class Scheduler:
-    def __init__(self, blocks: BlockManager, *, max_tokens_per_step: int = 128, max_seqs: int = 64) -> None:
+    """Decode tokens first, then prefill chunks: a step's ``max_tokens_per_step`` budget, of
+    which prefill chunks take at most ``max_prefill_while_decoding`` tokens in a step that
+    also decodes (a long chunk makes every running sequence's next token wait for it:
+    inter-token latency; docs/serving.md, "Scheduler"). ``None``: the whole budget."""
+
+    def __init__(
+        self,
+        blocks: BlockManager,
+        *,
+        max_tokens_per_step: int = 128,
+        max_seqs: int = 64,
+        max_prefill_while_decoding: int | None = None,
+    ) -> None:
         if max_tokens_per_step < 1 or max_seqs < 1:
             raise ValueError("the step budget must allow one token of one sequence")
+        if max_prefill_while_decoding is not None and max_prefill_while_decoding < 1:
+            raise ValueError("max_prefill_while_decoding must be at least 1 (or None: the whole budget)")
         self.blocks = blocks
         self.max_tokens_per_step = max_tokens_per_step
         self.max_seqs = max_seqs
+        self.max_prefill_while_decoding = max_prefill_while_decoding
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -56,27 +71,49 @@ class Scheduler:
         self.num_preemptions += 1
         self.waiting.appendleft(seq)
 
+    def _take(self, batch: ScheduledBatch, seq: Sequence, n: int) -> bool:
+        """Blocks for ``n`` more tokens of running ``seq``, preempting the newest running
+        sequences while they do not fit; False if ``seq`` itself was preempted."""
+        while not self.blocks.can_allocate(seq.table, seq.num_computed + n):
+            victim = self.running[-1]
+            self._preempt(victim)
+            batch.preempted.append(victim)
+            if victim is seq:
+                return False
+        self.blocks.allocate(seq.table, seq.num_computed + n)
+        batch.items.append((seq, n))
+        return True
+
     def schedule(self) -> ScheduledBatch:
         batch = ScheduledBatch()
         budget = self.max_tokens_per_step
-        # 1. running sequences, oldest first; the newest is preempted when blocks run out
-        i = 0
-        while i < len(self.running) and budget > 0 and len(batch.items) < self.max_seqs:
-            seq = self.running[i]
-            n = min(seq.num_remaining, budget)
-            while not self.blocks.can_allocate(seq.table, seq.num_computed + n):
-                victim = self.running[-1]
-                self._preempt(victim)
-                batch.preempted.append(victim)
-                if victim is seq:
-                    break
+        # 1. running sequences' decode tokens, oldest first; the newest is preempted when
+        # blocks run out
+        for seq in list(self.running):
+            if budget <= 0 or len(batch.items) >= self.max_seqs:
+                break
             if seq.status is not Status.RUNNING:
-                break  # seq itself was the newest: everything after it is gone too
-            self.blocks.allocate(seq.table, seq.num_computed + n)
-            batch.items.append((seq, n))
-            budget -= n
-            i += 1
-        # 2. waiting sequences, in order, while the budget and the free blocks last
+                break  # preempted by an older one: so is every newer one
+            if seq.num_remaining == 1 and self._take(batch, seq, 1):
+                budget -= 1
+        # 2. prefill chunks: running sequences' next chunks, then waiting ones, in order
+        if batch.items and self.max_prefill_while_decoding is not None:
+            budget = min(budget, self.max_prefill_while_decoding)
+        for seq in list(self.running):
+            if budget <= 0 or len(batch.items) >= self.max_seqs:
+                break
+            if seq.status is not Status.RUNNING or seq.num_remaining <= 1:
+                continue
+            # as much of the chunk as the free blocks hold: a chunk never preempts a
+            # sequence this batch decodes; only a step that has nothing else preempts
+            fits = (self.blocks.num_free + len(seq.table.blocks)) * self.blocks.block_size - seq.num_computed
+            n = min(seq.num_remaining, budget, fits)
+            if n >= 1:
+                self.blocks.allocate(seq.table, seq.num_computed + n)
+                batch.items.append((seq, n))
+                budget -= n
+            elif not batch.items and self._take(batch, seq, min(seq.num_remaining, budget)):
+                budget -= batch.items[-1][1]
         while self.waiting and budget > 0 and len(batch.items) < self.max_seqs:
             seq = self.waiting[0]
             if not seq.table.blocks:
@@ -101,6 +138,9 @@ class Scheduler:
             self.running.append(seq)
             batch.items.append((seq, n))
             budget -= n
+        # the batch in the running list's order (the step's rows; any order is correct)
+        order = {id(seq): i for i, seq in enumerate(self.running)}
+        batch.items.sort(key=lambda item: order[id(item[0])])
         return batch
 
 
