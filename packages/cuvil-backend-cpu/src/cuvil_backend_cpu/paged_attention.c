@@ -35,9 +35,15 @@
 #include <stdlib.h>
 #include <string.h>
 
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
 #include "cuvil_vectors.h"
 
-#define PT 32 /* positions per sub-tile: the scores of one sub-tile, rows x PT, stay in L1 */
+#define PT 32 /* positions per sub-tile: the scores of one sub-tile, PT x rows, stay in L1 */
+#define MR 4  /* rows per register tile of the values' product */
+#define XB 8  /* positions per register tile of the scores (4 where it spans two row vectors) */
 
 /* params, int64 each, in this order (paged_attention.py packs them) */
 enum {
@@ -55,6 +61,9 @@ enum { PA_OK = 0, PA_NOMEM = 1, PA_STARTS = 2, PA_LENS = 3, PA_TABLE = 4 };
 
 #define INLINE static inline __attribute__((always_inline))
 
+typedef int32_t vi __attribute__((vector_size(VW * 4)));
+typedef uint32_t vu __attribute__((vector_size(VW * 4)));
+
 INLINE vf vload(const float *p) {
     vf v;
     memcpy(&v, p, sizeof v);
@@ -65,29 +74,39 @@ INLINE void vstore(float *p, vf v) { memcpy(p, &v, sizeof v); }
 
 INLINE vf splat(float x) { return x - (vf){0}; }
 
-INLINE float hsum(vf v) {
-    float s = 0.0f;
-    for (int i = 0; i < VW; i++) s += v[i];
-    return s;
-}
+INLINE vi splati(int32_t x) { return x - (vi){0}; }
+
+INLINE vf select(vi mask, vf yes, vf no) { return (vf)(((vi)yes & mask) | ((vi)no & ~mask)); }
+
+INLINE vf vmax(vf a, vf b) { return select(a > b, a, b); }
 
 INLINE int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 INLINE int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
+INLINE int64_t up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 
-static float dot(const float *restrict a, const float *restrict b, int64_t D) {
-    vf s0 = splat(0.0f), s1 = splat(0.0f);
-    int64_t d = 0;
-    for (; d + 2 * VW <= D; d += 2 * VW) {
-        s0 = FMA(vload(a + d), vload(b + d), s0);
-        s1 = FMA(vload(a + d + VW), vload(b + d + VW), s1);
-    }
-    for (; d + VW <= D; d += VW) s0 = FMA(vload(a + d), vload(b + d), s0);
-    float s = hsum(s0 + s1);
-    for (; d < D; ++d) s += a[d] * b[d];
-    return s;
+/* exp(x) for x <= 0 (all this kernel asks; attention.c's): 2^n e^r with |r| <= ln2/2, Cephes'
+ * degree-6 polynomial (within 2 ulp of expf); x below -87.3 (e^x under the smallest normal, and
+ * -inf) gives 0, NaN NaN. */
+INLINE vf vexp(vf x) {
+    const vf nan_in = x;
+    const vi nan = x != x;
+    const vi under = x < splat(-87.33654f);
+    x = select(x > splat(88.0f), splat(88.0f), select(under, splat(-87.0f), x));
+    const vf magic = splat(12582912.0f); /* 1.5 * 2^23: adding it rounds to an integer */
+    const vf n = (x * splat(1.44269504088896341f) + magic) - magic;
+    const vf r = (x - n * splat(0.693359375f)) + n * splat(2.12194440e-4f);
+    vf p = splat(1.9875691500e-4f);
+    p = FMA(p, r, splat(1.3981999507e-3f));
+    p = FMA(p, r, splat(8.3334519073e-3f));
+    p = FMA(p, r, splat(4.1665795894e-2f));
+    p = FMA(p, r, splat(1.6666665459e-1f));
+    p = FMA(p, r, splat(5.0000001201e-1f));
+    const vf y = FMA(p, r * r, r + splat(1.0f));
+    const vi scaled = (vi)y + (__builtin_convertvector(n, vi) << 23);
+    return select(nan, nan_in, (vf)(scaled & ~under));
 }
 
-/* acc = acc * alpha + p * v over D */
+/* acc = acc * alpha + p * v over D (the reduction of split tiles) */
 static void scale_add(float *restrict acc, float alpha, float p, const float *restrict v, int64_t D) {
     const vf va = splat(alpha), vp = splat(p);
     int64_t d = 0;
@@ -119,86 +138,226 @@ INLINE float f16_to_f32(uint16_t h) {
     return f;
 }
 
-/* the float32 row of a cache at element offset `at`: in place for float32, else widened into buf */
-INLINE const float *row_of(const void *cache, int64_t at, int64_t dtype, int64_t D, float *buf) {
-    if (dtype == 0) return (const float *)cache + at;
-    const uint16_t *h = (const uint16_t *)cache + at;
-    if (dtype == 1)
-        for (int64_t d = 0; d < D; ++d) buf[d] = bf16_to_f32(h[d]);
-    else
-        for (int64_t d = 0; d < D; ++d) buf[d] = f16_to_f32(h[d]);
-    return buf;
+/* n cache rows of D elements (row stride ld, element offset at) as float32 rows in buf (row stride
+ * ldb, zeros from D to ldb) */
+static void widen(const void *cache, int64_t at, int64_t ld, int64_t n, int64_t D, int64_t dtype, float *buf,
+                  int64_t ldb) {
+    for (int64_t x = 0; x < n; ++x) {
+        const uint16_t *h = (const uint16_t *)cache + at + x * ld;
+        float *o = buf + x * ldb;
+        if (dtype == 0)
+            memcpy(o, (const float *)cache + at + x * ld, (size_t)D * sizeof(float));
+        else if (dtype == 1)
+            for (int64_t d = 0; d < D; ++d) o[d] = bf16_to_f32(h[d]);
+        else
+            for (int64_t d = 0; d < D; ++d) o[d] = f16_to_f32(h[d]);
+        for (int64_t d = D; d < ldb; ++d) o[d] = 0.0f;
+    }
+}
+
+/* st[x][0 : rb VW] = sum_d k[x][d] qt[d][0 : rb VW] for x < xb: keys down, rows across (xb and rb
+ * are constants where it is inlined, so the xb x rb accumulators stay in registers) */
+INLINE void qk_tile(const int xb, const int rb, const float *restrict k, int64_t ldk, const float *restrict qt,
+                    int64_t RP, int64_t D, float *restrict st) {
+    vf acc[XB][2];
+    for (int x = 0; x < xb; ++x) acc[x][0] = acc[x][1] = splat(0.0f);
+    for (int64_t d = 0; d < D; ++d) {
+        const vf q0 = vload(qt + d * RP), q1 = rb > 1 ? vload(qt + d * RP + VW) : q0;
+        for (int x = 0; x < xb; ++x) {
+            const vf a = splat(k[x * ldk + d]);
+            acc[x][0] = FMA(a, q0, acc[x][0]);
+            if (rb > 1) acc[x][1] = FMA(a, q1, acc[x][1]);
+        }
+    }
+    for (int x = 0; x < xb; ++x) {
+        vstore(st + x * RP, acc[x][0]);
+        if (rb > 1) vstore(st + x * RP + VW, acc[x][1]);
+    }
+}
+
+/* the scores of n keys (rows of k, stride ldk) for the RP rows of qt, transposed: st[x][r] */
+static void scores(const float *restrict k, int64_t ldk, int64_t n, const float *restrict qt, int64_t RP,
+                   int64_t D, float *restrict st) {
+    for (int64_t c = 0; c < RP; c += 2 * VW) {
+        if (c + VW < RP) { /* two row vectors: tiles of 4 keys x 2 */
+            for (int64_t x = 0; x < n; x += XB / 2) {
+                const float *kx = k + x * ldk, *qc = qt + c;
+                float *sx = st + x * RP + c;
+                switch (min64(XB / 2, n - x)) {
+                case 1: qk_tile(1, 2, kx, ldk, qc, RP, D, sx); break;
+                case 2: qk_tile(2, 2, kx, ldk, qc, RP, D, sx); break;
+                case 3: qk_tile(3, 2, kx, ldk, qc, RP, D, sx); break;
+                default: qk_tile(4, 2, kx, ldk, qc, RP, D, sx); break;
+                }
+            }
+        } else { /* one row vector (a decode step's group): tiles of 8 keys */
+            for (int64_t x = 0; x < n; x += XB) {
+                const float *kx = k + x * ldk, *qc = qt + c;
+                float *sx = st + x * RP + c;
+                switch (min64(XB, n - x)) {
+                case 1: qk_tile(1, 1, kx, ldk, qc, RP, D, sx); break;
+                case 2: qk_tile(2, 1, kx, ldk, qc, RP, D, sx); break;
+                case 3: qk_tile(3, 1, kx, ldk, qc, RP, D, sx); break;
+                case 4: qk_tile(4, 1, kx, ldk, qc, RP, D, sx); break;
+                case 5: qk_tile(5, 1, kx, ldk, qc, RP, D, sx); break;
+                case 6: qk_tile(6, 1, kx, ldk, qc, RP, D, sx); break;
+                case 7: qk_tile(7, 1, kx, ldk, qc, RP, D, sx); break;
+                default: qk_tile(8, 1, kx, ldk, qc, RP, D, sx); break;
+                }
+            }
+        }
+    }
+}
+
+/* acc[i][0 : nc VW] = alpha[i] acc[i][..] + sum_x p[x][i] v[x][0 : nc VW] for i < mr: each V vector
+ * loaded once for the mr rows (mr, nc constants where inlined) */
+INLINE void pv_tile(const int mr, const int nc, const float *restrict p, int64_t RP, int64_t n,
+                    const float *restrict v, int64_t ldv, float *restrict acc, int64_t Dp,
+                    const float *restrict alpha) {
+    vf o[MR][2];
+    for (int i = 0; i < mr; ++i) {
+        const vf a = splat(alpha[i]);
+        o[i][0] = vload(acc + i * Dp) * a;
+        o[i][1] = nc > 1 ? vload(acc + i * Dp + VW) * a : o[i][0];
+    }
+    for (int64_t x = 0; x < n; ++x) {
+        const vf v0 = vload(v + x * ldv), v1 = nc > 1 ? vload(v + x * ldv + VW) : v0;
+        for (int i = 0; i < mr; ++i) {
+            const vf pi = splat(p[x * RP + i]);
+            o[i][0] = FMA(pi, v0, o[i][0]);
+            if (nc > 1) o[i][1] = FMA(pi, v1, o[i][1]);
+        }
+    }
+    for (int i = 0; i < mr; ++i) {
+        vstore(acc + i * Dp, o[i][0]);
+        if (nc > 1) vstore(acc + i * Dp + VW, o[i][1]);
+    }
+}
+
+#define PV_ROWS(NC)                                                                                          \
+    switch (min64(MR, R - r)) {                                                                              \
+    case 1: pv_tile(1, NC, p + r, RP, n, v + c, ldv, acc + r * Dp + c, Dp, alpha + r); break;                \
+    case 2: pv_tile(2, NC, p + r, RP, n, v + c, ldv, acc + r * Dp + c, Dp, alpha + r); break;                \
+    case 3: pv_tile(3, NC, p + r, RP, n, v + c, ldv, acc + r * Dp + c, Dp, alpha + r); break;                \
+    default: pv_tile(4, NC, p + r, RP, n, v + c, ldv, acc + r * Dp + c, Dp, alpha + r); break;               \
+    }
+
+/* acc (R rows of Dp) rescaled by alpha and the n values (rows of v, stride ldv, Dp columns) added */
+static void values(const float *restrict p, int64_t RP, int64_t R, int64_t n, const float *restrict v,
+                   int64_t ldv, float *restrict acc, int64_t Dp, const float *restrict alpha) {
+    for (int64_t r = 0; r < R; r += MR) {
+        int64_t c = 0;
+        for (; c + 2 * VW <= Dp; c += 2 * VW) PV_ROWS(2)
+        if (c < Dp) PV_ROWS(1)
+    }
 }
 
 typedef struct {
     int64_t b, t0, nt, nsplit, chunk, part; /* part: the first partial row of its splits, or -1 */
 } Tile;
 
+/* one thread's scratch (RP: the rows rounded up to whole vectors, Dp: D to whole vectors) */
 typedef struct {
-    float *qs, *s, *acc, *m, *l, *kbuf, *vbuf;
+    float *qt, *st, *acc, *m, *l, *alpha, *kbuf, *vbuf;
+    int32_t *lim;
 } Scratch;
 
 static float *alloc_floats(int64_t n) { return malloc((size_t)max64(n, 1) * sizeof(float)); }
 
+/* floats of one thread's scratch, each part a whole number of 64-byte lines */
+static int64_t scratch_floats(int64_t RP, int64_t D, int64_t Dp) {
+    return up(D * RP, 16) + up(PT * RP, 16) + up(RP * Dp, 16) + 4 * up(RP, 16) + up(PT * D, 16) + up(PT * Dp, 16);
+}
+
+static Scratch scratch_at(float *f, int64_t RP, int64_t D, int64_t Dp) {
+    Scratch t;
+    t.qt = f, f += up(D * RP, 16);
+    t.st = f, f += up(PT * RP, 16);
+    t.acc = f, f += up(RP * Dp, 16);
+    t.m = f, f += up(RP, 16);
+    t.l = f, f += up(RP, 16);
+    t.alpha = f, f += up(RP, 16);
+    t.lim = (int32_t *)f, f += up(RP, 16);
+    t.kbuf = f, f += up(PT * D, 16);
+    t.vbuf = f;
+    return t;
+}
+
 /* One item: tile `tl`, kv head g, positions [p0, p1) of the sequence; rows r = i * G + j (token
- * t0 + i, head g * G + j). Leaves each row's running max, sum and accumulator in t. */
+ * t0 + i, head g * G + j), held transposed (rows across the vector lanes) for the scores and the
+ * softmax. Leaves each row's running max, sum and accumulator (row stride Dp) in t. */
 static void attend(const int64_t *P, const float *q, const void *kc, const void *vc, const int32_t *tables,
                    const Tile *tl, int64_t pos0, int64_t g, int64_t p0, int64_t p1, float scale, Scratch *t) {
     const int64_t G = P[P_HEADS] / P[P_KV_HEADS], D = P[P_DIM], BS = P[P_BLOCK_SIZE], R = tl->nt * G;
-    const int64_t dt = P[P_DTYPE];
+    const int64_t dt = P[P_DTYPE], RP = up(R, VW), Dp = up(D, VW);
     for (int64_t i = 0; i < tl->nt; ++i)
         for (int64_t j = 0; j < G; ++j) {
             const float *qr = q + (tl->t0 + i) * P[P_Q_T] + (g * G + j) * P[P_Q_H];
-            float *qd = t->qs + (i * G + j) * D;
-            for (int64_t d = 0; d < D; ++d) qd[d] = qr[d] * scale;
+            for (int64_t d = 0; d < D; ++d) t->qt[d * RP + i * G + j] = qr[d] * scale;
         }
-    for (int64_t r = 0; r < R; ++r) {
+    for (int64_t r = R; r < RP; ++r)
+        for (int64_t d = 0; d < D; ++d) t->qt[d * RP + r] = 0.0f;
+    for (int64_t r = 0; r < RP; ++r) {
         t->m[r] = -INFINITY;
         t->l[r] = 0.0f;
+        t->lim[r] = (int32_t)(pos0 + min64(r, R - 1) / G); /* the last position row r sees */
     }
-    memset(t->acc, 0, (size_t)(R * D) * sizeof(float));
+    memset(t->acc, 0, (size_t)(R * Dp) * sizeof(float));
     /* the tile's last row sees up to pos0 + nt - 1 */
     const int64_t end = min64(p1, pos0 + tl->nt);
     const int32_t *table = tables + tl->b * P[P_MAX_BLOCKS];
+    const int in_place_v = dt == 0 && D == Dp;
     for (int64_t p = p0; p < end;) {
         const int64_t blk = table[p / BS], off = p % BS, n = min64(min64(PT, BS - off), end - p);
         const int64_t kat = blk * P[P_K_B] + off * P[P_K_P] + g * P[P_K_H];
         const int64_t vat = blk * P[P_V_B] + off * P[P_V_P] + g * P[P_V_H];
-        /* scores of the sub-tile's n positions, all rows; a row past its position gets -inf */
-        for (int64_t x = 0; x < n; ++x) {
-            const float *k = row_of(kc, kat + x * P[P_K_P], dt, D, t->kbuf);
-            for (int64_t r = 0; r < R; ++r)
-                t->s[r * PT + x] = p + x <= pos0 + r / G ? dot(t->qs + r * D, k, D) : -INFINITY;
+        /* the sub-tile's scores, st[x][r] */
+        const float *k = (const float *)kc + kat;
+        int64_t ldk = P[P_K_P];
+        if (dt != 0) {
+            widen(kc, kat, P[P_K_P], n, D, dt, t->kbuf, D);
+            k = t->kbuf, ldk = D;
         }
-        /* online softmax: new max, rescale, probabilities in place of the scores */
-        for (int64_t r = 0; r < R; ++r) {
-            float *sr = t->s + r * PT;
-            float mx = -INFINITY;
-            for (int64_t x = 0; x < n; ++x) mx = sr[x] > mx ? sr[x] : mx;
-            if (mx == -INFINITY) { /* this row sees none of the sub-tile: it stays as it is */
-                for (int64_t x = 0; x < n; ++x) sr[x] = 0.0f;
-                continue;
+        scores(k, ldk, n, t->qt, RP, D, t->st);
+        /* online softmax down the columns (rows in the lanes): a row past its position gets -inf,
+         * the new max, the rescale factor alpha, probabilities in place of the scores */
+        const int mask = p + n - 1 > pos0; /* (otherwise every row sees the whole sub-tile) */
+        for (int64_t c = 0; c < RP; c += VW) {
+            float *sc = t->st + c;
+            vf mx = splat(-INFINITY);
+            if (mask) {
+                vi lim;
+                memcpy(&lim, t->lim + c, sizeof lim);
+                for (int64_t x = 0; x < n; ++x) {
+                    const vf s = select(splati((int32_t)(p + x)) > lim, splat(-INFINITY), vload(sc + x * RP));
+                    vstore(sc + x * RP, s);
+                    mx = vmax(s, mx);
+                }
+            } else {
+                for (int64_t x = 0; x < n; ++x) mx = vmax(vload(sc + x * RP), mx);
             }
-            const float mnew = mx > t->m[r] ? mx : t->m[r];
-            float sum = 0.0f;
+            const vf mold = vload(t->m + c), mnew = vmax(mx, mold);
+            /* (a row that has seen nothing yet keeps max -inf: base 0 keeps its terms 0, not NaN) */
+            const vf base = select(mnew == splat(-INFINITY), splat(0.0f), mnew);
+            vf sum = splat(0.0f);
             for (int64_t x = 0; x < n; ++x) {
-                sr[x] = expf(sr[x] - mnew);
-                sum += sr[x];
+                const vf e = vexp(vload(sc + x * RP) - base);
+                vstore(sc + x * RP, e);
+                sum += e;
             }
-            const float alpha = expf(t->m[r] - mnew); /* (0 for a row's first scores: m = -inf) */
-            t->l[r] = t->l[r] * alpha + sum;
-            t->m[r] = mnew;
-            float *ar = t->acc + r * D;
-            for (int64_t d = 0; d < D; ++d) ar[d] *= alpha;
+            const vf alpha = vexp(mold - base); /* (0 for a row's first scores: m = -inf) */
+            vstore(t->alpha + c, alpha);
+            vstore(t->l + c, vload(t->l + c) * alpha + sum);
+            vstore(t->m + c, mnew);
         }
-        /* the values: each V row read once, added into every row */
-        for (int64_t x = 0; x < n; ++x) {
-            const float *v = row_of(vc, vat + x * P[P_V_P], dt, D, t->vbuf);
-            for (int64_t r = 0; r < R; ++r) {
-                const float pr = t->s[r * PT + x];
-                if (pr != 0.0f) scale_add(t->acc + r * D, 1.0f, pr, v, D);
-            }
+        /* the values: each V vector loaded once for MR rows, the rescale folded in */
+        const float *v = (const float *)vc + vat;
+        int64_t ldv = P[P_V_P];
+        if (!in_place_v) {
+            widen(vc, vat, P[P_V_P], n, D, dt, t->vbuf, Dp);
+            v = t->vbuf, ldv = Dp;
         }
+        values(t->st, RP, R, n, v, ldv, t->acc, Dp, t->alpha);
         p += n;
     }
 }
@@ -291,20 +450,22 @@ int cuvil_paged_attention(const float *q, const void *kc, const void *vc, const 
         first[i + 1] = first[i] + tiles[i].nsplit * KVH;
         if (tiles[i].nsplit > 1) split_items += tiles[i].nsplit * KVH;
     }
-    int failed = 0;
-    const int64_t threads = P[P_THREADS], rmax = QT * G;
-#pragma omp parallel num_threads(threads) if (threads > 1 && items > 1)
+    const int64_t threads = P[P_THREADS], rmax = QT * G, RP = up(rmax, VW), Dp = up(D, VW);
+    const int64_t team = min64(threads, max64(items, 1)), per = scratch_floats(RP, D, Dp);
+    float *scratch = items ? aligned_alloc(64, (size_t)(team * per) * sizeof(float)) : NULL;
+    if (items && !scratch) {
+        free(tiles), free(part), free(first);
+        return PA_NOMEM;
+    }
+#pragma omp parallel num_threads(team) if (team > 1)
     {
-        Scratch t = {alloc_floats(rmax * D), alloc_floats(rmax * PT), alloc_floats(rmax * D),
-                     alloc_floats(rmax), alloc_floats(rmax), alloc_floats(D), alloc_floats(D)};
-        const int ok = t.qs && t.s && t.acc && t.m && t.l && t.kbuf && t.vbuf;
-        if (!ok) {
-#pragma omp atomic write
-            failed = 1;
-        }
+#ifdef _OPENMP
+        Scratch t = scratch_at(scratch + omp_get_thread_num() * per, RP, D, Dp);
+#else
+        Scratch t = scratch_at(scratch, RP, D, Dp);
+#endif
 #pragma omp for schedule(dynamic, 1)
         for (int64_t u = 0; u < items; ++u) {
-            if (!ok) continue;
             int64_t lo = 0, hi = ntiles; /* the tile of item u: first[lo] <= u < first[lo + 1] */
             while (hi - lo > 1) {
                 const int64_t mid = (lo + hi) / 2;
@@ -321,22 +482,25 @@ int cuvil_paged_attention(const float *q, const void *kc, const void *vc, const 
             if (tl->nsplit == 1) {
                 for (int64_t r = 0; r < R; ++r) {
                     float *o = out + ((tl->t0 + r / G) * H + g * G + r % G) * D;
-                    const float inv = 1.0f / t.l[r];
-                    for (int64_t d = 0; d < D; ++d) o[d] = t.acc[r * D + d] * inv;
+                    const float *a = t.acc + r * Dp;
+                    const vf inv = splat(1.0f / t.l[r]);
+                    int64_t d = 0;
+                    for (; d + VW <= D; d += VW) vstore(o + d, vload(a + d) * inv);
+                    for (; d < D; ++d) o[d] = a[d] * inv[0];
                 }
             } else {
                 float *pr = part + (tl->part + (g * tl->nsplit + c) * R) * stride;
                 for (int64_t r = 0; r < R; ++r) {
                     pr[r * stride] = t.m[r];
                     pr[r * stride + 1] = t.l[r];
-                    memcpy(pr + r * stride + 2, t.acc + r * D, (size_t)D * sizeof(float));
+                    memcpy(pr + r * stride + 2, t.acc + r * Dp, (size_t)D * sizeof(float));
                 }
             }
         }
-        free(t.qs), free(t.s), free(t.acc), free(t.m), free(t.l), free(t.kbuf), free(t.vbuf);
     }
+    free(scratch);
     /* the reduction of split tiles: one item per (tile, kv head) */
-    if (!failed && parts) {
+    if (parts) {
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (threads > 1)
         for (int64_t u = 0; u < ntiles * KVH; ++u) {
             const Tile *tl = &tiles[u / KVH];
@@ -362,7 +526,7 @@ int cuvil_paged_attention(const float *q, const void *kc, const void *vc, const 
     }
     free(tiles), free(part), free(first);
     info[1] = split_items;
-    return failed ? PA_NOMEM : PA_OK;
+    return PA_OK;
 }
 
 /* the build's vector width (tests) */
