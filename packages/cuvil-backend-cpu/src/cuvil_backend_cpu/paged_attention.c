@@ -158,7 +158,7 @@ static void widen(const void *cache, int64_t at, int64_t ld, int64_t n, int64_t 
 /* st[x][0 : rb VW] = sum_d k[x][d] qt[d][0 : rb VW] for x < xb: keys down, rows across (xb and rb
  * are constants where it is inlined, so the xb x rb accumulators stay in registers) */
 INLINE void qk_tile(const int xb, const int rb, const float *restrict k, int64_t ldk, const float *restrict qt,
-                    int64_t RP, int64_t D, float *restrict st) {
+                    int64_t RP, int64_t D, float *st, int64_t RS) {
     vf acc[XB][2];
     for (int x = 0; x < xb; ++x) acc[x][0] = acc[x][1] = splat(0.0f);
     for (int64_t d = 0; d < D; ++d) {
@@ -169,44 +169,120 @@ INLINE void qk_tile(const int xb, const int rb, const float *restrict k, int64_t
             if (rb > 1) acc[x][1] = FMA(a, q1, acc[x][1]);
         }
     }
-    for (int x = 0; x < xb; ++x) {
-        vstore(st + x * RP, acc[x][0]);
-        if (rb > 1) vstore(st + x * RP + VW, acc[x][1]);
+    for (int x = 0; x < xb; ++x) { /* (in order: RS < VW overlaps the next key's lanes) */
+        vstore(st + x * RS, acc[x][0]);
+        if (rb > 1) vstore(st + x * RS + VW, acc[x][1]);
     }
 }
 
-/* the scores of n keys (rows of k, stride ldk) for the RP rows of qt, transposed: st[x][r] */
+/* the scores of n keys (rows of k, stride ldk) for the RP rows of qt, transposed: st[x * RS + r]
+ * (RS = RP, or, for few rows, RS < VW: the rows' lanes only, the stores in key order) */
 static void scores(const float *restrict k, int64_t ldk, int64_t n, const float *restrict qt, int64_t RP,
-                   int64_t D, float *restrict st) {
+                   int64_t D, float *st, int64_t RS) {
     for (int64_t c = 0; c < RP; c += 2 * VW) {
         if (c + VW < RP) { /* two row vectors: tiles of 4 keys x 2 */
             for (int64_t x = 0; x < n; x += XB / 2) {
                 const float *kx = k + x * ldk, *qc = qt + c;
-                float *sx = st + x * RP + c;
+                float *sx = st + x * RS + c;
                 switch (min64(XB / 2, n - x)) {
-                case 1: qk_tile(1, 2, kx, ldk, qc, RP, D, sx); break;
-                case 2: qk_tile(2, 2, kx, ldk, qc, RP, D, sx); break;
-                case 3: qk_tile(3, 2, kx, ldk, qc, RP, D, sx); break;
-                default: qk_tile(4, 2, kx, ldk, qc, RP, D, sx); break;
+                case 1: qk_tile(1, 2, kx, ldk, qc, RP, D, sx, RS); break;
+                case 2: qk_tile(2, 2, kx, ldk, qc, RP, D, sx, RS); break;
+                case 3: qk_tile(3, 2, kx, ldk, qc, RP, D, sx, RS); break;
+                default: qk_tile(4, 2, kx, ldk, qc, RP, D, sx, RS); break;
                 }
             }
         } else { /* one row vector (a decode step's group): tiles of 8 keys */
             for (int64_t x = 0; x < n; x += XB) {
                 const float *kx = k + x * ldk, *qc = qt + c;
-                float *sx = st + x * RP + c;
+                float *sx = st + x * RS + c;
                 switch (min64(XB, n - x)) {
-                case 1: qk_tile(1, 1, kx, ldk, qc, RP, D, sx); break;
-                case 2: qk_tile(2, 1, kx, ldk, qc, RP, D, sx); break;
-                case 3: qk_tile(3, 1, kx, ldk, qc, RP, D, sx); break;
-                case 4: qk_tile(4, 1, kx, ldk, qc, RP, D, sx); break;
-                case 5: qk_tile(5, 1, kx, ldk, qc, RP, D, sx); break;
-                case 6: qk_tile(6, 1, kx, ldk, qc, RP, D, sx); break;
-                case 7: qk_tile(7, 1, kx, ldk, qc, RP, D, sx); break;
-                default: qk_tile(8, 1, kx, ldk, qc, RP, D, sx); break;
+                case 1: qk_tile(1, 1, kx, ldk, qc, RP, D, sx, RS); break;
+                case 2: qk_tile(2, 1, kx, ldk, qc, RP, D, sx, RS); break;
+                case 3: qk_tile(3, 1, kx, ldk, qc, RP, D, sx, RS); break;
+                case 4: qk_tile(4, 1, kx, ldk, qc, RP, D, sx, RS); break;
+                case 5: qk_tile(5, 1, kx, ldk, qc, RP, D, sx, RS); break;
+                case 6: qk_tile(6, 1, kx, ldk, qc, RP, D, sx, RS); break;
+                case 7: qk_tile(7, 1, kx, ldk, qc, RP, D, sx, RS); break;
+                default: qk_tile(8, 1, kx, ldk, qc, RP, D, sx, RS); break;
                 }
             }
         }
     }
+}
+
+/* The transposing sum: VW vectors a[0 .. VW) to one whose lane l is the sum of a[l]'s lanes, in
+ * log2(VW) levels of pairwise folds (a pair's even lanes plus its odd lanes): within each 4-lane
+ * (128-bit) chunk while more than VW / 4 vectors are left (one shufps each on SSE, AVX2 and
+ * AVX-512; uzp on NEON), then of whole chunks (one vperm2f128 / vshuff32x4 each). */
+#if VW == 4
+#define IN_EVEN 0, 2, 4, 6
+#define IN_ODD 1, 3, 5, 7
+#define BLOCK_EVEN IN_EVEN /* (never used: 4 lanes are one chunk) */
+#define BLOCK_ODD IN_ODD
+#elif VW == 8
+#define IN_EVEN 0, 2, 8, 10, 4, 6, 12, 14
+#define IN_ODD 1, 3, 9, 11, 5, 7, 13, 15
+#define BLOCK_EVEN 0, 1, 2, 3, 8, 9, 10, 11
+#define BLOCK_ODD 4, 5, 6, 7, 12, 13, 14, 15
+#elif VW == 16
+#define IN_EVEN 0, 2, 16, 18, 4, 6, 20, 22, 8, 10, 24, 26, 12, 14, 28, 30
+#define IN_ODD 1, 3, 17, 19, 5, 7, 21, 23, 9, 11, 25, 27, 13, 15, 29, 31
+#define BLOCK_EVEN 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27
+#define BLOCK_ODD 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31
+#else
+#error "paged_attention.c: VW must be 4, 8 or 16"
+#endif
+
+INLINE vf fold(vf a, vf b, int block) {
+    if (block) return __builtin_shuffle(a, b, (vi){BLOCK_EVEN}) + __builtin_shuffle(a, b, (vi){BLOCK_ODD});
+    return __builtin_shuffle(a, b, (vi){IN_EVEN}) + __builtin_shuffle(a, b, (vi){IN_ODD});
+}
+
+INLINE vf transpose_sum(vf *a) {
+#pragma GCC unroll 16
+    for (int w = VW; w > 1; w /= 2)
+#pragma GCC unroll 16
+        for (int k = 0; k < w / 2; ++k) a[k] = fold(a[2 * k], a[2 * k + 1], w <= VW / 4);
+    return a[0];
+}
+
+/* The scores of keys x .. x + VW / rs of few rows (rs: a power of two <= VW / 2, a constant where
+ * inlined), packed: st[x * rs + j * rs + i] = qs[i] . k[x + j], as VW partial dot products along
+ * the head (each K vector loaded once for the rs rows, each q vector once for the keys) and one
+ * transposing sum. qs and k rows are Dp long (zeros past D); keys past n repeat key n - 1 (their
+ * lanes are masked). */
+INLINE void flat_group(const int rs, const float *restrict k, int64_t ldk, int64_t x, int64_t n,
+                       const float *restrict qs, int64_t Dp, float *st) {
+    const int keys = VW / rs;
+    const float *kr[VW];
+    vf acc[VW];
+    for (int j = 0; j < keys; ++j) kr[j] = k + min64(x + j, n - 1) * ldk;
+    for (int l = 0; l < VW; ++l) acc[l] = splat(0.0f);
+    for (int64_t d = 0; d < Dp; d += VW) {
+        vf qv[VW], kv[VW];
+        for (int i = 0; i < rs; ++i) qv[i] = vload(qs + i * Dp + d);
+        for (int j = 0; j < keys; ++j) kv[j] = vload(kr[j] + d);
+        for (int l = 0; l < VW; ++l) acc[l] = FMA(qv[l % rs], kv[l / rs], acc[l]);
+    }
+    vstore(st + x * rs, transpose_sum(acc));
+}
+
+static void flat_scores(const float *k, int64_t ldk, int64_t n, const float *qs, int64_t RS, int64_t Dp,
+                        float *st) {
+    for (int64_t x = 0; x < n; x += VW / RS) switch (RS) {
+        case 1: flat_group(1, k, ldk, x, n, qs, Dp, st); break;
+#if VW == 4
+        default: flat_group(2, k, ldk, x, n, qs, Dp, st); break;
+#else
+        case 2: flat_group(2, k, ldk, x, n, qs, Dp, st); break;
+#if VW == 8
+        default: flat_group(4, k, ldk, x, n, qs, Dp, st); break;
+#else
+        case 4: flat_group(4, k, ldk, x, n, qs, Dp, st); break;
+        default: flat_group(8, k, ldk, x, n, qs, Dp, st); break;
+#endif
+#endif
+        }
 }
 
 /* acc[i][0 : nc VW] = alpha[i] acc[i][..] + sum_x p[x][i] v[x][0 : nc VW] for i < mr: each V vector
@@ -259,28 +335,103 @@ typedef struct {
 /* one thread's scratch (RP: the rows rounded up to whole vectors, Dp: D to whole vectors) */
 typedef struct {
     float *qt, *st, *acc, *m, *l, *alpha, *kbuf, *vbuf;
-    int32_t *lim;
+    int32_t *lim, *lane; /* the last position each lane's row sees; the lane's key (packed rows) */
 } Scratch;
 
 static float *alloc_floats(int64_t n) { return malloc((size_t)max64(n, 1) * sizeof(float)); }
 
 /* floats of one thread's scratch, each part a whole number of 64-byte lines */
-static int64_t scratch_floats(int64_t RP, int64_t D, int64_t Dp) {
-    return up(D * RP, 16) + up(PT * RP, 16) + up(RP * Dp, 16) + 4 * up(RP, 16) + up(PT * D, 16) + up(PT * Dp, 16);
+static int64_t scratch_floats(int64_t RP, int64_t Dp) {
+    return up(RP * Dp, 16) + up(PT * RP, 16) + up(RP * Dp, 16) + 5 * up(RP, 16) + 2 * up(PT * Dp, 16);
 }
 
-static Scratch scratch_at(float *f, int64_t RP, int64_t D, int64_t Dp) {
+static Scratch scratch_at(float *f, int64_t RP, int64_t Dp) {
     Scratch t;
-    t.qt = f, f += up(D * RP, 16);
+    t.qt = f, f += up(RP * Dp, 16); /* (also qs: rows along the head, for few rows) */
     t.st = f, f += up(PT * RP, 16);
     t.acc = f, f += up(RP * Dp, 16);
     t.m = f, f += up(RP, 16);
     t.l = f, f += up(RP, 16);
     t.alpha = f, f += up(RP, 16);
     t.lim = (int32_t *)f, f += up(RP, 16);
-    t.kbuf = f, f += up(PT * D, 16);
+    t.lane = (int32_t *)f, f += up(RP, 16);
+    t.kbuf = f, f += up(PT * Dp, 16);
     t.vbuf = f;
     return t;
+}
+
+/* rotate v by k lanes (lane l takes lane (l + k) mod VW) */
+INLINE vf rotate(vf v, int k) {
+    vi idx;
+    for (int l = 0; l < VW; ++l) idx[l] = (l + k) & (VW - 1);
+    return __builtin_shuffle(v, idx);
+}
+
+/* The online softmax of a sub-tile's scores st (n keys from position p), probabilities in place:
+ * a lane past its row's position (or past the sub-tile) gets -inf, the new max, the rescale factor
+ * alpha, the new sum. Rows across the lanes: RS = RP, columns of VW rows down the keys; or RS < VW
+ * (few rows: a decode step's group), VW / RS keys per vector, lane l row l % RS, key l / RS, and
+ * each row's max and sum folded across its lanes (m, l and alpha then hold each row VW / RS times,
+ * row r at lane r among them). */
+static void softmax(Scratch *t, int64_t RS, int64_t RP, int64_t n, int64_t p, int64_t pos0) {
+    if (RS < VW) {
+        const int64_t nv = (n * RS + VW - 1) / VW, keys = VW / RS;
+        vi lim, lane;
+        memcpy(&lim, t->lim, sizeof lim);
+        memcpy(&lane, t->lane, sizeof lane);
+        vf mx = splat(-INFINITY);
+        for (int64_t v = 0; v < nv; ++v) {
+            const vi pos = lane + splati((int32_t)(v * keys)); /* the lane's key in the sub-tile */
+            const vi out = (pos + splati((int32_t)p) > lim) | (pos >= splati((int32_t)n));
+            const vf s = select(out, splat(-INFINITY), vload(t->st + v * VW));
+            vstore(t->st + v * VW, s);
+            mx = vmax(s, mx);
+        }
+        for (int k = (int)RS; k < VW; k *= 2) mx = vmax(rotate(mx, k), mx);
+        const vf mold = vload(t->m), mnew = vmax(mx, mold);
+        const vf base = select(mnew == splat(-INFINITY), splat(0.0f), mnew);
+        vf sum = splat(0.0f);
+        for (int64_t v = 0; v < nv; ++v) {
+            const vf e = vexp(vload(t->st + v * VW) - base);
+            vstore(t->st + v * VW, e);
+            sum += e;
+        }
+        for (int k = (int)RS; k < VW; k *= 2) sum += rotate(sum, k);
+        const vf alpha = vexp(mold - base);
+        vstore(t->alpha, alpha);
+        vstore(t->l, vload(t->l) * alpha + sum);
+        vstore(t->m, mnew);
+        return;
+    }
+    const int mask = p + n - 1 > pos0; /* (otherwise every row sees the whole sub-tile) */
+    for (int64_t c = 0; c < RP; c += VW) {
+        float *sc = t->st + c;
+        vf mx = splat(-INFINITY);
+        if (mask) {
+            vi lim;
+            memcpy(&lim, t->lim + c, sizeof lim);
+            for (int64_t x = 0; x < n; ++x) {
+                const vf s = select(splati((int32_t)(p + x)) > lim, splat(-INFINITY), vload(sc + x * RP));
+                vstore(sc + x * RP, s);
+                mx = vmax(s, mx);
+            }
+        } else {
+            for (int64_t x = 0; x < n; ++x) mx = vmax(vload(sc + x * RP), mx);
+        }
+        const vf mold = vload(t->m + c), mnew = vmax(mx, mold);
+        /* (a row that has seen nothing yet keeps max -inf: base 0 keeps its terms 0, not NaN) */
+        const vf base = select(mnew == splat(-INFINITY), splat(0.0f), mnew);
+        vf sum = splat(0.0f);
+        for (int64_t x = 0; x < n; ++x) {
+            const vf e = vexp(vload(sc + x * RP) - base);
+            vstore(sc + x * RP, e);
+            sum += e;
+        }
+        const vf alpha = vexp(mold - base); /* (0 for a row's first scores: m = -inf) */
+        vstore(t->alpha + c, alpha);
+        vstore(t->l + c, vload(t->l + c) * alpha + sum);
+        vstore(t->m + c, mnew);
+    }
 }
 
 /* One item: tile `tl`, kv head g, positions [p0, p1) of the sequence; rows r = i * G + j (token
@@ -290,17 +441,31 @@ static void attend(const int64_t *P, const float *q, const void *kc, const void 
                    const Tile *tl, int64_t pos0, int64_t g, int64_t p0, int64_t p1, float scale, Scratch *t) {
     const int64_t G = P[P_HEADS] / P[P_KV_HEADS], D = P[P_DIM], BS = P[P_BLOCK_SIZE], R = tl->nt * G;
     const int64_t dt = P[P_DTYPE], RP = up(R, VW), Dp = up(D, VW);
-    for (int64_t i = 0; i < tl->nt; ++i)
-        for (int64_t j = 0; j < G; ++j) {
-            const float *qr = q + (tl->t0 + i) * P[P_Q_T] + (g * G + j) * P[P_Q_H];
-            for (int64_t d = 0; d < D; ++d) t->qt[d * RP + i * G + j] = qr[d] * scale;
+    int64_t RS = 1; /* the scores' row stride: RP, or the rows rounded up to a power of two <= VW / 2 */
+    while (RS < R) RS *= 2;
+    if (2 * RS > VW) RS = RP;
+    const int flat = RS < VW;
+    if (flat) /* qs[r][d], RS rows of Dp (zeros past R and D) */
+        for (int64_t r = 0; r < RS; ++r) {
+            const float *qr = q + (tl->t0 + r / G) * P[P_Q_T] + (g * G + r % G) * P[P_Q_H];
+            float *o = t->qt + r * Dp;
+            for (int64_t d = 0; d < Dp; ++d) o[d] = r < R && d < D ? qr[d] * scale : 0.0f;
         }
-    for (int64_t r = R; r < RP; ++r)
-        for (int64_t d = 0; d < D; ++d) t->qt[d * RP + r] = 0.0f;
+    else { /* qt[d][r], D rows of RP (zeros past R) */
+        for (int64_t i = 0; i < tl->nt; ++i)
+            for (int64_t j = 0; j < G; ++j) {
+                const float *qr = q + (tl->t0 + i) * P[P_Q_T] + (g * G + j) * P[P_Q_H];
+                for (int64_t d = 0; d < D; ++d) t->qt[d * RP + i * G + j] = qr[d] * scale;
+            }
+        for (int64_t d = 0; d < D; ++d)
+            for (int64_t r = R; r < RP; ++r) t->qt[d * RP + r] = 0.0f;
+    }
     for (int64_t r = 0; r < RP; ++r) {
+        const int64_t row = min64(RS < VW ? r % RS : r, R - 1);
         t->m[r] = -INFINITY;
         t->l[r] = 0.0f;
-        t->lim[r] = (int32_t)(pos0 + min64(r, R - 1) / G); /* the last position row r sees */
+        t->lim[r] = (int32_t)(pos0 + row / G); /* the last position the lane's row sees */
+        t->lane[r] = (int32_t)(r / RS);
     }
     memset(t->acc, 0, (size_t)(R * Dp) * sizeof(float));
     /* the tile's last row sees up to pos0 + nt - 1 */
@@ -311,45 +476,18 @@ static void attend(const int64_t *P, const float *q, const void *kc, const void 
         const int64_t blk = table[p / BS], off = p % BS, n = min64(min64(PT, BS - off), end - p);
         const int64_t kat = blk * P[P_K_B] + off * P[P_K_P] + g * P[P_K_H];
         const int64_t vat = blk * P[P_V_B] + off * P[P_V_P] + g * P[P_V_H];
-        /* the sub-tile's scores, st[x][r] */
+        /* the sub-tile's scores, st[x * RS + r] */
         const float *k = (const float *)kc + kat;
         int64_t ldk = P[P_K_P];
-        if (dt != 0) {
-            widen(kc, kat, P[P_K_P], n, D, dt, t->kbuf, D);
-            k = t->kbuf, ldk = D;
+        if (dt != 0 || (flat && D != Dp)) { /* (flat reads whole vectors of a row) */
+            widen(kc, kat, P[P_K_P], n, D, dt, t->kbuf, flat ? Dp : D);
+            k = t->kbuf, ldk = flat ? Dp : D;
         }
-        scores(k, ldk, n, t->qt, RP, D, t->st);
-        /* online softmax down the columns (rows in the lanes): a row past its position gets -inf,
-         * the new max, the rescale factor alpha, probabilities in place of the scores */
-        const int mask = p + n - 1 > pos0; /* (otherwise every row sees the whole sub-tile) */
-        for (int64_t c = 0; c < RP; c += VW) {
-            float *sc = t->st + c;
-            vf mx = splat(-INFINITY);
-            if (mask) {
-                vi lim;
-                memcpy(&lim, t->lim + c, sizeof lim);
-                for (int64_t x = 0; x < n; ++x) {
-                    const vf s = select(splati((int32_t)(p + x)) > lim, splat(-INFINITY), vload(sc + x * RP));
-                    vstore(sc + x * RP, s);
-                    mx = vmax(s, mx);
-                }
-            } else {
-                for (int64_t x = 0; x < n; ++x) mx = vmax(vload(sc + x * RP), mx);
-            }
-            const vf mold = vload(t->m + c), mnew = vmax(mx, mold);
-            /* (a row that has seen nothing yet keeps max -inf: base 0 keeps its terms 0, not NaN) */
-            const vf base = select(mnew == splat(-INFINITY), splat(0.0f), mnew);
-            vf sum = splat(0.0f);
-            for (int64_t x = 0; x < n; ++x) {
-                const vf e = vexp(vload(sc + x * RP) - base);
-                vstore(sc + x * RP, e);
-                sum += e;
-            }
-            const vf alpha = vexp(mold - base); /* (0 for a row's first scores: m = -inf) */
-            vstore(t->alpha + c, alpha);
-            vstore(t->l + c, vload(t->l + c) * alpha + sum);
-            vstore(t->m + c, mnew);
-        }
+        if (flat)
+            flat_scores(k, ldk, n, t->qt, RS, Dp, t->st);
+        else
+            scores(k, ldk, n, t->qt, RP, D, t->st, RS);
+        softmax(t, RS, RP, n, p, pos0);
         /* the values: each V vector loaded once for MR rows, the rescale folded in */
         const float *v = (const float *)vc + vat;
         int64_t ldv = P[P_V_P];
@@ -357,7 +495,7 @@ static void attend(const int64_t *P, const float *q, const void *kc, const void 
             widen(vc, vat, P[P_V_P], n, D, dt, t->vbuf, Dp);
             v = t->vbuf, ldv = Dp;
         }
-        values(t->st, RP, R, n, v, ldv, t->acc, Dp, t->alpha);
+        values(t->st, RS, R, n, v, ldv, t->acc, Dp, t->alpha);
         p += n;
     }
 }
@@ -451,7 +589,7 @@ int cuvil_paged_attention(const float *q, const void *kc, const void *vc, const 
         if (tiles[i].nsplit > 1) split_items += tiles[i].nsplit * KVH;
     }
     const int64_t threads = P[P_THREADS], rmax = QT * G, RP = up(rmax, VW), Dp = up(D, VW);
-    const int64_t team = min64(threads, max64(items, 1)), per = scratch_floats(RP, D, Dp);
+    const int64_t team = min64(threads, max64(items, 1)), per = scratch_floats(RP, Dp);
     float *scratch = items ? aligned_alloc(64, (size_t)(team * per) * sizeof(float)) : NULL;
     if (items && !scratch) {
         free(tiles), free(part), free(first);
@@ -460,9 +598,9 @@ int cuvil_paged_attention(const float *q, const void *kc, const void *vc, const 
 #pragma omp parallel num_threads(team) if (team > 1)
     {
 #ifdef _OPENMP
-        Scratch t = scratch_at(scratch + omp_get_thread_num() * per, RP, D, Dp);
+        Scratch t = scratch_at(scratch + omp_get_thread_num() * per, RP, Dp);
 #else
-        Scratch t = scratch_at(scratch, RP, D, Dp);
+        Scratch t = scratch_at(scratch, RP, Dp);
 #endif
 #pragma omp for schedule(dynamic, 1)
         for (int64_t u = 0; u < items; ++u) {
