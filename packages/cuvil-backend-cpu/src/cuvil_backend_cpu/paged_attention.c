@@ -80,6 +80,14 @@ INLINE vf select(vi mask, vf yes, vf no) { return (vf)(((vi)yes & mask) | ((vi)n
 
 INLINE vf vmax(vf a, vf b) { return select(a > b, a, b); }
 
+/* keeps v in a register: GCC otherwise folds a vector load used by several FMAs into each of them as
+ * a memory operand, and the tiles become bound by loads (x86 at the ISA's own width only) */
+#if (defined(__x86_64__) || defined(__i386__)) && !defined(CUVIL_VW)
+#define IN_REGISTER(v) __asm__("" : "+x"(v))
+#else
+#define IN_REGISTER(v) (void)(v)
+#endif
+
 INLINE int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 INLINE int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
 INLINE int64_t up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
@@ -162,7 +170,9 @@ INLINE void qk_tile(const int xb, const int rb, const float *restrict k, int64_t
     vf acc[XB][2];
     for (int x = 0; x < xb; ++x) acc[x][0] = acc[x][1] = splat(0.0f);
     for (int64_t d = 0; d < D; ++d) {
-        const vf q0 = vload(qt + d * RP), q1 = rb > 1 ? vload(qt + d * RP + VW) : q0;
+        vf q0 = vload(qt + d * RP), q1 = rb > 1 ? vload(qt + d * RP + VW) : q0;
+        IN_REGISTER(q0);
+        if (rb > 1) IN_REGISTER(q1);
         for (int x = 0; x < xb; ++x) {
             const vf a = splat(k[x * ldk + d]);
             acc[x][0] = FMA(a, q0, acc[x][0]);
@@ -260,8 +270,14 @@ INLINE void flat_group(const int rs, const float *restrict k, int64_t ldk, int64
     for (int l = 0; l < VW; ++l) acc[l] = splat(0.0f);
     for (int64_t d = 0; d < Dp; d += VW) {
         vf qv[VW], kv[VW];
-        for (int i = 0; i < rs; ++i) qv[i] = vload(qs + i * Dp + d);
-        for (int j = 0; j < keys; ++j) kv[j] = vload(kr[j] + d);
+        for (int i = 0; i < rs; ++i) {
+            qv[i] = vload(qs + i * Dp + d);
+            if (keys > 1) IN_REGISTER(qv[i]);
+        }
+        for (int j = 0; j < keys; ++j) {
+            kv[j] = vload(kr[j] + d);
+            if (rs > 1) IN_REGISTER(kv[j]);
+        }
         for (int l = 0; l < VW; ++l) acc[l] = FMA(qv[l % rs], kv[l / rs], acc[l]);
     }
     vstore(st + x * rs, transpose_sum(acc));
@@ -297,7 +313,9 @@ INLINE void pv_tile(const int mr, const int nc, const float *restrict p, int64_t
         o[i][1] = nc > 1 ? vload(acc + i * Dp + VW) * a : o[i][0];
     }
     for (int64_t x = 0; x < n; ++x) {
-        const vf v0 = vload(v + x * ldv), v1 = nc > 1 ? vload(v + x * ldv + VW) : v0;
+        vf v0 = vload(v + x * ldv), v1 = nc > 1 ? vload(v + x * ldv + VW) : v0;
+        IN_REGISTER(v0);
+        if (nc > 1) IN_REGISTER(v1);
         for (int i = 0; i < mr; ++i) {
             const vf pi = splat(p[x * RP + i]);
             o[i][0] = FMA(pi, v0, o[i][0]);
