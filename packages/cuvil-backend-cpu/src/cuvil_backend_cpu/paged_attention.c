@@ -15,6 +15,24 @@
  * accumulator rescaled when the max grows), the sub-tile's values added in. Causality: a row stops
  * at its own position, so the later rows of a prefill chunk see more of the last block.
  *
+ * No scalar dot products: the scores and the softmax keep the rows across the vector lanes, in one
+ * of two layouts chosen per item.
+ *  - Columns (more than VW / 2 rows: prefill tiles): q transposed once per item, qt[d][r]; a
+ *    sub-tile's scores st[x][r] are register tiles of 8 keys x 1 row vector (or 4 x 2), each K
+ *    element broadcast once (read in place from a float32 cache) against the row vectors; the
+ *    softmax runs down the columns, one vector exp (vexp: Cephes, within 2 ulp of expf) per key
+ *    and row vector, no horizontal step.
+ *  - Packed (up to VW / 2 rows: a decode step's group, RS rows rounded up to a power of two):
+ *    VW / RS keys x RS rows to a vector. The scores are VW partial dot products along the head
+ *    (each K vector loaded once for the rows, each q vector once for the keys) and one transposing
+ *    sum (pairwise folds of even and odd lanes, in-chunk then of whole 128-bit chunks) that leaves
+ *    them packed; the softmax then runs on whole vectors and folds each row's max and sum across
+ *    its lanes at the end, so a 4-head group on 8 lanes takes half the exps of the columns layout.
+ * The values in both: register tiles of MR rows x 2 vectors along the head (the rescale folded
+ * into the accumulators' load), each V vector loaded once for the MR rows. Half caches and head
+ * sizes that are no whole number of vectors go through a widened, zero-padded row buffer; the
+ * scratch is one allocation per call.
+ *
  * Splits (flash-decoding): when the tiles x kv heads are fewer than the threads, a tile whose
  * context is long (at least two chunks of P_SPLIT_MIN positions) is split along the sequence into
  * chunks of whole blocks (of whole PT sub-tiles where a block is longer); each chunk is an item
@@ -398,13 +416,16 @@ static void softmax(Scratch *t, int64_t RS, int64_t RP, int64_t n, int64_t p, in
         memcpy(&lim, t->lim, sizeof lim);
         memcpy(&lane, t->lane, sizeof lane);
         vf mx = splat(-INFINITY);
-        for (int64_t v = 0; v < nv; ++v) {
-            const vi pos = lane + splati((int32_t)(v * keys)); /* the lane's key in the sub-tile */
-            const vi out = (pos + splati((int32_t)p) > lim) | (pos >= splati((int32_t)n));
-            const vf s = select(out, splat(-INFINITY), vload(t->st + v * VW));
-            vstore(t->st + v * VW, s);
-            mx = vmax(s, mx);
-        }
+        if (p + n - 1 > pos0 || n * RS % VW) /* (else every lane's row sees the lane's key) */
+            for (int64_t v = 0; v < nv; ++v) {
+                const vi pos = lane + splati((int32_t)(v * keys)); /* the lane's key in the sub-tile */
+                const vi out = (pos + splati((int32_t)p) > lim) | (pos >= splati((int32_t)n));
+                const vf s = select(out, splat(-INFINITY), vload(t->st + v * VW));
+                vstore(t->st + v * VW, s);
+                mx = vmax(s, mx);
+            }
+        else
+            for (int64_t v = 0; v < nv; ++v) mx = vmax(vload(t->st + v * VW), mx);
         for (int k = (int)RS; k < VW; k *= 2) mx = vmax(rotate(mx, k), mx);
         const vf mold = vload(t->m), mnew = vmax(mx, mold);
         const vf base = select(mnew == splat(-INFINITY), splat(0.0f), mnew);
