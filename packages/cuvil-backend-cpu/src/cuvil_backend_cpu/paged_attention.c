@@ -629,8 +629,8 @@ int cuvil_paged_attention(const float *q, const void *kc, const void *vc, const 
     }
     const int64_t threads = P[P_THREADS], rmax = QT * G, RP = up(rmax, VW), Dp = up(D, VW);
     const int64_t team = min64(threads, max64(items, 1)), per = scratch_floats(RP, Dp);
-    float *scratch = items ? aligned_alloc(64, (size_t)(team * per) * sizeof(float)) : NULL;
-    if (items && !scratch) {
+    float *scratch = aligned_alloc(64, (size_t)(team * per) * sizeof(float)); /* (per: whole 64 B lines) */
+    if (!scratch) {
         free(tiles), free(part), free(first);
         return PA_NOMEM;
     }
