@@ -484,27 +484,30 @@ static void attend(const int64_t *P, const float *q, const void *kc, const void 
     while (RS < R) RS *= 2;
     if (2 * RS > VW) RS = RP;
     const int flat = RS < VW;
-    if (flat) /* qs[r][d], RS rows of Dp (zeros past R and D) */
-        for (int64_t r = 0; r < RS; ++r) {
-            const float *qr = q + (tl->t0 + r / G) * P[P_Q_T] + (g * G + r % G) * P[P_Q_H];
-            float *o = t->qt + r * Dp;
-            for (int64_t d = 0; d < Dp; ++d) o[d] = r < R && d < D ? qr[d] * scale : 0.0f;
-        }
-    else { /* qt[d][r], D rows of RP (zeros past R) */
-        for (int64_t i = 0; i < tl->nt; ++i)
-            for (int64_t j = 0; j < G; ++j) {
-                const float *qr = q + (tl->t0 + i) * P[P_Q_T] + (g * G + j) * P[P_Q_H];
-                for (int64_t d = 0; d < D; ++d) t->qt[d * RP + i * G + j] = qr[d] * scale;
-            }
+    /* the queries, scaled: flat, qs[r][d] (RS rows of Dp, zeros past R and D); else qt[d][r] (D
+     * rows of RP, zeros past R); and the last position each row sees (lim; rows of one token) */
+    if (flat) memset(t->qt, 0, (size_t)(RS * Dp) * sizeof(float));
+    else
         for (int64_t d = 0; d < D; ++d)
             for (int64_t r = R; r < RP; ++r) t->qt[d * RP + r] = 0.0f;
-    }
-    for (int64_t r = 0; r < RP; ++r) {
-        const int64_t row = min64(RS < VW ? r % RS : r, R - 1);
+    for (int64_t i = 0, r = 0; i < tl->nt; ++i)
+        for (int64_t j = 0; j < G; ++j, ++r) {
+            const float *qr = q + (tl->t0 + i) * P[P_Q_T] + (g * G + j) * P[P_Q_H];
+            if (flat)
+                for (int64_t d = 0; d < D; ++d) t->qt[r * Dp + d] = qr[d] * scale;
+            else
+                for (int64_t d = 0; d < D; ++d) t->qt[d * RP + r] = qr[d] * scale;
+            t->lim[r] = (int32_t)(pos0 + i);
+        }
+    /* lanes past R repeat the last row; packed lanes: lane l is row l % RS of key l / RS */
+    for (int64_t r = R; r < RP; ++r) t->lim[r] = t->lim[R - 1];
+    if (flat)
+        for (int64_t r = RP - 1; r >= 0; --r) t->lim[r] = t->lim[min64(r & (RS - 1), R - 1)];
+    for (int64_t r = 0, k = 0; r < RP; ++r) {
         t->m[r] = -INFINITY;
         t->l[r] = 0.0f;
-        t->lim[r] = (int32_t)(pos0 + row / G); /* the last position the lane's row sees */
-        t->lane[r] = (int32_t)(r / RS);
+        t->lane[r] = (int32_t)k;
+        if (flat && (r & (RS - 1)) == RS - 1) ++k;
     }
     memset(t->acc, 0, (size_t)(R * Dp) * sizeof(float));
     /* the tile's last row sees up to pos0 + nt - 1 */
