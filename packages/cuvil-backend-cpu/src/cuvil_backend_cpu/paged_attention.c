@@ -80,7 +80,6 @@ enum { PA_OK = 0, PA_NOMEM = 1, PA_STARTS = 2, PA_LENS = 3, PA_TABLE = 4 };
 #define INLINE static inline __attribute__((always_inline))
 
 typedef int32_t vi __attribute__((vector_size(VW * 4)));
-typedef uint32_t vu __attribute__((vector_size(VW * 4)));
 
 INLINE vf vload(const float *p) {
     vf v;
