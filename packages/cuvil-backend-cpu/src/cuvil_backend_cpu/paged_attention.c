@@ -273,13 +273,12 @@ INLINE vf transpose_sum(vf *a) {
     return a[0];
 }
 
-/* The scores of keys x .. x + VW / rs of few rows (rs: a power of two <= VW / 2, a constant where
- * inlined), packed: st[x * rs + j * rs + i] = qs[i] . k[x + j], as VW partial dot products along
- * the head (each K vector loaded once for the rs rows, each q vector once for the keys) and one
- * transposing sum. qs and k rows are Dp long (zeros past D); keys past n repeat key n - 1 (their
- * lanes are masked). */
+/* The partial scores of keys x .. x + VW / rs of few rows (rs: a power of two <= VW / 2, a
+ * constant where inlined): part[j * rs + i] = qs[i] * k[x + j] lane by lane, summed along the head
+ * (each K vector loaded once for the rs rows, each q vector once for the keys). qs and k rows are
+ * Dp long (zeros past D); keys past n repeat key n - 1 (their lanes are masked). */
 INLINE void flat_group(const int rs, const float *restrict k, int64_t ldk, int64_t x, int64_t n,
-                       const float *restrict qs, int64_t Dp, float *st) {
+                       const float *restrict qs, int64_t Dp, vf *part) {
     const int keys = VW / rs;
     const float *kr[VW];
     vf acc[VW];
@@ -297,25 +296,34 @@ INLINE void flat_group(const int rs, const float *restrict k, int64_t ldk, int64
         }
         for (int l = 0; l < VW; ++l) acc[l] = FMA(qv[l % rs], kv[l / rs], acc[l]);
     }
-    vstore(st + x * rs, transpose_sum(acc));
+    for (int l = 0; l < VW; ++l) part[l] = acc[l];
 }
 
+/* The packed scores of a sub-tile's n keys for RS rows: st[x * RS + r] = qs[r] . k[x], VW / RS
+ * keys to a vector: the partial products of every group of keys first, then one transposing sum
+ * per group (two passes, so neither waits on the other's latency). */
 static void flat_scores(const float *k, int64_t ldk, int64_t n, const float *qs, int64_t RS, int64_t Dp,
                         float *st) {
-    for (int64_t x = 0; x < n; x += VW / RS) switch (RS) {
-        case 1: flat_group(1, k, ldk, x, n, qs, Dp, st); break;
+    vf part[PT * VW / 2 + VW]; /* (n RS / VW groups of VW vectors at most) */
+    int64_t groups = 0;
+    for (int64_t x = 0; x < n; x += VW / RS, ++groups) {
+        vf *pg = part + groups * VW;
+        switch (RS) {
+        case 1: flat_group(1, k, ldk, x, n, qs, Dp, pg); break;
 #if VW == 4
-        default: flat_group(2, k, ldk, x, n, qs, Dp, st); break;
+        default: flat_group(2, k, ldk, x, n, qs, Dp, pg); break;
 #else
-        case 2: flat_group(2, k, ldk, x, n, qs, Dp, st); break;
+        case 2: flat_group(2, k, ldk, x, n, qs, Dp, pg); break;
 #if VW == 8
-        default: flat_group(4, k, ldk, x, n, qs, Dp, st); break;
+        default: flat_group(4, k, ldk, x, n, qs, Dp, pg); break;
 #else
-        case 4: flat_group(4, k, ldk, x, n, qs, Dp, st); break;
-        default: flat_group(8, k, ldk, x, n, qs, Dp, st); break;
+        case 4: flat_group(4, k, ldk, x, n, qs, Dp, pg); break;
+        default: flat_group(8, k, ldk, x, n, qs, Dp, pg); break;
 #endif
 #endif
         }
+    }
+    for (int64_t i = 0; i < groups; ++i) vstore(st + i * VW, transpose_sum(part + i * VW));
 }
 
 /* acc[i][0 : nc VW] = alpha[i] acc[i][..] + sum_x p[x][i] v[x][0 : nc VW] for i < mr: each V vector
