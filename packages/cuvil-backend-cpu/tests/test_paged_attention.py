@@ -61,6 +61,31 @@ def test_tiles_of_query_tokens(
     _check(pa, make_batch(seqs, heads=8, kv_heads=2, head_dim=24), query_tile=query_tile, threads=3)
 
 
+@pytest.mark.parametrize("head_dim", [18, 40])
+@pytest.mark.parametrize("group", [1, 2, 4, 8])
+@pytest.mark.parametrize("query_tile", [1, 2, 3])
+@pytest.mark.parametrize("block_size", [7, 16])
+def test_packed_and_column_rows(
+    pa: PagedAttentionKernel, head_dim: int, group: int, query_tile: int, block_size: int
+) -> None:
+    """Both layouts of an item's rows (query tokens x group) at every width: up to half a vector of
+    rows packed several keys to a vector (1, 2, 4 and, at 16 lanes, 8 rows; causal rows inside one
+    vector when a tile has several tokens), more rows one per lane down the keys; head sizes that
+    are no whole number of vectors (18: 5, 3 and 2 vectors of 4, 8 and 16 lanes, read through the
+    zero-padded row buffers; 40: 3 vectors of 16) and an odd vector count for the values' tiles.
+    Blocks of 7 cut sub-tiles at odd key counts: the packed layout's last vector is partly past
+    the sub-tile's keys."""
+    batch = make_batch(
+        [(37, 1), (50, 3), (5, 2), (18, 1)],
+        heads=2 * group,
+        kv_heads=2,
+        head_dim=head_dim,
+        block_size=block_size,
+        seed=group + query_tile,
+    )
+    _check(pa, batch, query_tile=query_tile, threads=2)
+
+
 def test_shared_prefix_blocks(pa: PagedAttentionKernel) -> None:
     """Two sequences reading the same first blocks (a common prompt), then their own."""
     batch = make_batch([(40, 1), (35, 3), (33, 1)], shared_prefix_blocks=2, heads=4, kv_heads=1)

@@ -15,6 +15,24 @@
  * accumulator rescaled when the max grows), the sub-tile's values added in. Causality: a row stops
  * at its own position, so the later rows of a prefill chunk see more of the last block.
  *
+ * No scalar dot products: the scores and the softmax keep the rows across the vector lanes, in one
+ * of two layouts chosen per item.
+ *  - Columns (more than VW / 2 rows: prefill tiles): q transposed once per item, qt[d][r]; a
+ *    sub-tile's scores st[x][r] are register tiles of 8 keys x 1 row vector (or 4 x 2), each K
+ *    element broadcast once (read in place from a float32 cache) against the row vectors; the
+ *    softmax runs down the columns, one vector exp (vexp: Cephes, within 2 ulp of expf) per key
+ *    and row vector, no horizontal step.
+ *  - Packed (up to VW / 2 rows: a decode step's group, RS rows rounded up to a power of two):
+ *    VW / RS keys x RS rows to a vector. The scores are VW partial dot products along the head
+ *    (each K vector loaded once for the rows, each q vector once for the keys) and one transposing
+ *    sum (pairwise folds of even and odd lanes, in-chunk then of whole 128-bit chunks) that leaves
+ *    them packed; the softmax then runs on whole vectors and folds each row's max and sum across
+ *    its lanes at the end, so a 4-head group on 8 lanes takes half the exps of the columns layout.
+ * The values in both: register tiles of MR rows x 2 vectors along the head (the rescale folded
+ * into the accumulators' load), each V vector loaded once for the MR rows. Half caches and head
+ * sizes that are no whole number of vectors go through a widened, zero-padded row buffer; the
+ * scratch is one allocation per call.
+ *
  * Splits (flash-decoding): when the tiles x kv heads are fewer than the threads, a tile whose
  * context is long (at least two chunks of P_SPLIT_MIN positions) is split along the sequence into
  * chunks of whole blocks (of whole PT sub-tiles where a block is longer); each chunk is an item
@@ -35,9 +53,15 @@
 #include <stdlib.h>
 #include <string.h>
 
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
 #include "cuvil_vectors.h"
 
-#define PT 32 /* positions per sub-tile: the scores of one sub-tile, rows x PT, stay in L1 */
+#define PT 32 /* positions per sub-tile: the scores of one sub-tile, PT x rows, stay in L1 */
+#define MR 4  /* rows per register tile of the values' product */
+#define XB 8  /* positions per register tile of the scores (4 where it spans two row vectors) */
 
 /* params, int64 each, in this order (paged_attention.py packs them) */
 enum {
@@ -55,6 +79,8 @@ enum { PA_OK = 0, PA_NOMEM = 1, PA_STARTS = 2, PA_LENS = 3, PA_TABLE = 4 };
 
 #define INLINE static inline __attribute__((always_inline))
 
+typedef int32_t vi __attribute__((vector_size(VW * 4)));
+
 INLINE vf vload(const float *p) {
     vf v;
     memcpy(&v, p, sizeof v);
@@ -65,29 +91,47 @@ INLINE void vstore(float *p, vf v) { memcpy(p, &v, sizeof v); }
 
 INLINE vf splat(float x) { return x - (vf){0}; }
 
-INLINE float hsum(vf v) {
-    float s = 0.0f;
-    for (int i = 0; i < VW; i++) s += v[i];
-    return s;
-}
+INLINE vi splati(int32_t x) { return x - (vi){0}; }
+
+INLINE vf select(vi mask, vf yes, vf no) { return (vf)(((vi)yes & mask) | ((vi)no & ~mask)); }
+
+INLINE vf vmax(vf a, vf b) { return select(a > b, a, b); }
+
+/* keeps v in a register: GCC otherwise folds a vector load used by several FMAs into each of them as
+ * a memory operand, and the tiles become bound by loads (x86 at the ISA's own width only) */
+#if (defined(__x86_64__) || defined(__i386__)) && !defined(CUVIL_VW)
+#define IN_REGISTER(v) __asm__("" : "+x"(v))
+#else
+#define IN_REGISTER(v) (void)(v)
+#endif
 
 INLINE int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 INLINE int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
+INLINE int64_t up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 
-static float dot(const float *restrict a, const float *restrict b, int64_t D) {
-    vf s0 = splat(0.0f), s1 = splat(0.0f);
-    int64_t d = 0;
-    for (; d + 2 * VW <= D; d += 2 * VW) {
-        s0 = FMA(vload(a + d), vload(b + d), s0);
-        s1 = FMA(vload(a + d + VW), vload(b + d + VW), s1);
-    }
-    for (; d + VW <= D; d += VW) s0 = FMA(vload(a + d), vload(b + d), s0);
-    float s = hsum(s0 + s1);
-    for (; d < D; ++d) s += a[d] * b[d];
-    return s;
+/* exp(x) for x <= 0 (all this kernel asks; attention.c's): 2^n e^r with |r| <= ln2/2, Cephes'
+ * degree-6 polynomial (within 2 ulp of expf); x below -87.3 (e^x under the smallest normal, and
+ * -inf) gives 0, NaN NaN. */
+INLINE vf vexp(vf x) {
+    const vf nan_in = x;
+    const vi nan = x != x;
+    const vi under = x < splat(-87.33654f);
+    x = select(x > splat(88.0f), splat(88.0f), select(under, splat(-87.0f), x));
+    const vf magic = splat(12582912.0f); /* 1.5 * 2^23: adding it rounds to an integer */
+    const vf n = (x * splat(1.44269504088896341f) + magic) - magic;
+    const vf r = (x - n * splat(0.693359375f)) + n * splat(2.12194440e-4f);
+    vf p = splat(1.9875691500e-4f);
+    p = FMA(p, r, splat(1.3981999507e-3f));
+    p = FMA(p, r, splat(8.3334519073e-3f));
+    p = FMA(p, r, splat(4.1665795894e-2f));
+    p = FMA(p, r, splat(1.6666665459e-1f));
+    p = FMA(p, r, splat(5.0000001201e-1f));
+    const vf y = FMA(p, r * r, r + splat(1.0f));
+    const vi scaled = (vi)y + (__builtin_convertvector(n, vi) << 23);
+    return select(nan, nan_in, (vf)(scaled & ~under));
 }
 
-/* acc = acc * alpha + p * v over D */
+/* acc = acc * alpha + p * v over D (the reduction of split tiles) */
 static void scale_add(float *restrict acc, float alpha, float p, const float *restrict v, int64_t D) {
     const vf va = splat(alpha), vp = splat(p);
     int64_t d = 0;
@@ -119,86 +163,388 @@ INLINE float f16_to_f32(uint16_t h) {
     return f;
 }
 
-/* the float32 row of a cache at element offset `at`: in place for float32, else widened into buf */
-INLINE const float *row_of(const void *cache, int64_t at, int64_t dtype, int64_t D, float *buf) {
-    if (dtype == 0) return (const float *)cache + at;
-    const uint16_t *h = (const uint16_t *)cache + at;
-    if (dtype == 1)
-        for (int64_t d = 0; d < D; ++d) buf[d] = bf16_to_f32(h[d]);
-    else
-        for (int64_t d = 0; d < D; ++d) buf[d] = f16_to_f32(h[d]);
-    return buf;
+/* n cache rows of D elements (row stride ld, element offset at) as float32 rows in buf (row stride
+ * ldb, zeros from D to ldb) */
+static void widen(const void *cache, int64_t at, int64_t ld, int64_t n, int64_t D, int64_t dtype, float *buf,
+                  int64_t ldb) {
+    for (int64_t x = 0; x < n; ++x) {
+        const uint16_t *h = (const uint16_t *)cache + at + x * ld;
+        float *o = buf + x * ldb;
+        if (dtype == 0)
+            memcpy(o, (const float *)cache + at + x * ld, (size_t)D * sizeof(float));
+        else if (dtype == 1)
+            for (int64_t d = 0; d < D; ++d) o[d] = bf16_to_f32(h[d]);
+        else
+            for (int64_t d = 0; d < D; ++d) o[d] = f16_to_f32(h[d]);
+        for (int64_t d = D; d < ldb; ++d) o[d] = 0.0f;
+    }
+}
+
+/* st[x][0 : rb VW] = sum_d k[x][d] qt[d][0 : rb VW] for x < xb: keys down, rows across (xb and rb
+ * are constants where it is inlined, so the xb x rb accumulators stay in registers) */
+INLINE void qk_tile(const int xb, const int rb, const float *restrict k, int64_t ldk, const float *restrict qt,
+                    int64_t RP, int64_t D, float *st, int64_t RS) {
+    vf acc[XB][2];
+    for (int x = 0; x < xb; ++x) acc[x][0] = acc[x][1] = splat(0.0f);
+    for (int64_t d = 0; d < D; ++d) {
+        vf q0 = vload(qt + d * RP), q1 = rb > 1 ? vload(qt + d * RP + VW) : q0;
+        IN_REGISTER(q0);
+        if (rb > 1) IN_REGISTER(q1);
+        for (int x = 0; x < xb; ++x) {
+            const vf a = splat(k[x * ldk + d]);
+            acc[x][0] = FMA(a, q0, acc[x][0]);
+            if (rb > 1) acc[x][1] = FMA(a, q1, acc[x][1]);
+        }
+    }
+    for (int x = 0; x < xb; ++x) { /* (in order: RS < VW overlaps the next key's lanes) */
+        vstore(st + x * RS, acc[x][0]);
+        if (rb > 1) vstore(st + x * RS + VW, acc[x][1]);
+    }
+}
+
+/* the scores of n keys (rows of k, stride ldk) for the RP rows of qt, transposed: st[x * RS + r]
+ * (RS = RP, or, for few rows, RS < VW: the rows' lanes only, the stores in key order) */
+static void scores(const float *restrict k, int64_t ldk, int64_t n, const float *restrict qt, int64_t RP,
+                   int64_t D, float *st, int64_t RS) {
+    for (int64_t c = 0; c < RP; c += 2 * VW) {
+        if (c + VW < RP) { /* two row vectors: tiles of 4 keys x 2 */
+            for (int64_t x = 0; x < n; x += XB / 2) {
+                const float *kx = k + x * ldk, *qc = qt + c;
+                float *sx = st + x * RS + c;
+                switch (min64(XB / 2, n - x)) {
+                case 1: qk_tile(1, 2, kx, ldk, qc, RP, D, sx, RS); break;
+                case 2: qk_tile(2, 2, kx, ldk, qc, RP, D, sx, RS); break;
+                case 3: qk_tile(3, 2, kx, ldk, qc, RP, D, sx, RS); break;
+                default: qk_tile(4, 2, kx, ldk, qc, RP, D, sx, RS); break;
+                }
+            }
+        } else { /* one row vector (a decode step's group): tiles of 8 keys */
+            for (int64_t x = 0; x < n; x += XB) {
+                const float *kx = k + x * ldk, *qc = qt + c;
+                float *sx = st + x * RS + c;
+                switch (min64(XB, n - x)) {
+                case 1: qk_tile(1, 1, kx, ldk, qc, RP, D, sx, RS); break;
+                case 2: qk_tile(2, 1, kx, ldk, qc, RP, D, sx, RS); break;
+                case 3: qk_tile(3, 1, kx, ldk, qc, RP, D, sx, RS); break;
+                case 4: qk_tile(4, 1, kx, ldk, qc, RP, D, sx, RS); break;
+                case 5: qk_tile(5, 1, kx, ldk, qc, RP, D, sx, RS); break;
+                case 6: qk_tile(6, 1, kx, ldk, qc, RP, D, sx, RS); break;
+                case 7: qk_tile(7, 1, kx, ldk, qc, RP, D, sx, RS); break;
+                default: qk_tile(8, 1, kx, ldk, qc, RP, D, sx, RS); break;
+                }
+            }
+        }
+    }
+}
+
+/* The transposing sum: VW vectors a[0 .. VW) to one whose lane l is the sum of a[l]'s lanes, in
+ * log2(VW) levels of pairwise folds (a pair's even lanes plus its odd lanes): within each 4-lane
+ * (128-bit) chunk while more than VW / 4 vectors are left (one shufps each on SSE, AVX2 and
+ * AVX-512; uzp on NEON), then of whole chunks (one vperm2f128 / vshuff32x4 each). */
+#if VW == 4
+#define IN_EVEN 0, 2, 4, 6
+#define IN_ODD 1, 3, 5, 7
+#define BLOCK_EVEN IN_EVEN /* (never used: 4 lanes are one chunk) */
+#define BLOCK_ODD IN_ODD
+#elif VW == 8
+#define IN_EVEN 0, 2, 8, 10, 4, 6, 12, 14
+#define IN_ODD 1, 3, 9, 11, 5, 7, 13, 15
+#define BLOCK_EVEN 0, 1, 2, 3, 8, 9, 10, 11
+#define BLOCK_ODD 4, 5, 6, 7, 12, 13, 14, 15
+#elif VW == 16
+#define IN_EVEN 0, 2, 16, 18, 4, 6, 20, 22, 8, 10, 24, 26, 12, 14, 28, 30
+#define IN_ODD 1, 3, 17, 19, 5, 7, 21, 23, 9, 11, 25, 27, 13, 15, 29, 31
+#define BLOCK_EVEN 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27
+#define BLOCK_ODD 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31
+#else
+#error "paged_attention.c: VW must be 4, 8 or 16"
+#endif
+
+INLINE vf fold(vf a, vf b, int block) {
+    if (block) return __builtin_shuffle(a, b, (vi){BLOCK_EVEN}) + __builtin_shuffle(a, b, (vi){BLOCK_ODD});
+    return __builtin_shuffle(a, b, (vi){IN_EVEN}) + __builtin_shuffle(a, b, (vi){IN_ODD});
+}
+
+INLINE vf transpose_sum(vf *a) {
+#pragma GCC unroll 16
+    for (int w = VW; w > 1; w /= 2)
+#pragma GCC unroll 16
+        for (int k = 0; k < w / 2; ++k) a[k] = fold(a[2 * k], a[2 * k + 1], w <= VW / 4);
+    return a[0];
+}
+
+/* The partial scores of keys x .. x + VW / rs of few rows (rs: a power of two <= VW / 2, a
+ * constant where inlined): part[j * rs + i] = qs[i] * k[x + j] lane by lane, summed along the head
+ * (each K vector loaded once for the rs rows, each q vector once for the keys). qs and k rows are
+ * Dp long (zeros past D); keys past n repeat key n - 1 (their lanes are masked). */
+INLINE void flat_group(const int rs, const float *restrict k, int64_t ldk, int64_t x, int64_t n,
+                       const float *restrict qs, int64_t Dp, vf *part) {
+    const int keys = VW / rs;
+    const float *kr[VW];
+    vf acc[VW];
+    for (int j = 0; j < keys; ++j) kr[j] = k + min64(x + j, n - 1) * ldk;
+    for (int l = 0; l < VW; ++l) acc[l] = splat(0.0f);
+    for (int64_t d = 0; d < Dp; d += VW) {
+        vf qv[VW], kv[VW];
+        for (int i = 0; i < rs; ++i) {
+            qv[i] = vload(qs + i * Dp + d);
+            if (keys > 1) IN_REGISTER(qv[i]);
+        }
+        for (int j = 0; j < keys; ++j) {
+            kv[j] = vload(kr[j] + d);
+            if (rs > 1) IN_REGISTER(kv[j]);
+        }
+        for (int l = 0; l < VW; ++l) acc[l] = FMA(qv[l % rs], kv[l / rs], acc[l]);
+    }
+    for (int l = 0; l < VW; ++l) part[l] = acc[l];
+}
+
+/* The packed scores of a sub-tile's n keys for RS rows: st[x * RS + r] = qs[r] . k[x], VW / RS
+ * keys to a vector: the partial products of every group of keys first, then one transposing sum
+ * per group (two passes, so neither waits on the other's latency). */
+static void flat_scores(const float *k, int64_t ldk, int64_t n, const float *qs, int64_t RS, int64_t Dp,
+                        float *st) {
+    vf part[PT * VW / 2 + VW]; /* (n RS / VW groups of VW vectors at most) */
+    int64_t groups = 0;
+    for (int64_t x = 0; x < n; x += VW / RS, ++groups) {
+        vf *pg = part + groups * VW;
+        switch (RS) {
+        case 1: flat_group(1, k, ldk, x, n, qs, Dp, pg); break;
+#if VW == 4
+        default: flat_group(2, k, ldk, x, n, qs, Dp, pg); break;
+#else
+        case 2: flat_group(2, k, ldk, x, n, qs, Dp, pg); break;
+#if VW == 8
+        default: flat_group(4, k, ldk, x, n, qs, Dp, pg); break;
+#else
+        case 4: flat_group(4, k, ldk, x, n, qs, Dp, pg); break;
+        default: flat_group(8, k, ldk, x, n, qs, Dp, pg); break;
+#endif
+#endif
+        }
+    }
+    for (int64_t i = 0; i < groups; ++i) vstore(st + i * VW, transpose_sum(part + i * VW));
+}
+
+/* acc[i][0 : nc VW] = alpha[i] acc[i][..] + sum_x p[x][i] v[x][0 : nc VW] for i < mr: each V vector
+ * loaded once for the mr rows (mr, nc constants where inlined) */
+INLINE void pv_tile(const int mr, const int nc, const float *restrict p, int64_t RP, int64_t n,
+                    const float *restrict v, int64_t ldv, float *restrict acc, int64_t Dp,
+                    const float *restrict alpha) {
+    vf o[MR][2];
+    for (int i = 0; i < mr; ++i) {
+        const vf a = splat(alpha[i]);
+        o[i][0] = vload(acc + i * Dp) * a;
+        o[i][1] = nc > 1 ? vload(acc + i * Dp + VW) * a : o[i][0];
+    }
+    for (int64_t x = 0; x < n; ++x) {
+        vf v0 = vload(v + x * ldv), v1 = nc > 1 ? vload(v + x * ldv + VW) : v0;
+        IN_REGISTER(v0);
+        if (nc > 1) IN_REGISTER(v1);
+        for (int i = 0; i < mr; ++i) {
+            const vf pi = splat(p[x * RP + i]);
+            o[i][0] = FMA(pi, v0, o[i][0]);
+            if (nc > 1) o[i][1] = FMA(pi, v1, o[i][1]);
+        }
+    }
+    for (int i = 0; i < mr; ++i) {
+        vstore(acc + i * Dp, o[i][0]);
+        if (nc > 1) vstore(acc + i * Dp + VW, o[i][1]);
+    }
+}
+
+#define PV_ROWS(NC)                                                                                          \
+    switch (min64(MR, R - r)) {                                                                              \
+    case 1: pv_tile(1, NC, p + r, RP, n, v + c, ldv, acc + r * Dp + c, Dp, alpha + r); break;                \
+    case 2: pv_tile(2, NC, p + r, RP, n, v + c, ldv, acc + r * Dp + c, Dp, alpha + r); break;                \
+    case 3: pv_tile(3, NC, p + r, RP, n, v + c, ldv, acc + r * Dp + c, Dp, alpha + r); break;                \
+    default: pv_tile(4, NC, p + r, RP, n, v + c, ldv, acc + r * Dp + c, Dp, alpha + r); break;               \
+    }
+
+/* acc (R rows of Dp) rescaled by alpha and the n values (rows of v, stride ldv, Dp columns) added */
+static void values(const float *restrict p, int64_t RP, int64_t R, int64_t n, const float *restrict v,
+                   int64_t ldv, float *restrict acc, int64_t Dp, const float *restrict alpha) {
+    for (int64_t r = 0; r < R; r += MR) {
+        int64_t c = 0;
+        for (; c + 2 * VW <= Dp; c += 2 * VW) PV_ROWS(2)
+        if (c < Dp) PV_ROWS(1)
+    }
 }
 
 typedef struct {
     int64_t b, t0, nt, nsplit, chunk, part; /* part: the first partial row of its splits, or -1 */
 } Tile;
 
+/* one thread's scratch (RP: the rows rounded up to whole vectors, Dp: D to whole vectors) */
 typedef struct {
-    float *qs, *s, *acc, *m, *l, *kbuf, *vbuf;
+    float *qt, *st, *acc, *m, *l, *alpha, *kbuf, *vbuf;
+    int32_t *lim, *lane; /* the last position each lane's row sees; the lane's key (packed rows) */
 } Scratch;
 
 static float *alloc_floats(int64_t n) { return malloc((size_t)max64(n, 1) * sizeof(float)); }
 
+/* floats of one thread's scratch, each part a whole number of 64-byte lines */
+static int64_t scratch_floats(int64_t RP, int64_t Dp) {
+    return up(RP * Dp, 16) + up(PT * RP, 16) + up(RP * Dp, 16) + 5 * up(RP, 16) + 2 * up(PT * Dp, 16);
+}
+
+static Scratch scratch_at(float *f, int64_t RP, int64_t Dp) {
+    Scratch t;
+    t.qt = f, f += up(RP * Dp, 16); /* (also qs: rows along the head, for few rows) */
+    t.st = f, f += up(PT * RP, 16);
+    t.acc = f, f += up(RP * Dp, 16);
+    t.m = f, f += up(RP, 16);
+    t.l = f, f += up(RP, 16);
+    t.alpha = f, f += up(RP, 16);
+    t.lim = (int32_t *)f, f += up(RP, 16);
+    t.lane = (int32_t *)f, f += up(RP, 16);
+    t.kbuf = f, f += up(PT * Dp, 16);
+    t.vbuf = f;
+    return t;
+}
+
+/* rotate v by k lanes (lane l takes lane (l + k) mod VW) */
+INLINE vf rotate(vf v, int k) {
+    vi idx;
+    for (int l = 0; l < VW; ++l) idx[l] = (l + k) & (VW - 1);
+    return __builtin_shuffle(v, idx);
+}
+
+/* The online softmax of a sub-tile's scores st (n keys from position p), probabilities in place:
+ * a lane past its row's position (or past the sub-tile) gets -inf, the new max, the rescale factor
+ * alpha, the new sum. Rows across the lanes: RS = RP, columns of VW rows down the keys; or RS < VW
+ * (few rows: a decode step's group), VW / RS keys per vector, lane l row l % RS, key l / RS, and
+ * each row's max and sum folded across its lanes (m, l and alpha then hold each row VW / RS times,
+ * row r at lane r among them). */
+static void softmax(Scratch *t, int64_t RS, int64_t RP, int64_t n, int64_t p, int64_t pos0) {
+    if (RS < VW) {
+        const int64_t nv = (n * RS + VW - 1) / VW, keys = VW / RS;
+        vi lim, lane;
+        memcpy(&lim, t->lim, sizeof lim);
+        memcpy(&lane, t->lane, sizeof lane);
+        vf mx = splat(-INFINITY);
+        if (p + n - 1 > pos0 || n * RS % VW) /* (else every lane's row sees the lane's key) */
+            for (int64_t v = 0; v < nv; ++v) {
+                const vi pos = lane + splati((int32_t)(v * keys)); /* the lane's key in the sub-tile */
+                const vi out = (pos + splati((int32_t)p) > lim) | (pos >= splati((int32_t)n));
+                const vf s = select(out, splat(-INFINITY), vload(t->st + v * VW));
+                vstore(t->st + v * VW, s);
+                mx = vmax(s, mx);
+            }
+        else
+            for (int64_t v = 0; v < nv; ++v) mx = vmax(vload(t->st + v * VW), mx);
+        for (int k = (int)RS; k < VW; k *= 2) mx = vmax(rotate(mx, k), mx);
+        const vf mold = vload(t->m), mnew = vmax(mx, mold);
+        const vf base = select(mnew == splat(-INFINITY), splat(0.0f), mnew);
+        vf sum = splat(0.0f);
+        for (int64_t v = 0; v < nv; ++v) {
+            const vf e = vexp(vload(t->st + v * VW) - base);
+            vstore(t->st + v * VW, e);
+            sum += e;
+        }
+        for (int k = (int)RS; k < VW; k *= 2) sum += rotate(sum, k);
+        const vf alpha = vexp(mold - base);
+        vstore(t->alpha, alpha);
+        vstore(t->l, vload(t->l) * alpha + sum);
+        vstore(t->m, mnew);
+        return;
+    }
+    const int mask = p + n - 1 > pos0; /* (otherwise every row sees the whole sub-tile) */
+    for (int64_t c = 0; c < RP; c += VW) {
+        float *sc = t->st + c;
+        vf mx = splat(-INFINITY);
+        if (mask) {
+            vi lim;
+            memcpy(&lim, t->lim + c, sizeof lim);
+            for (int64_t x = 0; x < n; ++x) {
+                const vf s = select(splati((int32_t)(p + x)) > lim, splat(-INFINITY), vload(sc + x * RP));
+                vstore(sc + x * RP, s);
+                mx = vmax(s, mx);
+            }
+        } else {
+            for (int64_t x = 0; x < n; ++x) mx = vmax(vload(sc + x * RP), mx);
+        }
+        const vf mold = vload(t->m + c), mnew = vmax(mx, mold);
+        /* (a row that has seen nothing yet keeps max -inf: base 0 keeps its terms 0, not NaN) */
+        const vf base = select(mnew == splat(-INFINITY), splat(0.0f), mnew);
+        vf sum = splat(0.0f);
+        for (int64_t x = 0; x < n; ++x) {
+            const vf e = vexp(vload(sc + x * RP) - base);
+            vstore(sc + x * RP, e);
+            sum += e;
+        }
+        const vf alpha = vexp(mold - base); /* (0 for a row's first scores: m = -inf) */
+        vstore(t->alpha + c, alpha);
+        vstore(t->l + c, vload(t->l + c) * alpha + sum);
+        vstore(t->m + c, mnew);
+    }
+}
+
 /* One item: tile `tl`, kv head g, positions [p0, p1) of the sequence; rows r = i * G + j (token
- * t0 + i, head g * G + j). Leaves each row's running max, sum and accumulator in t. */
+ * t0 + i, head g * G + j), held transposed (rows across the vector lanes) for the scores and the
+ * softmax. Leaves each row's running max, sum and accumulator (row stride Dp) in t. */
 static void attend(const int64_t *P, const float *q, const void *kc, const void *vc, const int32_t *tables,
                    const Tile *tl, int64_t pos0, int64_t g, int64_t p0, int64_t p1, float scale, Scratch *t) {
     const int64_t G = P[P_HEADS] / P[P_KV_HEADS], D = P[P_DIM], BS = P[P_BLOCK_SIZE], R = tl->nt * G;
-    const int64_t dt = P[P_DTYPE];
-    for (int64_t i = 0; i < tl->nt; ++i)
-        for (int64_t j = 0; j < G; ++j) {
+    const int64_t dt = P[P_DTYPE], RP = up(R, VW), Dp = up(D, VW);
+    int64_t RS = 1; /* the scores' row stride: RP, or the rows rounded up to a power of two <= VW / 2 */
+    while (RS < R) RS *= 2;
+    if (2 * RS > VW) RS = RP;
+    const int flat = RS < VW;
+    /* the queries, scaled: flat, qs[r][d] (RS rows of Dp, zeros past R and D); else qt[d][r] (D
+     * rows of RP, zeros past R); and the last position each row sees (lim; rows of one token) */
+    if (flat) memset(t->qt, 0, (size_t)(RS * Dp) * sizeof(float));
+    else
+        for (int64_t d = 0; d < D; ++d)
+            for (int64_t r = R; r < RP; ++r) t->qt[d * RP + r] = 0.0f;
+    for (int64_t i = 0, r = 0; i < tl->nt; ++i)
+        for (int64_t j = 0; j < G; ++j, ++r) {
             const float *qr = q + (tl->t0 + i) * P[P_Q_T] + (g * G + j) * P[P_Q_H];
-            float *qd = t->qs + (i * G + j) * D;
-            for (int64_t d = 0; d < D; ++d) qd[d] = qr[d] * scale;
+            if (flat)
+                for (int64_t d = 0; d < D; ++d) t->qt[r * Dp + d] = qr[d] * scale;
+            else
+                for (int64_t d = 0; d < D; ++d) t->qt[d * RP + r] = qr[d] * scale;
+            t->lim[r] = (int32_t)(pos0 + i);
         }
-    for (int64_t r = 0; r < R; ++r) {
+    /* lanes past R repeat the last row; packed lanes: lane l is row l % RS of key l / RS */
+    for (int64_t r = R; r < RP; ++r) t->lim[r] = t->lim[R - 1];
+    if (flat)
+        for (int64_t r = RP - 1; r >= 0; --r) t->lim[r] = t->lim[min64(r & (RS - 1), R - 1)];
+    for (int64_t r = 0, k = 0; r < RP; ++r) {
         t->m[r] = -INFINITY;
         t->l[r] = 0.0f;
+        t->lane[r] = (int32_t)k;
+        if (flat && (r & (RS - 1)) == RS - 1) ++k;
     }
-    memset(t->acc, 0, (size_t)(R * D) * sizeof(float));
+    memset(t->acc, 0, (size_t)(R * Dp) * sizeof(float));
     /* the tile's last row sees up to pos0 + nt - 1 */
     const int64_t end = min64(p1, pos0 + tl->nt);
     const int32_t *table = tables + tl->b * P[P_MAX_BLOCKS];
+    const int in_place_v = dt == 0 && D == Dp;
     for (int64_t p = p0; p < end;) {
         const int64_t blk = table[p / BS], off = p % BS, n = min64(min64(PT, BS - off), end - p);
         const int64_t kat = blk * P[P_K_B] + off * P[P_K_P] + g * P[P_K_H];
         const int64_t vat = blk * P[P_V_B] + off * P[P_V_P] + g * P[P_V_H];
-        /* scores of the sub-tile's n positions, all rows; a row past its position gets -inf */
-        for (int64_t x = 0; x < n; ++x) {
-            const float *k = row_of(kc, kat + x * P[P_K_P], dt, D, t->kbuf);
-            for (int64_t r = 0; r < R; ++r)
-                t->s[r * PT + x] = p + x <= pos0 + r / G ? dot(t->qs + r * D, k, D) : -INFINITY;
+        /* the sub-tile's scores, st[x * RS + r] */
+        const float *k = (const float *)kc + kat;
+        int64_t ldk = P[P_K_P];
+        if (dt != 0 || (flat && D != Dp)) { /* (flat reads whole vectors of a row) */
+            widen(kc, kat, P[P_K_P], n, D, dt, t->kbuf, flat ? Dp : D);
+            k = t->kbuf, ldk = flat ? Dp : D;
         }
-        /* online softmax: new max, rescale, probabilities in place of the scores */
-        for (int64_t r = 0; r < R; ++r) {
-            float *sr = t->s + r * PT;
-            float mx = -INFINITY;
-            for (int64_t x = 0; x < n; ++x) mx = sr[x] > mx ? sr[x] : mx;
-            if (mx == -INFINITY) { /* this row sees none of the sub-tile: it stays as it is */
-                for (int64_t x = 0; x < n; ++x) sr[x] = 0.0f;
-                continue;
-            }
-            const float mnew = mx > t->m[r] ? mx : t->m[r];
-            float sum = 0.0f;
-            for (int64_t x = 0; x < n; ++x) {
-                sr[x] = expf(sr[x] - mnew);
-                sum += sr[x];
-            }
-            const float alpha = expf(t->m[r] - mnew); /* (0 for a row's first scores: m = -inf) */
-            t->l[r] = t->l[r] * alpha + sum;
-            t->m[r] = mnew;
-            float *ar = t->acc + r * D;
-            for (int64_t d = 0; d < D; ++d) ar[d] *= alpha;
+        if (flat)
+            flat_scores(k, ldk, n, t->qt, RS, Dp, t->st);
+        else
+            scores(k, ldk, n, t->qt, RP, D, t->st, RS);
+        softmax(t, RS, RP, n, p, pos0);
+        /* the values: each V vector loaded once for MR rows, the rescale folded in */
+        const float *v = (const float *)vc + vat;
+        int64_t ldv = P[P_V_P];
+        if (!in_place_v) {
+            widen(vc, vat, P[P_V_P], n, D, dt, t->vbuf, Dp);
+            v = t->vbuf, ldv = Dp;
         }
-        /* the values: each V row read once, added into every row */
-        for (int64_t x = 0; x < n; ++x) {
-            const float *v = row_of(vc, vat + x * P[P_V_P], dt, D, t->vbuf);
-            for (int64_t r = 0; r < R; ++r) {
-                const float pr = t->s[r * PT + x];
-                if (pr != 0.0f) scale_add(t->acc + r * D, 1.0f, pr, v, D);
-            }
-        }
+        values(t->st, RS, R, n, v, ldv, t->acc, Dp, t->alpha);
         p += n;
     }
 }
@@ -291,20 +637,22 @@ int cuvil_paged_attention(const float *q, const void *kc, const void *vc, const 
         first[i + 1] = first[i] + tiles[i].nsplit * KVH;
         if (tiles[i].nsplit > 1) split_items += tiles[i].nsplit * KVH;
     }
-    int failed = 0;
-    const int64_t threads = P[P_THREADS], rmax = QT * G;
-#pragma omp parallel num_threads(threads) if (threads > 1 && items > 1)
+    const int64_t threads = P[P_THREADS], rmax = QT * G, RP = up(rmax, VW), Dp = up(D, VW);
+    const int64_t team = min64(threads, max64(items, 1)), per = scratch_floats(RP, Dp);
+    float *scratch = aligned_alloc(64, (size_t)(team * per) * sizeof(float)); /* (per: whole 64 B lines) */
+    if (!scratch) {
+        free(tiles), free(part), free(first);
+        return PA_NOMEM;
+    }
+#pragma omp parallel num_threads(team) if (team > 1)
     {
-        Scratch t = {alloc_floats(rmax * D), alloc_floats(rmax * PT), alloc_floats(rmax * D),
-                     alloc_floats(rmax), alloc_floats(rmax), alloc_floats(D), alloc_floats(D)};
-        const int ok = t.qs && t.s && t.acc && t.m && t.l && t.kbuf && t.vbuf;
-        if (!ok) {
-#pragma omp atomic write
-            failed = 1;
-        }
+#ifdef _OPENMP
+        Scratch t = scratch_at(scratch + omp_get_thread_num() * per, RP, Dp);
+#else
+        Scratch t = scratch_at(scratch, RP, Dp);
+#endif
 #pragma omp for schedule(dynamic, 1)
         for (int64_t u = 0; u < items; ++u) {
-            if (!ok) continue;
             int64_t lo = 0, hi = ntiles; /* the tile of item u: first[lo] <= u < first[lo + 1] */
             while (hi - lo > 1) {
                 const int64_t mid = (lo + hi) / 2;
@@ -321,22 +669,25 @@ int cuvil_paged_attention(const float *q, const void *kc, const void *vc, const 
             if (tl->nsplit == 1) {
                 for (int64_t r = 0; r < R; ++r) {
                     float *o = out + ((tl->t0 + r / G) * H + g * G + r % G) * D;
-                    const float inv = 1.0f / t.l[r];
-                    for (int64_t d = 0; d < D; ++d) o[d] = t.acc[r * D + d] * inv;
+                    const float *a = t.acc + r * Dp;
+                    const vf inv = splat(1.0f / t.l[r]);
+                    int64_t d = 0;
+                    for (; d + VW <= D; d += VW) vstore(o + d, vload(a + d) * inv);
+                    for (; d < D; ++d) o[d] = a[d] * inv[0];
                 }
             } else {
                 float *pr = part + (tl->part + (g * tl->nsplit + c) * R) * stride;
                 for (int64_t r = 0; r < R; ++r) {
                     pr[r * stride] = t.m[r];
                     pr[r * stride + 1] = t.l[r];
-                    memcpy(pr + r * stride + 2, t.acc + r * D, (size_t)D * sizeof(float));
+                    memcpy(pr + r * stride + 2, t.acc + r * Dp, (size_t)D * sizeof(float));
                 }
             }
         }
-        free(t.qs), free(t.s), free(t.acc), free(t.m), free(t.l), free(t.kbuf), free(t.vbuf);
     }
+    free(scratch);
     /* the reduction of split tiles: one item per (tile, kv head) */
-    if (!failed && parts) {
+    if (parts) {
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (threads > 1)
         for (int64_t u = 0; u < ntiles * KVH; ++u) {
             const Tile *tl = &tiles[u / KVH];
@@ -362,7 +713,7 @@ int cuvil_paged_attention(const float *q, const void *kc, const void *vc, const 
     }
     free(tiles), free(part), free(first);
     info[1] = split_items;
-    return failed ? PA_NOMEM : PA_OK;
+    return PA_OK;
 }
 
 /* the build's vector width (tests) */

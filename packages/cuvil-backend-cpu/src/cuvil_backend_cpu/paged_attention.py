@@ -113,7 +113,8 @@ class PagedAttentionKernel:
         kc, vc = _unit_last(key_cache), _unit_last(value_cache)
         tables, lens, starts = (t.contiguous() for t in (block_tables, seq_lens, query_start_loc))
         out = torch.empty((tokens, heads, dim), dtype=torch.float32)
-        info = torch.zeros(2, dtype=torch.int64)
+        # (a ctypes pair, not a tensor, for the compiled kernel: a few microseconds of a decode step)
+        info: Any = torch.zeros(2, dtype=torch.int64) if self._tensors else (ctypes.c_int64 * 2)()
         params = struct.pack(
             "20q",
             tokens, heads, kv_heads, dim, batch, max_blocks, block_size, num_blocks,
@@ -124,7 +125,7 @@ class PagedAttentionKernel:
         )  # fmt: skip
         tensors = (q, kc, vc, tables, lens, starts, out)
         ptrs = tensors if self._tensors else tuple(t.data_ptr() for t in tensors)
-        rc = self._fn(*ptrs, params, float(scale), info if self._tensors else info.data_ptr())
+        rc = self._fn(*ptrs, params, float(scale), info if self._tensors else ctypes.addressof(info))
         if rc == 1:
             raise MemoryError(f"paged_attention of {tokens} tokens over {batch} sequences: out of memory")
         if rc:
