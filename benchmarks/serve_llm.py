@@ -173,10 +173,15 @@ async def run_clients(
 
 
 def server_metrics(url: str) -> dict[str, float]:
-    """compiles, preemptions and steps from the server's /metrics."""
+    """compiles, preemptions, steps and the step's threads from the server's /metrics."""
     import httpx
 
-    names = ("cuvil_serve_compiles", "cuvil_serve_preemptions_total", "cuvil_serve_steps_total")
+    names = (
+        "cuvil_serve_compiles",
+        "cuvil_serve_preemptions_total",
+        "cuvil_serve_steps_total",
+        "cuvil_serve_threads",
+    )
     out = {}
     for line in httpx.get(url + "/metrics", timeout=30).text.splitlines():
         if line.startswith(names):
@@ -389,7 +394,9 @@ def main(argv: list[str] | None = None) -> None:
         rows.append(row)
         notes.append(
             f"{row['impl']}: {row.get('steps', 0):.0f} steps, {row.get('preemptions', 0):.0f} preemptions, "
-            f"{row.get('compiles', 0):.0f} compiles of the step, {row.get('recompiles', 0):.0f} of them after warm-up."
+            f"{row.get('compiles', 0):.0f} compiles of the step, {row.get('recompiles', 0):.0f} of them after warm-up; "
+            f"the step on {row.get('threads', 0):.0f} torch threads (the server's --threads auto: one core left "
+            "to its HTTP event loop)."
         )
     run_baselines("after")
     for name, _ in baselines:

@@ -9,6 +9,7 @@ import sys
 import time
 
 import httpx
+import pytest
 
 
 def free_port() -> int:
@@ -55,6 +56,21 @@ def test_python_m_cuvil_serve_serves(tmp_path):
         )
         assert r.status_code == 200, r.text
         assert r.json()["usage"]["completion_tokens"] >= 1
+        # --threads 0 (auto): every core but one for the step
+        metrics = httpx.get(url + "/metrics", timeout=30).text
+        want = max(1, len(os.sched_getaffinity(0)) - 1)
+        assert f"cuvil_serve_threads {want}" in metrics.splitlines()
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+def test_engine_threads():
+    from cuvil_serve.__main__ import engine_threads
+
+    assert engine_threads(0, 1) == 1
+    assert engine_threads(0, 2) == 1
+    assert engine_threads(0, 16) == 15
+    assert engine_threads(3, 2) == 3  # asked for: as asked
+    with pytest.raises(SystemExit, match="--threads"):
+        engine_threads(-1, 4)

@@ -205,6 +205,7 @@ class _Api:
         metric("free_blocks", "gauge", "free KV cache blocks", [("", m["free_blocks"])])
         metric("total_blocks", "gauge", "KV cache blocks", [("", m["total_blocks"])])
         metric("compiles", "gauge", "compiles of the model step", [("", m["compiles"])])
+        metric("threads", "gauge", "torch threads of the model step", [("", m["threads"])])
         return "\n".join(lines) + "\n"
 
 

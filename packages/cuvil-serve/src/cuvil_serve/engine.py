@@ -289,6 +289,7 @@ class Engine:
             "generation_tokens": self.generation_tokens,
             "finished": dict(self.finished),
             "compiles": self.compiled.stats.compiles if self.compiled is not None else 0,
+            "threads": torch.get_num_threads(),
         }
 
 
