@@ -25,7 +25,6 @@
 #include <string.h>
 
 #include "cuvil_vectors.h"
-typedef int32_t vi __attribute__((vector_size(VW * 4)));
 
 #define MR 6 /* rows per register tile (TILE_CASES spells out 1 .. MR) */
 #define NR (2 * VW) /* columns per register tile: MR x 2 accumulators + 2 loads + 1 broadcast fit 16 registers */
@@ -38,32 +37,6 @@ static inline vf vload(const float *p) {
 
 static inline void vstore(float *p, vf v) { memcpy(p, &v, sizeof v); }
 
-/* (the scalar operand of a vector operation is broadcast: one vbroadcastss, where a loop over lanes
- * compiles to a chain of inserts) */
-static inline vf splat(float x) { return x - (vf){0}; /* x - 0 is x for every x, -0 included */ }
-
-static inline vf select(vi mask, vf yes, vf no) { return (vf)(((vi)yes & mask) | ((vi)no & ~mask)); }
-
-/* exp(x) for x <= 0 (all this kernel asks): 2^n e^r with |r| <= ln2/2, Cephes' degree-6 polynomial
- * (within 2 ulp of expf); x below -87.3 (e^x under the smallest normal, and -inf) gives 0, NaN NaN. */
-static inline vf vexp(vf x) {
-    const vf nan_in = x;
-    const vi nan = x != x; /* NaN stays NaN (scores of NaN inputs), as in eager */
-    const vi under = x < splat(-87.33654f);
-    x = select(x > splat(88.0f), splat(88.0f), select(under, splat(-87.0f), x));
-    const vf magic = splat(12582912.0f); /* 1.5 * 2^23: adding it rounds to an integer */
-    const vf n = (x * splat(1.44269504088896341f) + magic) - magic;
-    const vf r = (x - n * splat(0.693359375f)) + n * splat(2.12194440e-4f);
-    vf p = splat(1.9875691500e-4f);
-    p = FMA(p, r, splat(1.3981999507e-3f));
-    p = FMA(p, r, splat(8.3334519073e-3f));
-    p = FMA(p, r, splat(4.1665795894e-2f));
-    p = FMA(p, r, splat(1.6666665459e-1f));
-    p = FMA(p, r, splat(5.0000001201e-1f));
-    const vf y = FMA(p, r * r, r + splat(1.0f));
-    const vi scaled = (vi)y + (__builtin_convertvector(n, vi) << 23);
-    return select(nan, nan_in, (vf)(scaled & ~under));
-}
 
 /* The tiles take their row count as a constant (TILE_CASES below), so each unrolls fully and keeps
  * its MR x 2 accumulators in registers. */

@@ -79,8 +79,6 @@ enum { PA_OK = 0, PA_NOMEM = 1, PA_STARTS = 2, PA_LENS = 3, PA_TABLE = 4 };
 
 #define INLINE static inline __attribute__((always_inline))
 
-typedef int32_t vi __attribute__((vector_size(VW * 4)));
-
 INLINE vf vload(const float *p) {
     vf v;
     memcpy(&v, p, sizeof v);
@@ -89,11 +87,7 @@ INLINE vf vload(const float *p) {
 
 INLINE void vstore(float *p, vf v) { memcpy(p, &v, sizeof v); }
 
-INLINE vf splat(float x) { return x - (vf){0}; }
-
 INLINE vi splati(int32_t x) { return x - (vi){0}; }
-
-INLINE vf select(vi mask, vf yes, vf no) { return (vf)(((vi)yes & mask) | ((vi)no & ~mask)); }
 
 INLINE vf vmax(vf a, vf b) { return select(a > b, a, b); }
 
@@ -108,28 +102,6 @@ INLINE vf vmax(vf a, vf b) { return select(a > b, a, b); }
 INLINE int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 INLINE int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
 INLINE int64_t up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
-
-/* exp(x) for x <= 0 (all this kernel asks; attention.c's): 2^n e^r with |r| <= ln2/2, Cephes'
- * degree-6 polynomial (within 2 ulp of expf); x below -87.3 (e^x under the smallest normal, and
- * -inf) gives 0, NaN NaN. */
-INLINE vf vexp(vf x) {
-    const vf nan_in = x;
-    const vi nan = x != x;
-    const vi under = x < splat(-87.33654f);
-    x = select(x > splat(88.0f), splat(88.0f), select(under, splat(-87.0f), x));
-    const vf magic = splat(12582912.0f); /* 1.5 * 2^23: adding it rounds to an integer */
-    const vf n = (x * splat(1.44269504088896341f) + magic) - magic;
-    const vf r = (x - n * splat(0.693359375f)) + n * splat(2.12194440e-4f);
-    vf p = splat(1.9875691500e-4f);
-    p = FMA(p, r, splat(1.3981999507e-3f));
-    p = FMA(p, r, splat(8.3334519073e-3f));
-    p = FMA(p, r, splat(4.1665795894e-2f));
-    p = FMA(p, r, splat(1.6666665459e-1f));
-    p = FMA(p, r, splat(5.0000001201e-1f));
-    const vf y = FMA(p, r * r, r + splat(1.0f));
-    const vi scaled = (vi)y + (__builtin_convertvector(n, vi) << 23);
-    return select(nan, nan_in, (vf)(scaled & ~under));
-}
 
 /* acc = acc * alpha + p * v over D (the reduction of split tiles) */
 static void scale_add(float *restrict acc, float alpha, float p, const float *restrict v, int64_t D) {

@@ -36,7 +36,6 @@
 #if VW != 4 && VW != 8 && VW != 16
 #error "CUVIL_VW must be 4, 8 or 16 (an int4 run of 32 values is two halves of 16)"
 #endif
-typedef int32_t vi __attribute__((vector_size(VW * 4)));
 typedef uint32_t vu __attribute__((vector_size(VW * 4)));
 typedef uint16_t vu16 __attribute__((vector_size(VW * 2)));
 typedef int8_t vi8 __attribute__((vector_size(VW)));
@@ -71,8 +70,6 @@ INLINE vf vload(const float *p) {
     memcpy(&v, p, sizeof v);
     return v;
 }
-
-INLINE vf splat(float x) { return x - (vf){0}; }
 
 INLINE float hsum(vf v) {
     float s = 0.0f;
