@@ -107,10 +107,24 @@ def make_plan(
 # binding the function fails on (a division by zero) is made by make_plan, which says why.
 
 
+@dataclass(frozen=True)
+class _PlanCode:
+    """What :class:`PlanMaker` made once: the generated function and how to read its numbers."""
+
+    #: ``numbers(_b, *sizes) -> (slot sizes, (temporaries' shapes, their strides), derived
+    #: arguments, output allocations)``
+    numbers: Callable[..., tuple[Any, ...]]
+    temps: tuple[tuple[str, int, torch.dtype], ...]  # (buffer, slot, dtype) in the function's order
+    derived: tuple[str, ...]  # kernels, in the function's order
+    #: per extern step: (attribute, value, whether it holds a size) in the step's order
+    attrs: tuple[tuple[str, tuple[tuple[str, Any, bool], ...]], ...]
+    source: str
+
+
 class PlanMaker:
     """:func:`make_plan` for one program, its expressions compiled into one function
     ([Note: compiled size plans]). Thread-safe: the function is made at the first plan
-    (twice at worst) and read-only after."""
+    (twice at worst, each time whole) and read-only after."""
 
     def __init__(
         self,
@@ -125,15 +139,19 @@ class PlanMaker:
         self.late = late
         self.alloc_in_plan = alloc_in_plan
         self.symbols = tuple(symbols)
-        self._numbers: Callable[..., tuple[Any, ...]] | None = None
-        #: generated source (tests, debugging)
-        self.source = ""
+        self._code: _PlanCode | None = None
+
+    @property
+    def source(self) -> str:
+        """The generated function's source ("" before the first plan; tests, debugging)."""
+        return self._code.source if self._code is not None else ""
 
     def __call__(self, b: dict[sympy.Symbol, int]) -> SizePlan:
-        if self._numbers is None:
-            self._numbers = self._generate()
+        code = self._code
+        if code is None:
+            code = self._code = self._generate()
         try:
-            slots, temps, derived, attrs, alloc = self._numbers(b, *[b[s] for s in self.symbols])
+            slots, (shapes, strides), derived, alloc = code.numbers(b, *[b[s] for s in self.symbols])
         except Exception:  # noqa: BLE001 -- make_plan evaluates it (and says what is wrong)
             return self._reference(b)
         offsets = []
@@ -143,36 +161,27 @@ class PlanMaker:
             total += (size + ALIGN - 1) // ALIGN * ALIGN
         arena = torch.empty(max(total, ALIGN), dtype=torch.uint8, device=self.program.device)
         typed: dict[torch.dtype, torch.Tensor] = {}
-        out_temps: dict[str, torch.Tensor] = {}
+        temps: dict[str, torch.Tensor] = {}
         ptrs: dict[str, int] = {}
-        for name, slot, dtype, shape, strides in zip(
-            self._temp_names, self._temp_slots, self._temp_dtypes, *temps
-        ):
+        for (name, slot, dtype), shape, stride in zip(code.temps, shapes, strides):
             whole = typed.get(dtype)
             if whole is None:
                 whole = typed[dtype] = arena.view(dtype)
-            t = torch.as_strided(whole, shape, strides, offsets[slot] // whole.element_size())
-            out_temps[name] = t
+            t = torch.as_strided(whole, shape, stride, offsets[slot] // whole.element_size())
+            temps[name] = t
             ptrs[name] = t.data_ptr()
-        out_attrs = {}
-        for step, values in zip(self._attr_steps, attrs):
-            items = dict(self._attr_consts[step])
-            for key, v in zip(self._attr_keys[step], values):
-                items[key] = evaluate_attr(v, b)
-            out_attrs[step] = {k: items[k] for k in self._attr_order[step]}
+        attrs = {
+            step: {k: evaluate_attr(v, b) if sized else v for k, v, sized in items}
+            for step, items in code.attrs
+        }
         return SizePlan(
-            arena,
-            out_temps,
-            ptrs,
-            dict(zip(self._derived_names, derived)),
-            out_attrs,
-            dict(zip(self.alloc_in_plan, alloc)),
+            arena, temps, ptrs, dict(zip(code.derived, derived)), attrs, dict(zip(self.alloc_in_plan, alloc))
         )
 
     def _reference(self, b: dict[sympy.Symbol, int]) -> SizePlan:
         return make_plan(self.program, self.kernels, self.late, self.alloc_in_plan, b)
 
-    def _generate(self) -> Callable[..., tuple[Any, ...]]:
+    def _generate(self) -> _PlanCode:
         prog = self.program
         names = {s: f"s{i}" for i, s in enumerate(self.symbols)}
         fallback: list[Any] = []
@@ -190,82 +199,68 @@ class PlanMaker:
             return "(" + "".join(f"{p}, " for p in parts) + ")"
 
         slots = [f"max({', '.join(code(x) for x in s.sizes)}, 0)" for s in prog.plan.slots]
-        self._temp_names = list(prog.plan.slot_of)
-        self._temp_slots = [prog.plan.slot_of[n] for n in self._temp_names]
-        self._temp_dtypes = [prog.buffers[n].dtype.torch for n in self._temp_names]
+        temps = tuple((n, slot, prog.buffers[n].dtype.torch) for n, slot in prog.plan.slot_of.items())
         shapes, strides = [], []
-        for n in self._temp_names:
+        for n, _, _ in temps:
             buf = prog.buffers[n]
             shapes.append(tup([code(d) for d in buf.shape]))
+            # row-major as torch's view() strides them (make_plan views the arena)
             strides.append(
                 f"_contiguous({shapes[-1]})" if buf.order is None else tup([code(d) for d in buf.strides])
             )
-        self._derived_names = [
+        derived_names = tuple(
             k
             for k, launch in self.kernels.items()
             if launch.derived and not is_late(tuple(e for e, _ in launch.derived), self.late)
-        ]
+        )
         derived = [
             tup([f"{'float' if t == 'float' else 'int'}({code(e)})" for e, t in self.kernels[k].derived])
-            for k in self._derived_names
+            for k in derived_names
         ]
-        # attributes: constants evaluated once; those with sizes evaluated per plan
-        self._attr_steps: list[str] = []
-        self._attr_consts: dict[str, dict[str, Any]] = {}
-        self._attr_keys: dict[str, list[str]] = {}
-        self._attr_order: dict[str, list[str]] = {}
-        attr_values: list[Any] = []
-        for s in prog.steps:
-            if not isinstance(s, Extern) or is_late(s.node.attrs, self.late):
-                continue
-            consts, keys, values = {}, [], []
-            for k, v in s.node.attrs:
-                syms: set[sympy.Symbol] = set()
-                add_symbols(syms, v)
-                if syms:
-                    keys.append(k)
-                    values.append(v)
-                else:
-                    consts[k] = evaluate_attr(v, {})
-            self._attr_steps.append(s.name)
-            self._attr_consts[s.name] = consts
-            self._attr_keys[s.name] = keys
-            self._attr_order[s.name] = [k for k, _ in s.node.attrs]
-            attr_values.append(tuple(values))
+        # extern attributes: constants evaluated once, those with sizes per plan
+        attrs = tuple(
+            (s.name, tuple(_attr(k, v) for k, v in s.node.attrs))
+            for s in prog.steps
+            if isinstance(s, Extern) and not is_late(s.node.attrs, self.late)
+        )
         alloc = [
             f"({tup([code(d) for d in buf.shape])}, {tup([code(d) for d in buf.strides])})"
             for name in self.alloc_in_plan
             for buf in (prog.buffers[name],)
         ]
         args = "".join(f", {names[s]}" for s in self.symbols)
-        self.source = (
+        source = (
             f"def numbers(_b{args}):\n"
-            f"    return ({tup(slots)}, ({tup(shapes)}, {tup(strides)}), {tup(derived)}, _A, {tup(alloc)})\n"
+            f"    return ({tup(slots)}, ({tup(shapes)}, {tup(strides)}), {tup(derived)}, {tup(alloc)})\n"
         )
         ns: dict[str, Any] = {
             **EXACT_NAMESPACE,
             "_num": _num,
             "_ev": evaluate,
             "_E": tuple(fallback),
-            "_A": tuple(attr_values),
             "_contiguous": _contiguous,
         }
-        exec(compile(self.source, f"<cuvil size plan {prog.name}>", "exec"), ns)  # our own printed code
-        return ns["numbers"]  # type: ignore[no-any-return]
+        exec(compile(source, f"<cuvil size plan {prog.name}>", "exec"), ns)  # our own printed code
+        return _PlanCode(ns["numbers"], temps, derived_names, attrs, source)
+
+
+def _attr(key: str, value: Any) -> tuple[str, Any, bool]:
+    syms: set[sympy.Symbol] = set()
+    add_symbols(syms, value)
+    return (key, value, True) if syms else (key, evaluate_attr(value, {}), False)
 
 
 def _num(v: Any) -> Any:
     """An exact value as evaluate() gives it: an int if it is whole, else a float."""
     if type(v) is int:
         return v
-    if isinstance(v, Fraction) and v.denominator == 1:
-        return int(v)
-    if isinstance(v, bool):
+    if isinstance(v, bool) or (isinstance(v, Fraction) and v.denominator == 1):
         return int(v)
     return float(v)
 
 
 def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Row-major strides as torch gives them (a dimension of size 0 counts as 1)."""
     strides = []
     acc = 1
     for d in reversed(shape):
