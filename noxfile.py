@@ -238,6 +238,7 @@ ISA_TESTS = [
     "packages/cuvil-backend-cpu/tests/test_row_kernels.py",  # softmax/log_softmax/layer_norm rows
     "packages/cuvil-backend-cpu/tests/test_half.py",  # float16/bfloat16 conversions and rounding
     "packages/cuvil-backend-cpu/tests/test_quant_linear.py",  # bf16/int8/int4 weight-only linears
+    "packages/cuvil-backend-cpu/tests/test_packed_gemm.py",  # float32 linears on packed weights
     "packages/cuvil-backend-cpu/tests/test_shared_input_linears.py",  # the grouped GEMV
     "packages/cuvil-backend-cpu/tests/test_paged_attention.py",  # paged attention over block tables
 ]
@@ -283,11 +284,12 @@ ARM64_TESTS = [
     "packages/cuvil-backend-cpu/tests/test_conformance.py",
     "packages/cuvil-backend-cpu/tests/test_row_kernels.py",
 ]
-#: The hand-written kernels' own tests (quant_linear.c, attention.c, paged_attention.c), at the NEON baseline and
+#: The hand-written kernels' own tests (quant_linear.c, packed_gemm.c, attention.c, paged_attention.c), at the NEON baseline and
 #: at sve (256-bit vectors) only: under qemu's SVE they take a minute and a half a level, and
 #: their C is the same NEON branch at every level (tests_arm64 stays near 6 minutes)
 ARM64_KERNEL_TESTS = [
     "packages/cuvil-backend-cpu/tests/test_quant_linear.py",
+    "packages/cuvil-backend-cpu/tests/test_packed_gemm.py",
     "packages/cuvil-backend-cpu/tests/test_attention_kernel.py",
     "packages/cuvil-backend-cpu/tests/test_paged_attention.py",
 ]

@@ -25,8 +25,10 @@ class _AsModule(torch.nn.Module):
         return self.fn(*args)
 
 
-def build_ort(fn: Any, args: tuple[Any, ...], threads: int = 2) -> Any:
-    """A callable running ``fn``'s ONNX export (traced at ``args``' shapes) in onnxruntime."""
+def build_ort(fn: Any, args: tuple[Any, ...], threads: int = 2, profile: str | None = None) -> Any:
+    """A callable running ``fn``'s ONNX export (traced at ``args``' shapes) in onnxruntime.
+    ``profile``: a file prefix for onnxruntime's own profiler (its JSON trace of every node's
+    time, written when the callable's ``end_profiling()`` is called)."""
     import numpy as np
     import onnxruntime as ort
 
@@ -42,6 +44,9 @@ def build_ort(fn: Any, args: tuple[Any, ...], threads: int = 2) -> Any:
     # onnxruntime's pool spins between runs by default: interleaved with the other
     # implementations in one process, its spinning threads would steal their cores
     opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    if profile is not None:
+        opts.enable_profiling = True
+        opts.profile_file_prefix = profile
     sess = ort.InferenceSession(buf.getvalue(), opts, providers=["CPUExecutionProvider"])
     single = isinstance(ref, torch.Tensor)
     refs = [ref] if single else list(ref)
@@ -59,4 +64,5 @@ def build_ort(fn: Any, args: tuple[Any, ...], threads: int = 2) -> Any:
         sess.run_with_iobinding(binding)
         return outs[0] if single else tuple(outs)
 
+    run.end_profiling = sess.end_profiling  # type: ignore[attr-defined]
     return run

@@ -135,12 +135,15 @@ def linear(x: torch.Tensor, w: torch.Tensor, *bias: torch.Tensor, has_bias: bool
     return _linear(x, w, bias[0] if has_bias else None, has_bias, None)
 
 
-def linear_with_gemv(gemv: Callable[..., torch.Tensor | None]) -> Callable[..., torch.Tensor]:
-    """:func:`linear` with ``gemv`` (``quant_linear.f32_gemv``: our GEMV, ``None`` where it
-    does not apply) a third candidate for few rows."""
+def linear_with_ours(
+    gemv: Callable[..., torch.Tensor | None], packed: Callable[..., torch.Tensor | None] | None = None
+) -> Callable[..., torch.Tensor]:
+    """:func:`linear` with our own GEMMs among the candidates: ``gemv``
+    (``quant_linear.f32_gemv``: our GEMV, for few rows) and ``packed`` (``packed_gemm.f32_linear``:
+    our GEMM on a prepacked weight, any rows); each returns ``None`` where it does not apply."""
 
     def run(x: torch.Tensor, w: torch.Tensor, *bias: torch.Tensor, has_bias: bool) -> torch.Tensor:
-        return _linear(x, w, bias[0] if has_bias else None, has_bias, gemv)
+        return _linear(x, w, bias[0] if has_bias else None, has_bias, gemv, packed)
 
     return run
 
@@ -151,6 +154,7 @@ def _linear(
     b: torch.Tensor | None,
     has_bias: bool,
     gemv: Callable[..., torch.Tensor | None] | None,
+    packed: Callable[..., torch.Tensor | None] | None = None,
 ) -> torch.Tensor:
     if half_gemm.applies(x, w, b):  # [Note: half-precision GEMMs]
         return half_gemm.linear(x, w, b, _ONEDNN)
@@ -158,7 +162,9 @@ def _linear(
     if not (_ONEDNN and x.dtype == torch.float32 and w.dtype == torch.float32 and rows > 0 and w.numel() > 0):
         return torch.nn.functional.linear(x, w, b)
     offer_gemv = gemv is not None and rows <= F32_GEMV_ROWS and w.is_contiguous()
-    fast, choice = gemm_choice.known(rows, w.shape[1], w.shape[0], has_bias, 3 if offer_gemv else 2)
+    offer_packed = packed is not None and w.is_contiguous()
+    offered = 2 + int(offer_gemv) + 2 * int(offer_packed)  # (which were offered, not only how many)
+    fast, choice = gemm_choice.known(rows, w.shape[1], w.shape[0], has_bias, offered)
     if choice is None:  # this shape's first call: measured (or looked up) once
         xc = x.contiguous()
         run: dict[str, Callable[[], Any]] = {
@@ -167,9 +173,15 @@ def _linear(
         }
         if offer_gemv:
             run["gemv"] = lambda: gemv(xc, w, b)  # type: ignore[misc]
+        if offer_packed and packed(xc, w, b) is not None:  # (the first call packs the weight)
+            run["packed"] = lambda: packed(xc, w, b)  # type: ignore[misc]
         choice = gemm_choice.choose(gemm_choice.key(rows, w.shape[1], w.shape[0], has_bias), run, fast)
     if choice == "gemv" and gemv is not None:
         out = gemv(x, w, b)
+        if out is not None:
+            return out
+    if choice == "packed" and packed is not None:
+        out = packed(x, w, b)
         if out is not None:
             return out
     if choice == "onednn":

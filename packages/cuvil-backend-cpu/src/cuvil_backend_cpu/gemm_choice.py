@@ -1,11 +1,13 @@
 """Which GEMM runs a linear or a half-precision matrix product: measured on this host,
 per shape, and remembered.
 
-[Note: GEMM choice] The cpu target has two GEMMs for ``F.linear``: oneDNN's
-(``torch.ops.mkldnn._linear_pointwise`` on a weight packed once per version) and
-torch's default (MKL's ``sgemm`` through ``F.linear``), and for a few rows (decode
-steps, at most ``quant_linear.F32_GEMV_ROWS``) a third, our own GEMV (``gemv``:
-``quant_linear.c`` on float32 weights, which streams each weight row once). Which is
+[Note: GEMM choice] The cpu target has three GEMMs for ``F.linear``: oneDNN's
+(``torch.ops.mkldnn._linear_pointwise`` on a weight packed once per version), torch's
+default (MKL's ``sgemm`` through ``F.linear``) and our own on a weight packed once per
+version (``packed``: ``packed_gemm.c``, register tiles of rows by panels of the packed
+weight), and for a few rows (decode steps, at most ``quant_linear.F32_GEMV_ROWS``) a
+fourth, our own GEMV (``gemv``: ``quant_linear.c`` on float32 weights, which streams each
+weight row once). Which is
 faster depends on the host and the shape: on an AVX-512 EPYC oneDNN was 2.5x MKL on
 transformer-sized linears, while each oneDNN call costs about 10 us of setup that small
 products never win back; on AVX2 hosts the two are closer and the order changes with
@@ -19,9 +21,11 @@ bucketed by powers of two and a bucket is measured once, at the first row count 
 falls in it. Answers are kept in memory and in a JSON record in the kernel cache's
 private folder (``gemm-<host, ISA, torch, threads>.json``, written atomically, read
 only when private: docs/security.md), so a warm start measures nothing. The record
-is data, never code: a bad entry can only pick the slower of two correct GEMMs.
-``CUVIL_CPU_GEMM=onednn|mkl|gemv`` forces one where it applies (benchmarks, bisecting a
-numerical difference: they round differently, within float32 GEMM tolerance).
+is data, never code: a bad entry can only pick the slower of two correct GEMMs. The
+record's name covers the candidates too, so a new candidate is measured, not skipped
+for an answer given before it existed. ``CUVIL_CPU_GEMM=onednn|mkl|packed|gemv`` forces
+one where it applies (benchmarks, bisecting a numerical difference: they round
+differently, within float32 GEMM tolerance).
 
 Float16 and bfloat16 products choose among other candidates, under keys that name the
 dtype (``eager``, ``onednn``, ``f32``: [Note: half-precision GEMMs] in
@@ -45,11 +49,11 @@ import torch
 
 from cuvil_runtime import trust
 
-#: forces a GEMM: "onednn", "mkl" or "gemv" (anything else, or unset: measure)
+#: forces a GEMM: "onednn", "mkl", "packed" or "gemv" (anything else, or unset: measure)
 GEMM_ENV = "CUVIL_CPU_GEMM"
 #: timed calls of each candidate, interleaved, at the first call of a shape
 REPEATS = 5
-CANDIDATES = ("onednn", "mkl", "gemv", "eager", "f32")
+CANDIDATES = ("onednn", "mkl", "packed", "gemv", "eager", "f32")
 
 _lock = threading.Lock()
 _choices: dict[str, str] | None = None
@@ -76,7 +80,9 @@ def _record_path() -> Path:
     from cuvil_backend_cpu.toolchain import cpuinfo, default_kernel_cache_dir, requested_isa
 
     info = cpuinfo()
-    ident = "\n".join([torch.__version__, requested_isa(), info.get("model name", ""), info.get("flags", "")])
+    ident = "\n".join(
+        [torch.__version__, requested_isa(), info.get("model name", ""), info.get("flags", ""), *CANDIDATES]
+    )
     folder = trust.trusted_dir(default_kernel_cache_dir(), "kernel cache")
     return folder / f"gemm-{hashlib.sha256(ident.encode()).hexdigest()[:24]}.json"
 

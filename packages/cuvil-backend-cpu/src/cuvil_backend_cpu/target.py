@@ -25,6 +25,7 @@ from cuvil_backend_cpu import (
     attention_pattern,
     epilogues,
     externs,
+    packed_gemm,
     paged_attention,
     quant_linear,
     repeated_heads,
@@ -122,8 +123,10 @@ class CpuTarget(CpuHooks):
         if op == "sdpa":
             return attention.extern(self.cache, reference)
         if op == "linear" and "linear" in externs.FAST_EXTERNS:
-            # our GEMV a third candidate for few rows ([Note: GEMM choice])
-            return externs.linear_with_gemv(quant_linear.f32_gemv(self.cache))
+            # our GEMV (few rows) and packed GEMM candidates too ([Note: GEMM choice])
+            return externs.linear_with_ours(
+                quant_linear.f32_gemv(self.cache), packed_gemm.f32_linear(self.cache)
+            )
         if op == "cpu_attention":
             return attention.pattern_extern(self.cache, reference)
         if op == paged_attention.OP:

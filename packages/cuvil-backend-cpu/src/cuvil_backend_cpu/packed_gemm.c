@@ -1,0 +1,154 @@
+/* Float32 linears on a prepacked weight, for the cpu target's GEMM choice (driven by
+ * cuvil_backend_cpu/packed_gemm.py; docs/cpu-backend.md, "GEMMs"):
+ *
+ *   y[m,n] = sum_k x[m,k] * W[n,k] (+ bias[n])
+ *
+ * W [N][K] is packed once per weight (cuvil_pg_pack) into panels of NR = 2 VW columns, each panel
+ * k-major: P[p][k][j] = W[p NR + j][k], zero past N. A register tile is MR rows of x by one panel:
+ * MR x 2 vector accumulators; per k, two vector loads of the panel, MR broadcasts of x and 2 MR
+ * multiply-adds (AVX2: 6 x 16, 12 accumulators of 16 registers; AVX-512: 12 x 32, 24 of 32). A
+ * tile runs the whole of K with its accumulators in registers, so C is written once, bias added
+ * in the store. The panel (K NR floats) and the tile's rows of x stream from L1/L2 in order.
+ *
+ * Threads (OpenMP) split the tiles, panel-major, into contiguous ranges: a thread's tiles mostly
+ * share a panel, which then stays in its cache while it walks the rows of x.
+ *
+ * One source for every ISA (GCC vector types; FMA where the ISA has it, as attention.c).
+ */
+#include <stdint.h>
+#include <string.h>
+
+#include "cuvil_vectors.h"
+
+#define NR (2 * VW)
+#if VW >= 16
+#define MR 12
+#else
+#define MR 6
+#endif
+
+#define INLINE static inline __attribute__((always_inline))
+
+/* params: M, N, K, ldx (x's row stride), ldy (y's row stride), threads, has_bias */
+enum { P_M, P_N, P_K, P_LDX, P_LDY, P_THREADS, P_BIAS, P_COUNT };
+
+/* below this many multiply-adds the work stays on one thread (a parallel region costs a few us) */
+#define PARALLEL_MIN (1 << 16)
+
+INLINE vf vload(const float *p) {
+    vf v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+INLINE void vstore(float *p, vf v) { memcpy(p, &v, sizeof v); }
+
+/* floats a packed weight of N x K takes */
+int64_t cuvil_pg_packed_size(int64_t N, int64_t K) { return (N + NR - 1) / NR * NR * K; }
+
+void cuvil_pg_pack(const float *w, int64_t N, int64_t K, float *packed) {
+    const int64_t panels = (N + NR - 1) / NR;
+    for (int64_t p = 0; p < panels; p++) {
+        float *dst = packed + p * K * NR;
+        for (int64_t j = 0; j < NR; j++) {
+            const int64_t n = p * NR + j;
+            if (n < N) {
+                const float *src = w + n * K;
+                for (int64_t k = 0; k < K; k++) dst[k * NR + j] = src[k];
+            } else {
+                for (int64_t k = 0; k < K; k++) dst[k * NR + j] = 0.0f;
+            }
+        }
+    }
+}
+
+/* rows m0.. (mr of them, a constant at each call site) of x times panel pw; columns n0.. of y
+   (nc of them: NR but for the last panel) */
+INLINE void tile(const float *x, int64_t ldx, const float *pw, int64_t K, const float *bias, float *y,
+                 int64_t ldy, int mr, int nc) {
+    vf acc[MR][2];
+    for (int m = 0; m < mr; m++) acc[m][0] = acc[m][1] = (vf){0};
+    for (int64_t k = 0; k < K; k++) {
+        const vf b0 = vload(pw + k * NR), b1 = vload(pw + k * NR + VW);
+        for (int m = 0; m < mr; m++) {
+            const vf a = splat(x[m * ldx + k]);
+            acc[m][0] = FMA(a, b0, acc[m][0]);
+            acc[m][1] = FMA(a, b1, acc[m][1]);
+        }
+    }
+    if (bias) {
+        vf c0, c1;
+        if (nc == NR) {
+            c0 = vload(bias);
+            c1 = vload(bias + VW);
+        } else {
+            float tmp[NR] = {0};
+            memcpy(tmp, bias, (size_t)nc * sizeof(float));
+            c0 = vload(tmp);
+            c1 = vload(tmp + VW);
+        }
+        for (int m = 0; m < mr; m++) {
+            acc[m][0] += c0;
+            acc[m][1] += c1;
+        }
+    }
+    for (int m = 0; m < mr; m++) {
+        float *yr = y + m * ldy;
+        if (nc == NR) {
+            vstore(yr, acc[m][0]);
+            vstore(yr + VW, acc[m][1]);
+        } else {
+            float tmp[NR];
+            vstore(tmp, acc[m][0]);
+            vstore(tmp + VW, acc[m][1]);
+            memcpy(yr, tmp, (size_t)nc * sizeof(float));
+        }
+    }
+}
+
+#define CASE(R)                                                                                             \
+    case R: tile(x, ldx, pw, K, bias, y, ldy, R, nc); break;
+
+static void tile_any(const float *x, int64_t ldx, const float *pw, int64_t K, const float *bias, float *y,
+                     int64_t ldy, int mr, int nc) {
+    switch (mr) {
+        CASE(1)
+        CASE(2)
+        CASE(3)
+        CASE(4)
+        CASE(5)
+        CASE(6)
+#if MR > 6
+        CASE(7)
+        CASE(8)
+        CASE(9)
+        CASE(10)
+        CASE(11)
+        CASE(12)
+#endif
+    }
+}
+
+/* y = x @ W^T (+ bias) on W packed by cuvil_pg_pack. Returns 0; 1 for parameters it does not take. */
+int cuvil_pg_linear(const float *x, const float *packed, const float *bias, float *y, const int64_t *p) {
+    const int64_t M = p[P_M], N = p[P_N], K = p[P_K], ldx = p[P_LDX], ldy = p[P_LDY];
+    if (M < 0 || N < 0 || K < 0 || ldx < K || ldy < N)
+        return 1;
+    const float *b = p[P_BIAS] ? bias : 0;
+    const int64_t panels = (N + NR - 1) / NR, mblocks = (M + MR - 1) / MR, tiles = panels * mblocks;
+    const int threads = (int)(p[P_THREADS] > 0 ? p[P_THREADS] : 1);
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && M * N * K >= PARALLEL_MIN)
+    for (int64_t t = 0; t < tiles; t++) {
+        const int64_t pi = t / mblocks, m0 = (t % mblocks) * MR, n0 = pi * NR;
+        const int mr = (int)(M - m0 < MR ? M - m0 : MR), nc = (int)(N - n0 < NR ? N - n0 : NR);
+        tile_any(x + m0 * ldx, ldx, packed + pi * K * NR, K, b ? b + n0 : 0, y + m0 * ldy + n0, ldy, mr, nc);
+    }
+    return 0;
+}
+
+/* what this build is: its vector width and tile (tests and benchmarks print it) */
+void cuvil_pg_info(int64_t *vw, int64_t *mr, int64_t *nr) {
+    *vw = VW;
+    *mr = MR;
+    *nr = NR;
+}

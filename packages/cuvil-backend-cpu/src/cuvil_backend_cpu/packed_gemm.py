@@ -1,0 +1,147 @@
+"""Float32 linears by our own GEMM on a prepacked weight (``packed_gemm.c``): the ``packed``
+candidate of the GEMM choice ([Note: GEMM choice] in :mod:`cuvil_backend_cpu.gemm_choice`).
+
+The weight is packed once per weight and version into panels of ``2 x lanes`` output columns,
+k-major, so a register tile of rows of x by one panel reads the panel as a stream and keeps its
+accumulators in registers over the whole of K (``packed_gemm.c``'s comment says how). Built by
+the target's kernel cache like every kernel (same compiler, flags, ``CUVIL_CPU_ISA``). Measured
+against MKL and oneDNN per shape on the host, it runs where it wins: on the AVX2 development
+host it did at every transformer-sized shape measured (docs/cpu-backend.md, "GEMMs").
+
+Memory: a packed weight is a second copy of the weight (rounded up to whole panels), kept while
+the weight lives and is not written; only shapes whose choice is ``packed`` are packed.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import struct
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from cuvil_backend_cpu.c_prelude import kernel_source
+from cuvil_backend_cpu.emulation import EmulatedLibrary
+from cuvil_backend_cpu.kernel_cache import KernelCache, per_cache
+
+
+class PackedGemmKernel:
+    """The compiled ``packed_gemm.c``, loaded from ``cache``."""
+
+    def __init__(self, cache: KernelCache, lanes: int | None = None) -> None:
+        """``lanes`` forces the vector width (tests: every tiling's logic on any host)."""
+        source = kernel_source("packed_gemm.c", lanes)
+        lib = cache.load(cache.build(source, name="packed_gemm"), source, name="packed_gemm")
+        #: an emulated kernel (:mod:`cuvil_backend_cpu.emulation`) takes tensors, not addresses
+        self._tensors = isinstance(lib, EmulatedLibrary)
+        self._pack = lib.cuvil_pg_pack
+        self._pack.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
+        self._pack.restype = None
+        self._linear = lib.cuvil_pg_linear
+        self._linear.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_char_p]
+        self._linear.restype = ctypes.c_int
+        vw, mr, nr = ctypes.c_int64(), ctypes.c_int64(), ctypes.c_int64()
+        info = lib.cuvil_pg_info
+        info.argtypes = [ctypes.POINTER(ctypes.c_int64)] * 3
+        info.restype = None
+        info(ctypes.byref(vw), ctypes.byref(mr), ctypes.byref(nr))
+        #: the build's vector width (floats), rows of x per register tile, columns per panel
+        self.lanes, self.tile_rows, self.panel_cols = vw.value, mr.value, nr.value
+        self._packed: dict[int, tuple[weakref.ref[torch.Tensor], int, int, torch.Tensor]] = {}
+        self._lock = threading.Lock()
+
+    def _ptr(self, t: torch.Tensor | None) -> Any:
+        if self._tensors:
+            return t
+        return None if t is None else t.data_ptr()
+
+    def pack(self, w: torch.Tensor) -> torch.Tensor:
+        """``w`` (contiguous float32 ``[N, K]``) in panels: a new tensor of whole panels."""
+        n, k = w.shape
+        panels = -(-n // self.panel_cols)
+        out = torch.empty(panels * self.panel_cols * k, dtype=torch.float32)
+        self._pack(self._ptr(w), n, k, self._ptr(out))
+        return out
+
+    def packed(self, w: torch.Tensor) -> torch.Tensor:
+        """``w`` packed, once per weight, storage and version (a weight written in place, or
+        given new storage, is packed again; a weight that dies drops its packing)."""
+        key = id(w)
+        hit = self._packed.get(key)
+        if hit is not None and hit[0]() is w and hit[1] == w._version and hit[2] == w.data_ptr():
+            return hit[3]
+        p = self.pack(w)
+        with self._lock:
+            cache = self._packed
+
+            def forget(_: object, key: int = key) -> None:
+                cache.pop(key, None)
+
+            cache[key] = (weakref.ref(w, forget), w._version, w.data_ptr(), p)
+        return p
+
+    def linear_into(
+        self, out: torch.Tensor, x: torch.Tensor, packed: torch.Tensor, n: int, bias: torch.Tensor | None
+    ) -> None:
+        """``out[M, n] = x[M, K] @ W^T (+ bias)`` for ``W`` packed by :meth:`pack`: ``x`` float32
+        with unit stride along K (any row stride), ``out`` float32 with unit stride along N."""
+        m, k = x.shape
+        ldx = x.stride(0) if m > 1 else k  # (one row: its stride is never read)
+        ldy = out.stride(0) if m > 1 else n
+        params = struct.pack("7q", m, n, k, ldx, ldy, torch.get_num_threads(), int(bias is not None))
+        rc = self._linear(self._ptr(x), self._ptr(packed), self._ptr(bias), self._ptr(out), params)
+        if rc:
+            raise ValueError(f"packed_gemm: the kernel refused {m}x{k} @ {n}x{k}")
+
+
+def kernel(cache: KernelCache) -> PackedGemmKernel:
+    """The kernel built and loaded from ``cache``, once per cache."""
+    return per_cache(PackedGemmKernel, cache)
+
+
+def applies(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> bool:
+    """Whether :func:`linear` takes these operands: float32 CPU tensors, ``w`` 2-d and
+    contiguous, ``b`` contiguous, at least one row and one output."""
+    return (
+        x.dtype == w.dtype == torch.float32
+        and x.device.type == "cpu"
+        and w.device.type == "cpu"
+        and w.dim() == 2
+        and w.is_contiguous()
+        and w.shape[0] > 0
+        and x.shape[-1] == w.shape[1]
+        and x.numel() > 0
+        and (b is None or (b.dtype == torch.float32 and b.is_contiguous() and b.shape == (w.shape[0],)))
+    )
+
+
+def linear(pg: PackedGemmKernel, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    """``F.linear(x, w, b)`` by the packed GEMM, for operands :func:`applies` takes."""
+    k = x.shape[-1]
+    rows = x.numel() // max(k, 1)
+    x2 = x.reshape(rows, k)
+    if x2.stride(1) != 1:
+        x2 = x2.contiguous()
+    n = w.shape[0]
+    out = torch.empty((*x.shape[:-1], n), dtype=torch.float32)
+    pg.linear_into(out.view(rows, n), x2, pg.packed(w), n, b)
+    return out
+
+
+def f32_linear(cache: KernelCache) -> Callable[..., torch.Tensor | None]:
+    """A float32 linear by the packed GEMM (``F.linear(x, w, b)``), or ``None`` where it does not
+    apply (:func:`applies`): the ``packed`` candidate of the cpu target's GEMM choice. The kernel
+    is built at the first call (a target that never runs a float32 linear builds nothing)."""
+
+    def run(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor | None:
+        if not applies(x, w, b):
+            return None
+        return linear(kernel(cache), x, w, b)
+
+    return run
+
+
+__all__ = ["PackedGemmKernel", "applies", "f32_linear", "kernel", "linear"]

@@ -1,0 +1,115 @@
+"""The cpu target's packed-weight GEMM (``packed_gemm.c``) against a float64 product: odd sizes
+(rows off the register tile, columns off the panel, K off the vector width), one row, strided
+rows of x, with and without bias, every tiling (the host's, and 16, 8 and 4 lanes forced in plain
+vector arithmetic); the packing cache (a weight written in place is packed again); then through
+``cu.compile`` with the GEMM forced to it. ``nox -s tests_isa`` runs this file with
+``CUVIL_CPU_ISA=avx2`` and ``portable`` too, ``tests_arm64`` at the NEON and SVE levels."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import cuvil as cu
+from cuvil_backend_cpu import gemm_choice, packed_gemm
+from cuvil_backend_cpu.kernel_cache import KernelCache
+from cuvil_backend_cpu.packed_gemm import PackedGemmKernel
+
+
+@pytest.fixture(scope="module", params=[None, 16, 8, 4], ids=["host", "lanes16", "lanes8", "lanes4"])
+def pg(request: pytest.FixtureRequest) -> PackedGemmKernel:
+    if request.param is None:
+        return packed_gemm.kernel(KernelCache())
+    return PackedGemmKernel(KernelCache(), lanes=request.param)
+
+
+@pytest.fixture
+def private_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("CUVIL_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv(gemm_choice.GEMM_ENV, raising=False)
+    gemm_choice.forget()
+    yield tmp_path / "cache"
+    gemm_choice.forget()
+
+
+def _check(got: torch.Tensor, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> None:
+    want = torch.nn.functional.linear(x.double(), w.double(), None if b is None else b.double())
+    scale = (x.double().abs() @ w.double().abs().t()).max().item() + 1
+    assert got.dtype == torch.float32 and got.shape == want.shape
+    torch.testing.assert_close(got.double(), want, rtol=0, atol=4e-6 * scale)
+
+
+@pytest.mark.parametrize("m,k,n", [(1, 1, 1), (1, 37, 5), (5, 3, 33), (7, 100, 64), (13, 129, 70), (30, 64, 257)])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_against_float64(pg: PackedGemmKernel, m: int, k: int, n: int, with_bias: bool) -> None:
+    g = torch.Generator().manual_seed(m * 10000 + k * 100 + n)
+    w = torch.randn(n, k, generator=g)
+    b = torch.randn(n, generator=g) if with_bias else None
+    x = torch.randn(m, k + 3, generator=g)[:, 1 : k + 1]  # rows strided, not contiguous
+    out = torch.full((m, n), float("nan"))
+    pg.linear_into(out, x, pg.pack(w), n, b)
+    _check(out, x, w, b)
+
+
+def test_output_rows_strided(pg: PackedGemmKernel) -> None:
+    """``out`` a column slice of a wider tensor: only its columns are written."""
+    g = torch.Generator().manual_seed(3)
+    x, w = torch.randn(9, 40, generator=g), torch.randn(21, 40, generator=g)
+    wide = torch.zeros(9, 30)
+    pg.linear_into(wide[:, 4:25], x, pg.pack(w), 21, None)
+    _check(wide[:, 4:25], x, w, None)
+    assert not wide[:, :4].any() and not wide[:, 25:].any()
+
+
+def test_linear_reshapes_and_packs_once_per_version() -> None:
+    pg = packed_gemm.kernel(KernelCache())
+    g = torch.Generator().manual_seed(5)
+    w, b = torch.randn(24, 16, generator=g), torch.randn(24, generator=g)
+    x = torch.randn(2, 3, 16, generator=g)
+    _check(packed_gemm.linear(pg, x, w, b).reshape(6, 24), x.reshape(6, 16), w, b)
+    first = pg.packed(w)
+    assert pg.packed(w) is first  # the same weight, unchanged: packed once
+    with torch.no_grad():
+        w.mul_(2.0)  # written in place: a new version, packed again
+    assert pg.packed(w) is not first
+    _check(packed_gemm.linear(pg, x, w, b).reshape(6, 24), x.reshape(6, 16), w, b)
+
+
+def test_what_it_does_not_take_is_none() -> None:
+    run = packed_gemm.f32_linear(KernelCache())
+    x, w = torch.randn(3, 8), torch.randn(5, 8)
+    assert run(x.double(), w.double(), None) is None
+    assert run(x, w.t().contiguous().t(), None) is None  # a transposed (non-contiguous) weight
+    assert run(torch.empty(0, 8), w, None) is None
+    assert run(x, w, torch.randn(4)) is None  # a bias of the wrong size: F.linear's error
+    got = run(x, w, None)
+    assert got is not None
+    _check(got, x, w, None)
+
+
+def test_compiled_linears_forced_to_it_match_eager(private_cache, monkeypatch) -> None:
+    """``CUVIL_CPU_GEMM=packed``: every float32 linear runs the packed GEMM (a spy says it ran),
+    at several row counts (one compile), and after a weight is written in place."""
+    monkeypatch.setenv(gemm_choice.GEMM_ENV, "packed")
+    ran: list[tuple[int, int]] = []
+    real = PackedGemmKernel.linear_into
+
+    def spy(self, out, x, packed, n, bias):
+        ran.append((x.shape[0], n))
+        return real(self, out, x, packed, n, bias)
+
+    monkeypatch.setattr(PackedGemmKernel, "linear_into", spy)
+    m = torch.nn.Sequential(torch.nn.Linear(48, 80), torch.nn.GELU(), torch.nn.Linear(80, 24, bias=False)).eval()
+    f = cu.compile(m, target="cpu", fallback="error")
+    with torch.no_grad():
+        for rows in (1, 7, 33):
+            x = torch.randn(rows, 48)
+            got, want = f(x), m(x)
+            assert got.dtype == want.dtype
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+        m[0].weight.mul_(0.5)
+        x = torch.randn(5, 48)
+        torch.testing.assert_close(f(x), m(x), rtol=1e-4, atol=1e-5)
+    assert {n for _, n in ran} == {80, 24}
+    assert {r for r, _ in ran} >= {1, 7, 33, 5}
+    assert f.stats.compiles == 1
