@@ -39,7 +39,9 @@ def _check(got: torch.Tensor, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor 
     torch.testing.assert_close(got.double(), want, rtol=0, atol=4e-6 * scale)
 
 
-@pytest.mark.parametrize("m,k,n", [(1, 1, 1), (1, 37, 5), (5, 3, 33), (7, 100, 64), (13, 129, 70), (30, 64, 257)])
+@pytest.mark.parametrize(
+    "m,k,n", [(1, 1, 1), (1, 37, 5), (5, 3, 33), (7, 100, 64), (13, 129, 70), (30, 64, 257)]
+)
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_against_float64(pg: PackedGemmKernel, m: int, k: int, n: int, with_bias: bool) -> None:
     g = torch.Generator().manual_seed(m * 10000 + k * 100 + n)
@@ -99,7 +101,9 @@ def test_compiled_linears_forced_to_it_match_eager(private_cache, monkeypatch) -
         return real(self, out, x, packed, n, bias)
 
     monkeypatch.setattr(PackedGemmKernel, "linear_into", spy)
-    m = torch.nn.Sequential(torch.nn.Linear(48, 80), torch.nn.GELU(), torch.nn.Linear(80, 24, bias=False)).eval()
+    m = torch.nn.Sequential(
+        torch.nn.Linear(48, 80), torch.nn.GELU(), torch.nn.Linear(80, 24, bias=False)
+    ).eval()
     f = cu.compile(m, target="cpu", fallback="error")
     with torch.no_grad():
         for rows in (1, 7, 33):
