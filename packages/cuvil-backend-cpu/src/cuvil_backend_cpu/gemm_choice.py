@@ -51,8 +51,14 @@ from cuvil_runtime import trust
 
 #: forces a GEMM: "onednn", "mkl", "packed" or "gemv" (anything else, or unset: measure)
 GEMM_ENV = "CUVIL_CPU_GEMM"
-#: timed calls of each candidate, interleaved, at the first call of a shape
+#: timed calls of each candidate, interleaved, at the first call of a shape: at least
+#: REPEATS rounds, more until each candidate has run for MEASURE_SECONDS, at most MAX_REPEATS
+#: (a small product's five calls are a fraction of a millisecond, where one preemption on a
+#: busy host decides the median; measured on the AVX2 host, five rounds picked a GEMM 10-20%
+#: slower than the best one for several of the zoo's shapes)
 REPEATS = 5
+MAX_REPEATS = 41
+MEASURE_SECONDS = 0.004
 CANDIDATES = ("onednn", "mkl", "packed", "gemv", "eager", "f32")
 
 _lock = threading.Lock()
@@ -121,11 +127,13 @@ def _measure(run: dict[str, Callable[[], Any]]) -> str:
     times: dict[str, list[float]] = {name: [] for name in run}
     for fn in run.values():  # warm: first calls build primitives and pack weights
         fn()
-    for _ in range(REPEATS):
+    for rounds in range(MAX_REPEATS):
         for name, fn in run.items():
             t0 = time.perf_counter()
             fn()
             times[name].append(time.perf_counter() - t0)
+        if rounds + 1 >= REPEATS and all(sum(t) >= MEASURE_SECONDS for t in times.values()):
+            break
     return min(run, key=lambda name: (statistics.median(times[name]), CANDIDATES.index(name)))
 
 
