@@ -47,74 +47,29 @@ KINDS = ("gemm", "attention", "softmax", "norm", "elementwise", "layout", "other
 
 #: Cuvil extern ops by kind (ops not listed are "other")
 _CUVIL_OPS = {
-    "gemm": {
-        "linear",
-        "matmul",
-        "mm",
-        "bmm",
-        "addmm",
-        "baddbmm",
-        "conv1d",
-        "conv2d",
-        "conv3d",
-        "convolution",
-        "cpu_linear_group",
-        "cpu_linear_epilogue",
-        "cpu_conv_epilogue",
-        "weight_only_linear",
-    },
+    "gemm": set(
+        "linear matmul mm bmm addmm baddbmm conv1d conv2d conv3d convolution cpu_linear_group "
+        "cpu_linear_epilogue cpu_conv_epilogue weight_only_linear".split()
+    ),
     "attention": {"sdpa", "cpu_attention", "paged_attention"},
     "softmax": {"softmax", "log_softmax"},
     "norm": {"layer_norm", "rms_norm", "group_norm", "batch_norm"},
-    "layout": {"embedding", "cat", "gather", "index_select", "copy", "contiguous", "index"},
+    "layout": set("embedding cat gather index_select copy contiguous index".split()),
 }
-#: onnxruntime op types by kind
+#: onnxruntime op types by kind (ReduceMean, Pow, Sqrt and Reciprocal: the parts of a norm
+#: its optimizer did not fuse)
 _ORT_OPS = {
-    "gemm": {
-        "MatMul",
-        "Gemm",
-        "FusedMatMul",
-        "MatMulNBits",
-        "MatMulInteger",
-        "Conv",
-        "FusedConv",
-        "FusedGemm",
-    },
+    "gemm": set("MatMul Gemm FusedMatMul MatMulNBits MatMulInteger Conv FusedConv FusedGemm".split()),
     "attention": {"Attention", "MultiHeadAttention", "GroupQueryAttention"},
     "softmax": {"Softmax", "LogSoftmax"},
-    "norm": {
-        "LayerNormalization",
-        "SkipLayerNormalization",
-        "SimplifiedLayerNormalization",
-        "SkipSimplifiedLayerNormalization",
-        "RMSNormalization",
-        "ReduceMean",
-        "Sqrt",
-        "Reciprocal",
-        "Pow",
-    },
-    "layout": {
-        "Transpose",
-        "Reshape",
-        "Concat",
-        "Slice",
-        "Gather",
-        "GatherElements",
-        "Unsqueeze",
-        "Squeeze",
-        "Expand",
-        "Shape",
-        "Cast",
-        "Split",
-        "Identity",
-        "Flatten",
-        "ConstantOfShape",
-        "Range",
-        "Tile",
-        "ScatterND",
-        "NonZero",
-        "Trilu",
-    },
+    "norm": set(
+        "LayerNormalization SkipLayerNormalization SimplifiedLayerNormalization "
+        "SkipSimplifiedLayerNormalization RMSNormalization ReduceMean Sqrt Reciprocal Pow".split()
+    ),
+    "layout": set(
+        "Transpose Reshape Concat Slice Gather GatherElements Unsqueeze Squeeze Expand Shape Cast Split "
+        "Identity Flatten ConstantOfShape Range Tile ScatterND NonZero Trilu".split()
+    ),
 }
 _REDUCTION = re.compile(r"\b(sum|max|min|prod|mean)\(_r\d+")
 _PLAIN_LOAD = re.compile(r"^%\w+\[[^\]]*\]$")
@@ -141,37 +96,10 @@ def _op_kind(op: str, table: dict[str, set[str]]) -> str:
     return "elementwise" if table is _ORT_OPS and op in _ORT_ELEMENTWISE else "other"
 
 
-_ORT_ELEMENTWISE = {
-    "Add",
-    "Sub",
-    "Mul",
-    "Div",
-    "Gelu",
-    "FastGelu",
-    "BiasGelu",
-    "Erf",
-    "Tanh",
-    "Relu",
-    "Sigmoid",
-    "Where",
-    "Neg",
-    "Cos",
-    "Sin",
-    "Equal",
-    "Less",
-    "Greater",
-    "Not",
-    "And",
-    "Or",
-    "Max",
-    "Min",
-    "Abs",
-    "Log",
-    "Exp",
-    "QuickGelu",
-    "BiasAdd",
-    "Clip",
-}
+_ORT_ELEMENTWISE = set(
+    "Add Sub Mul Div Gelu FastGelu BiasGelu QuickGelu BiasAdd Erf Tanh Relu Sigmoid Where Neg Cos Sin "
+    "Equal Less Greater Not And Or Max Min Abs Log Exp Clip".split()
+)
 
 
 def _runners(runner: Any) -> list[Any]:

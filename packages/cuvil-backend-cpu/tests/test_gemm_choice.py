@@ -17,15 +17,6 @@ from cuvil_backend_cpu import externs, gemm_choice
 pytestmark = pytest.mark.skipif(not externs._ONEDNN, reason="torch built without oneDNN")
 
 
-@pytest.fixture
-def private_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("CUVIL_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.delenv(gemm_choice.GEMM_ENV, raising=False)
-    gemm_choice.forget()
-    yield tmp_path / "cache"
-    gemm_choice.forget()
-
-
 def _mlp() -> torch.nn.Module:
     torch.manual_seed(0)
     return torch.nn.Sequential(

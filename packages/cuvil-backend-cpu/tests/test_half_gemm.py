@@ -18,15 +18,6 @@ from cuvil_backend_cpu.testing import executable_of
 HALVES = (torch.bfloat16, torch.float16)
 
 
-@pytest.fixture
-def private_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("CUVIL_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.delenv(gemm_choice.GEMM_ENV, raising=False)
-    gemm_choice.forget()
-    yield tmp_path / "cache"
-    gemm_choice.forget()
-
-
 def _mlp(dtype: torch.dtype) -> torch.nn.Module:
     torch.manual_seed(0)
     m = torch.nn.Sequential(torch.nn.Linear(48, 80), torch.nn.GELU(), torch.nn.Linear(80, 24, bias=False))

@@ -23,15 +23,6 @@ def pg(request: pytest.FixtureRequest) -> PackedGemmKernel:
     return PackedGemmKernel(KernelCache(), lanes=request.param)
 
 
-@pytest.fixture
-def private_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("CUVIL_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.delenv(gemm_choice.GEMM_ENV, raising=False)
-    gemm_choice.forget()
-    yield tmp_path / "cache"
-    gemm_choice.forget()
-
-
 def _check(got: torch.Tensor, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> None:
     want = torch.nn.functional.linear(x.double(), w.double(), None if b is None else b.double())
     scale = (x.double().abs() @ w.double().abs().t()).max().item() + 1
