@@ -87,9 +87,9 @@ def test_compiled_linears_forced_to_it_match_eager(private_cache, monkeypatch) -
     ran: list[tuple[int, int]] = []
     real = PackedGemmKernel.linear_into
 
-    def spy(self, out, x, packed, n, bias):
+    def spy(self, out, x, packed, n, bias, other=None, act="none"):
         ran.append((x.shape[0], n))
-        return real(self, out, x, packed, n, bias)
+        return real(self, out, x, packed, n, bias, other, act)
 
     monkeypatch.setattr(PackedGemmKernel, "linear_into", spy)
     m = torch.nn.Sequential(
@@ -108,3 +108,73 @@ def test_compiled_linears_forced_to_it_match_eager(private_cache, monkeypatch) -
     assert {n for _, n in ran} == {80, 24}
     assert {r for r, _ in ran} >= {1, 7, 33, 5}
     assert f.stats.compiles == 1
+
+
+def _act64(y: torch.Tensor, act: str) -> torch.Tensor:
+    f = torch.nn.functional
+    return {
+        "none": lambda: y,
+        "relu": lambda: f.relu(y),
+        "gelu": lambda: f.gelu(y),
+        "gelu_tanh": lambda: f.gelu(y, approximate="tanh"),
+        "silu": lambda: f.silu(y),
+    }[act]()
+
+
+@pytest.mark.parametrize("act", list(packed_gemm.ACTIVATIONS))
+@pytest.mark.parametrize("with_other", [False, True])
+def test_epilogue_against_float64(pg: PackedGemmKernel, act: str, with_other: bool) -> None:
+    """``act(x @ W^T + b (+ other))`` in the store: every activation (over inputs from -12 to 12,
+    where the approximations' tails matter), with and without the residual, odd sizes, a strided
+    residual."""
+    m, k, n = 13, 37, 45
+    g = torch.Generator().manual_seed(7)
+    w, b = torch.randn(n, k, generator=g), torch.randn(n, generator=g)
+    x = torch.randn(m, k, generator=g) * 0.6
+    other = (torch.rand(m, n + 4, generator=g) * 24 - 12)[:, 2 : n + 2] if with_other else None
+    out = torch.empty(m, n)
+    pg.linear_into(out, x, pg.pack(w), n, b, other, act)
+    y = torch.nn.functional.linear(x.double(), w.double(), b.double())
+    if other is not None:
+        y = y + other.double()
+    want = _act64(y, act)
+    torch.testing.assert_close(out.double(), want, rtol=2e-6, atol=2e-5)
+    assert (y.abs() > 4).any()  # the tails were reached
+
+
+@pytest.mark.parametrize("act", ["gelu", "relu", "silu"])
+def test_compiled_epilogues_forced_to_it_match_eager(private_cache, monkeypatch, act: str) -> None:
+    """``CUVIL_CPU_GEMM=packed``: a linear followed by its activation, and one followed by a
+    residual add (the ``cpu_linear_epilogue`` the cpu target fuses them into, every rule on),
+    run the packed GEMM with the epilogue in its store, matching eager."""
+    from cuvil_backend_cpu import epilogues
+
+    monkeypatch.setattr(epilogues, "ENABLED", frozenset(epilogues.RULES))
+    monkeypatch.setenv(gemm_choice.GEMM_ENV, "packed")
+    ran: list[tuple[str, bool]] = []
+    real = PackedGemmKernel.linear_into
+
+    def spy(self, out, x, packed, n, bias, other=None, act="none"):
+        ran.append((act, other is not None))
+        return real(self, out, x, packed, n, bias, other, act)
+
+    monkeypatch.setattr(PackedGemmKernel, "linear_into", spy)
+    acts = {"gelu": torch.nn.GELU(), "relu": torch.nn.ReLU(), "silu": torch.nn.SiLU()}
+
+    class Block(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.up, self.act, self.down = torch.nn.Linear(64, 256), acts[act], torch.nn.Linear(256, 64)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x + self.down(self.act(self.up(x)))
+
+    m = Block().eval()
+    f = cu.compile(m, target="cpu", fallback="error")
+    with torch.no_grad():
+        for rows in (64, 100):
+            x = torch.randn(rows, 64)
+            got, want = f(x), m(x)
+            assert got.dtype == want.dtype
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    assert (act, False) in ran and ("none", True) in ran

@@ -214,6 +214,31 @@ def linear_epilogue(
     """One oneDNN call with the activation (or the residual add) as a post-op, for float32
     products large enough for oneDNN (:func:`cuvil_backend_cpu.externs.linear`'s rule);
     else the eager composition."""
+    return _linear_epilogue(x, w, rest, has_bias, has_other, act, None)
+
+
+def linear_epilogue_with_ours(packed: Callable[..., torch.Tensor | None]) -> Callable[..., Any]:
+    """:func:`linear_epilogue` with ``packed`` (``packed_gemm.f32_linear``: our GEMM with the
+    bias, residual and activation in its store) a second candidate, chosen against oneDNN's
+    post-ops per shape and epilogue as plain linears are ([Note: GEMM choice])."""
+
+    def run(
+        x: torch.Tensor, w: torch.Tensor, *rest: torch.Tensor, has_bias: bool, has_other: bool, act: str
+    ) -> Any:
+        return _linear_epilogue(x, w, rest, has_bias, has_other, act, packed)
+
+    return run
+
+
+def _linear_epilogue(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    rest: tuple[torch.Tensor, ...],
+    has_bias: bool,
+    has_other: bool,
+    act: str,
+    packed: Callable[..., torch.Tensor | None] | None,
+) -> Any:
     rows = x.numel() // max(x.shape[-1], 1)
     b = rest[0] if has_bias else None
     if not (
@@ -227,10 +252,31 @@ def linear_epilogue(
         return epilogues.LinearEpilogue.reference(
             x, w, *rest, has_bias=has_bias, has_other=has_other, act=act
         )
-    wp = _packed_linear_weight(w, rows)
     x = x.contiguous()
-    if has_other:
-        other = rest[-1].contiguous()
+    other = rest[-1].contiguous() if has_other else None
+    if packed is not None and w.is_contiguous():
+        fast, choice = gemm_choice.known(rows, w.shape[1], w.shape[0], has_bias, (act, has_other))
+        if choice is None:  # this shape and epilogue's first call: measured (or looked up) once
+            run: dict[str, Callable[[], Any]] = {
+                "onednn": lambda: _onednn_epilogue(x, w, b, other, act, rows)
+            }
+            if packed(x, w, b, other, act) is not None:  # (the first call packs the weight)
+                run["packed"] = lambda: packed(x, w, b, other, act)
+            epilogue = f"{act}{'+r' if has_other else ''}"
+            shape_key = gemm_choice.key(rows, w.shape[1], w.shape[0], has_bias, epilogue=epilogue)
+            choice = gemm_choice.choose(shape_key, run, fast)
+        if choice == "packed":
+            out = packed(x, w, b, other, act)
+            if out is not None:
+                return out
+    return _onednn_epilogue(x, w, b, other, act, rows)
+
+
+def _onednn_epilogue(
+    x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, other: torch.Tensor | None, act: str, rows: int
+) -> torch.Tensor:
+    wp = _packed_linear_weight(w, rows)
+    if other is not None:
         return torch.ops.mkldnn._linear_pointwise.binary(x, other, wp, b, "add")
     attr, algorithm = _ACTIVATIONS.get(act, ("none", ""))
     return torch.ops.mkldnn._linear_pointwise(x, wp, b, attr, [], algorithm)

@@ -70,11 +70,20 @@ def _bucket(rows: int) -> int:
 
 
 def key(
-    rows: int, k: int, n: int, has_bias: bool, *, dtype: torch.dtype | None = None, batch: int | None = None
+    rows: int,
+    k: int,
+    n: int,
+    has_bias: bool,
+    *,
+    dtype: torch.dtype | None = None,
+    batch: int | None = None,
+    epilogue: str | None = None,
 ) -> str:
-    """The shape key: rows by power-of-two buckets; a batched product (``batch``) and a
-    dtype other than float32 are part of it."""
+    """The shape key: rows by power-of-two buckets; a batched product (``batch``), a
+    dtype other than float32 and a fused epilogue (``relu``, ``none+r`` ...) are part of it."""
     text = f"{_bucket(rows)}x{k}x{n}{'+b' if has_bias else ''}@{torch.get_num_threads()}"
+    if epilogue is not None:
+        text = f"{text}:{epilogue}"
     if batch is not None:
         text = f"b{_bucket(batch)}:{text}"
     if dtype is not None and dtype != torch.float32:
@@ -142,9 +151,9 @@ def _measure(run: dict[str, Callable[[], Any]]) -> str:
 _fast: dict[tuple[Any, ...], str] = {}
 
 
-def known(rows: int, k: int, n: int, has_bias: bool, candidates: int) -> tuple[tuple[Any, ...], str | None]:
-    """The answer already given for this shape (``candidates``: how many were offered), and
-    the key :func:`choose` remembers it under when there is none yet."""
+def known(rows: int, k: int, n: int, has_bias: bool, candidates: Any) -> tuple[tuple[Any, ...], str | None]:
+    """The answer already given for this shape (``candidates``: which were offered, and for
+    an epilogue which one), and the key :func:`choose` remembers it under when there is none yet."""
     fast = (_bucket(rows), k, n, has_bias, torch.get_num_threads(), os.environ.get(GEMM_ENV), candidates)
     return fast, _fast.get(fast)
 

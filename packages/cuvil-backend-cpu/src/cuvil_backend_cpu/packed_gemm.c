@@ -1,14 +1,15 @@
 /* Float32 linears on a prepacked weight, for the cpu target's GEMM choice (driven by
  * cuvil_backend_cpu/packed_gemm.py; docs/cpu-backend.md, "GEMMs"):
  *
- *   y[m,n] = sum_k x[m,k] * W[n,k] (+ bias[n])
+ *   y[m,n] = act(sum_k x[m,k] * W[n,k] (+ bias[n]) (+ other[m,n]))
  *
+ * act: none, relu, gelu (erf as codegen.py's cu_erff), gelu_tanh or silu (cpu_linear_epilogue's).
  * W [N][K] is packed once per weight (cuvil_pg_pack) into panels of NR = 2 VW columns, each panel
  * k-major: P[p][k][j] = W[p NR + j][k], zero past N. A register tile is MR rows of x by one panel:
  * MR x 2 vector accumulators; per k, two vector loads of the panel, MR broadcasts of x and 2 MR
  * multiply-adds (AVX2: 6 x 16, 12 accumulators of 16 registers; AVX-512: 12 x 32, 24 of 32). A
- * tile runs the whole of K with its accumulators in registers, so C is written once, bias added
- * in the store. The panel (K NR floats) and the tile's rows of x stream from L1/L2 in order.
+ * tile runs the whole of K with its accumulators in registers, so C is written once, the bias, the
+ * residual and the activation applied in the store. The panel (K NR floats) and the tile's rows of x stream from L1/L2 in order.
  *
  * Threads (OpenMP) split the tiles, panel-major, into contiguous ranges: a thread's tiles mostly
  * share a panel, which then stays in its cache while it walks the rows of x.
@@ -29,8 +30,12 @@
 
 #define INLINE static inline __attribute__((always_inline))
 
-/* params: M, N, K, ldx (x's row stride), ldy (y's row stride), threads, has_bias */
-enum { P_M, P_N, P_K, P_LDX, P_LDY, P_THREADS, P_BIAS, P_COUNT };
+/* params: M, N, K, ldx (x's row stride), ldy (y's row stride), threads, has_bias, act, ldo (the
+   residual's row stride; 0: no residual) */
+enum { P_M, P_N, P_K, P_LDX, P_LDY, P_THREADS, P_BIAS, P_ACT, P_LDO, P_COUNT };
+
+/* the epilogue's activation, applied after the bias and the residual (cpu_linear_epilogue's) */
+enum { ACT_NONE = 0, ACT_RELU = 1, ACT_GELU = 2, ACT_GELU_TANH = 3, ACT_SILU = 4 };
 
 /* below this many multiply-adds the work stays on one thread (a parallel region costs a few us) */
 #define PARALLEL_MIN (1 << 16)
@@ -42,6 +47,55 @@ INLINE vf vload(const float *p) {
 }
 
 INLINE void vstore(float *p, vf v) { memcpy(p, &v, sizeof v); }
+
+INLINE vf vabs(vf v) { return (vf)((vi)v & 0x7fffffff); }
+
+/* erf as codegen.py's cu_erff (the rational function of erf_fit.py), lane-wise */
+INLINE vf verf(vf x) {
+    const vf a = select(x > splat(3.92f), splat(3.92f), select(x < splat(-3.92f), splat(-3.92f), x));
+    const vf t = a * a;
+    vf p = splat(-1.2658604831017328e-08f);
+    p = FMA(p, t, splat(4.5838205551262945e-06f));
+    p = FMA(p, t, splat(0.00037578423507511616f));
+    p = FMA(p, t, splat(0.0038333649281412363f));
+    p = FMA(p, t, splat(0.054214395582675934f));
+    p = FMA(p, t, splat(0.1850714385509491f));
+    p = FMA(p, t, splat(1.128379225730896f));
+    vf q = splat(6.21620929450728e-05f);
+    q = FMA(q, t, splat(0.0012991661205887794f));
+    q = FMA(q, t, splat(0.01541600190103054f));
+    q = FMA(q, t, splat(0.11382868140935898f));
+    q = FMA(q, t, splat(0.49734869599342346f));
+    q = FMA(q, t, splat(1.0f));
+    const vf r = a * p / q;
+    return select(r > splat(1.0f), splat(1.0f), select(r < splat(-1.0f), splat(-1.0f), r));
+}
+
+/* tanh(u) = sign(u) (1 - e) / (1 + e), e = exp(-2|u|) (vexp takes x <= 0) */
+INLINE vf vtanh(vf u) {
+    const vf e = vexp(splat(-2.0f) * vabs(u));
+    const vf t = (splat(1.0f) - e) / (splat(1.0f) + e);
+    return select(u < splat(0.0f), -t, t);
+}
+
+static vf activate(vf v, int act) {
+    switch (act) {
+    case ACT_RELU:
+        return select(v < splat(0.0f), splat(0.0f), v); /* (NaN stays NaN, as torch's) */
+    case ACT_GELU:
+        return splat(0.5f) * v * (splat(1.0f) + verf(v * splat(0.70710678118654752f)));
+    case ACT_GELU_TANH: {
+        const vf u = splat(0.79788456080286536f) * FMA(splat(0.044715f) * v, v * v, v);
+        return splat(0.5f) * v * (splat(1.0f) + vtanh(u));
+    }
+    case ACT_SILU: { /* x sigmoid(x), e = exp(-|x|): sigmoid is 1 / (1 + e) for x >= 0, e / (1 + e) below */
+        const vf e = vexp(-vabs(v));
+        return v * select(v < splat(0.0f), e, splat(1.0f)) / (splat(1.0f) + e);
+    }
+    default:
+        return v;
+    }
+}
 
 /* floats a packed weight of N x K takes */
 int64_t cuvil_pg_packed_size(int64_t N, int64_t K) { return (N + NR - 1) / NR * NR * K; }
@@ -64,8 +118,8 @@ void cuvil_pg_pack(const float *w, int64_t N, int64_t K, float *packed) {
 
 /* rows m0.. (mr of them, a constant at each call site) of x times panel pw; columns n0.. of y
    (nc of them: NR but for the last panel) */
-INLINE void tile(const float *x, int64_t ldx, const float *pw, int64_t K, const float *bias, float *y,
-                 int64_t ldy, int mr, int nc) {
+INLINE void tile(const float *x, int64_t ldx, const float *pw, int64_t K, const float *bias, const float *other,
+                 int64_t ldo, int act, float *y, int64_t ldy, int mr, int nc) {
     vf acc[MR][2];
     for (int m = 0; m < mr; m++) acc[m][0] = acc[m][1] = (vf){0};
     for (int64_t k = 0; k < K; k++) {
@@ -92,6 +146,18 @@ INLINE void tile(const float *x, int64_t ldx, const float *pw, int64_t K, const 
             acc[m][1] += c1;
         }
     }
+    if (other)
+        for (int m = 0; m < mr; m++) {
+            float tmp[NR] = {0};
+            memcpy(tmp, other + m * ldo, (size_t)nc * sizeof(float));
+            acc[m][0] += vload(tmp);
+            acc[m][1] += vload(tmp + VW);
+        }
+    if (act != ACT_NONE)
+        for (int m = 0; m < mr; m++) {
+            acc[m][0] = activate(acc[m][0], act);
+            acc[m][1] = activate(acc[m][1], act);
+        }
     for (int m = 0; m < mr; m++) {
         float *yr = y + m * ldy;
         if (nc == NR) {
@@ -107,10 +173,10 @@ INLINE void tile(const float *x, int64_t ldx, const float *pw, int64_t K, const 
 }
 
 #define CASE(R)                                                                                             \
-    case R: tile(x, ldx, pw, K, bias, y, ldy, R, nc); break;
+    case R: tile(x, ldx, pw, K, bias, other, ldo, act, y, ldy, R, nc); break;
 
-static void tile_any(const float *x, int64_t ldx, const float *pw, int64_t K, const float *bias, float *y,
-                     int64_t ldy, int mr, int nc) {
+static void tile_any(const float *x, int64_t ldx, const float *pw, int64_t K, const float *bias, const float *other,
+                     int64_t ldo, int act, float *y, int64_t ldy, int mr, int nc) {
     switch (mr) {
         CASE(1)
         CASE(2)
@@ -129,19 +195,23 @@ static void tile_any(const float *x, int64_t ldx, const float *pw, int64_t K, co
     }
 }
 
-/* y = x @ W^T (+ bias) on W packed by cuvil_pg_pack. Returns 0; 1 for parameters it does not take. */
-int cuvil_pg_linear(const float *x, const float *packed, const float *bias, float *y, const int64_t *p) {
-    const int64_t M = p[P_M], N = p[P_N], K = p[P_K], ldx = p[P_LDX], ldy = p[P_LDY];
-    if (M < 0 || N < 0 || K < 0 || ldx < K || ldy < N)
+/* y = act(x @ W^T (+ bias) (+ other)) on W packed by cuvil_pg_pack. Returns 0; 1 for parameters it
+   does not take. */
+int cuvil_pg_linear(const float *x, const float *packed, const float *bias, const float *other, float *y,
+                    const int64_t *p) {
+    const int64_t M = p[P_M], N = p[P_N], K = p[P_K], ldx = p[P_LDX], ldy = p[P_LDY], ldo = p[P_LDO];
+    const int act = (int)p[P_ACT];
+    if (M < 0 || N < 0 || K < 0 || ldx < K || ldy < N || (ldo && ldo < N) || act < ACT_NONE || act > ACT_SILU)
         return 1;
-    const float *b = p[P_BIAS] ? bias : 0;
+    const float *b = p[P_BIAS] ? bias : 0, *o = ldo ? other : 0;
     const int64_t panels = (N + NR - 1) / NR, mblocks = (M + MR - 1) / MR, tiles = panels * mblocks;
     const int threads = (int)(p[P_THREADS] > 0 ? p[P_THREADS] : 1);
 #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && M * N * K >= PARALLEL_MIN)
     for (int64_t t = 0; t < tiles; t++) {
         const int64_t pi = t / mblocks, m0 = (t % mblocks) * MR, n0 = pi * NR;
         const int mr = (int)(M - m0 < MR ? M - m0 : MR), nc = (int)(N - n0 < NR ? N - n0 : NR);
-        tile_any(x + m0 * ldx, ldx, packed + pi * K * NR, K, b ? b + n0 : 0, y + m0 * ldy + n0, ldy, mr, nc);
+        tile_any(x + m0 * ldx, ldx, packed + pi * K * NR, K, b ? b + n0 : 0, o ? o + m0 * ldo + n0 : 0, ldo, act,
+                 y + m0 * ldy + n0, ldy, mr, nc);
     }
     return 0;
 }

@@ -27,6 +27,9 @@ from cuvil_backend_cpu.c_prelude import kernel_source
 from cuvil_backend_cpu.emulation import EmulatedLibrary
 from cuvil_backend_cpu.kernel_cache import KernelCache, per_cache
 
+#: the epilogue's activations (``cpu_linear_epilogue``'s ``act``) and the kernel's codes for them
+ACTIVATIONS = {"none": 0, "relu": 1, "gelu": 2, "gelu_tanh": 3, "silu": 4}
+
 
 class PackedGemmKernel:
     """The compiled ``packed_gemm.c``, loaded from ``cache``."""
@@ -41,7 +44,7 @@ class PackedGemmKernel:
         self._pack.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
         self._pack.restype = None
         self._linear = lib.cuvil_pg_linear
-        self._linear.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_char_p]
+        self._linear.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_char_p]
         self._linear.restype = ctypes.c_int
         vw, mr, nr = ctypes.c_int64(), ctypes.c_int64(), ctypes.c_int64()
         info = lib.cuvil_pg_info
@@ -84,15 +87,28 @@ class PackedGemmKernel:
         return p
 
     def linear_into(
-        self, out: torch.Tensor, x: torch.Tensor, packed: torch.Tensor, n: int, bias: torch.Tensor | None
+        self,
+        out: torch.Tensor,
+        x: torch.Tensor,
+        packed: torch.Tensor,
+        n: int,
+        bias: torch.Tensor | None,
+        other: torch.Tensor | None = None,
+        act: str = "none",
     ) -> None:
-        """``out[M, n] = x[M, K] @ W^T (+ bias)`` for ``W`` packed by :meth:`pack`: ``x`` float32
-        with unit stride along K (any row stride), ``out`` float32 with unit stride along N."""
+        """``out[M, n] = act(x[M, K] @ W^T (+ bias) (+ other))`` for ``W`` packed by :meth:`pack`:
+        ``x`` float32 with unit stride along K (any row stride), ``out`` and ``other`` float32
+        ``[M, n]`` with unit stride along N; ``act`` one of :data:`ACTIVATIONS`."""
         m, k = x.shape
         ldx = x.stride(0) if m > 1 else k  # (one row: its stride is never read)
         ldy = out.stride(0) if m > 1 else n
-        params = struct.pack("7q", m, n, k, ldx, ldy, torch.get_num_threads(), int(bias is not None))
-        rc = self._linear(self._ptr(x), self._ptr(packed), self._ptr(bias), self._ptr(out), params)
+        ldo = 0 if other is None else (other.stride(0) if m > 1 else n)
+        params = struct.pack(
+            "9q", m, n, k, ldx, ldy, torch.get_num_threads(), int(bias is not None), ACTIVATIONS[act], ldo
+        )
+        rc = self._linear(
+            self._ptr(x), self._ptr(packed), self._ptr(bias), self._ptr(other), self._ptr(out), params
+        )
         if rc:
             raise ValueError(f"packed_gemm: the kernel refused {m}x{k} @ {n}x{k}")
 
@@ -118,8 +134,16 @@ def applies(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> bool:
     )
 
 
-def linear(pg: PackedGemmKernel, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
-    """``F.linear(x, w, b)`` by the packed GEMM, for operands :func:`applies` takes."""
+def linear(
+    pg: PackedGemmKernel,
+    x: torch.Tensor,
+    w: torch.Tensor,
+    b: torch.Tensor | None,
+    other: torch.Tensor | None = None,
+    act: str = "none",
+) -> torch.Tensor:
+    """``act(F.linear(x, w, b) (+ other))`` by the packed GEMM, for operands :func:`applies`
+    takes (``other``: float32 of the result's shape)."""
     k = x.shape[-1]
     rows = x.numel() // max(k, 1)
     x2 = x.reshape(rows, k)
@@ -127,21 +151,36 @@ def linear(pg: PackedGemmKernel, x: torch.Tensor, w: torch.Tensor, b: torch.Tens
         x2 = x2.contiguous()
     n = w.shape[0]
     out = torch.empty((*x.shape[:-1], n), dtype=torch.float32)
-    pg.linear_into(out.view(rows, n), x2, pg.packed(w), n, b)
+    o2 = None
+    if other is not None:
+        o2 = other.reshape(rows, n)
+        if o2.stride(1) != 1:
+            o2 = o2.contiguous()
+    pg.linear_into(out.view(rows, n), x2, pg.packed(w), n, b, o2, act)
     return out
 
 
 def f32_linear(cache: KernelCache) -> Callable[..., torch.Tensor | None]:
-    """A float32 linear by the packed GEMM (``F.linear(x, w, b)``), or ``None`` where it does not
-    apply (:func:`applies`): the ``packed`` candidate of the cpu target's GEMM choice. The kernel
-    is built at the first call (a target that never runs a float32 linear builds nothing)."""
+    """A float32 linear by the packed GEMM (``act(F.linear(x, w, b) (+ other))``), or ``None``
+    where it does not apply (:func:`applies`, an ``other`` not of the result's shape): the
+    ``packed`` candidate of the cpu target's GEMM choice, for plain linears and fused epilogues.
+    The kernel is built at the first call (a target that never runs a float32 linear builds
+    nothing)."""
 
-    def run(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor | None:
-        if not applies(x, w, b):
+    def run(
+        x: torch.Tensor,
+        w: torch.Tensor,
+        b: torch.Tensor | None,
+        other: torch.Tensor | None = None,
+        act: str = "none",
+    ) -> torch.Tensor | None:
+        if not applies(x, w, b) or act not in ACTIVATIONS:
             return None
-        return linear(kernel(cache), x, w, b)
+        if other is not None and (other.dtype != torch.float32 or other.shape != (*x.shape[:-1], w.shape[0])):
+            return None
+        return linear(kernel(cache), x, w, b, other, act)
 
     return run
 
 
-__all__ = ["PackedGemmKernel", "applies", "f32_linear", "kernel", "linear"]
+__all__ = ["ACTIVATIONS", "PackedGemmKernel", "applies", "f32_linear", "kernel", "linear"]

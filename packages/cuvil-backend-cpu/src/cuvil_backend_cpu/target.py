@@ -127,6 +127,9 @@ class CpuTarget(CpuHooks):
             return externs.linear_with_ours(
                 quant_linear.f32_gemv(self.cache), packed_gemm.f32_linear(self.cache)
             )
+        if op == "cpu_linear_epilogue" and op in externs.FAST_EXTERNS:
+            # our packed GEMM with the epilogue in its store, against oneDNN's post-ops
+            return externs.linear_epilogue_with_ours(packed_gemm.f32_linear(self.cache))
         if op == "cpu_attention":
             return attention.pattern_extern(self.cache, reference)
         if op == paged_attention.OP:
