@@ -20,8 +20,14 @@ never an import or a call of something named by the data).
 
 The encoding is a table: each container, dataclass or expression appears once,
 children before parents, and is referred to by its position (``["@", n]``).
-Sharing follows object identity, never equality: ``-0.0 == 0.0`` and
-``1 == True``, so merging equal objects could change a program.
+Sharing follows object identity, never Python equality: ``-0.0 == 0.0`` and
+``1 == True``, so merging equal objects could change a program. Immutable values
+(tuples, frozensets, enums, frozen dataclasses, sympy expressions) are also shared
+when their *encodings* are equal (which keeps ``-0.0`` and ``0.0``, ``1`` and
+``True`` apart): otherwise equal trees would encode differently depending on which
+equal objects happen to be one object (a size tuple a cache returned twice, or two
+equal ones made afresh), and saving the same program twice would not give the same
+bytes. Lists, dicts and mutable dataclasses are shared by identity only.
 """
 
 from __future__ import annotations
@@ -118,6 +124,16 @@ def _classes_of(module: ModuleType) -> list[type]:
     ]
 
 
+def _immutable(obj: Any) -> bool:
+    """Whether sharing ``obj``'s entry with an equal encoding's cannot change what decodes."""
+    if isinstance(obj, (tuple, frozenset, enum.Enum, sympy.Basic)):
+        return True
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        params = getattr(type(obj), "__dataclass_params__", None)
+        return bool(params is not None and params.frozen)
+    return False
+
+
 class Codec:
     """Encode and decode trees of the given dataclasses and enums (plus the IR's own)."""
 
@@ -160,10 +176,19 @@ class Codec:
         if ref is not None:
             return ref
         entry = self._entry(obj, table, memo, keep)
+        keep.append(obj)
+        by_value = None
+        if _immutable(obj):  # one entry for equal encodings (see the module doc)
+            by_value = ("=", json.dumps(entry, separators=(",", ":")))
+            ref = memo.get(by_value)
+            if ref is not None:
+                memo[key] = ref
+                return ref
         table.append(entry)
         ref = ["@", len(table) - 1]
         memo[key] = ref
-        keep.append(obj)
+        if by_value is not None:
+            memo[by_value] = ref
         return ref
 
     def _entry(self, obj: Any, table: list[Any], memo: dict[Any, Any], keep: list[Any]) -> Any:
