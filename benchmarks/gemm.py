@@ -25,8 +25,8 @@ from typing import Any
 
 import torch
 
-#: (M, K, N): the zoo's linears (BERT/CLIP/T5 at d 256, FFN 1024; ViT's 197 tokens), a decode
-#: batch of 16 (serving), and ragged sizes
+#: (M, K, N): the zoo's linears (BERT/CLIP/T5 at d 256, FFN 1024; ViT's 197 tokens, 788 at batch
+#: 4), a decode batch of 16 (serving), and ragged sizes
 SHAPES = [
     (16, 512, 512),
     (16, 512, 1408),
@@ -38,6 +38,8 @@ SHAPES = [
     (128, 1024, 256),
     (197, 1024, 256),
     (512, 256, 1024),
+    (788, 256, 1024),
+    (788, 1024, 256),
     (7, 100, 37),
 ]
 

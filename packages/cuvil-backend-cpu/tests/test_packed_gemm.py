@@ -178,3 +178,16 @@ def test_compiled_epilogues_forced_to_it_match_eager(private_cache, monkeypatch,
             assert got.dtype == want.dtype
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
     assert (act, False) in ran and ("none", True) in ran
+
+
+def test_rows_past_one_block_of_x(pg: PackedGemmKernel) -> None:
+    """More rows than one block of x holds (about 256 KiB: here 300 rows of K = 300, two blocks
+    of equal size), with the residual and an activation: every row and column once."""
+    g = torch.Generator().manual_seed(11)
+    m, k, n = 300, 300, 40
+    x, w, b = torch.randn(m, k, generator=g), torch.randn(n, k, generator=g), torch.randn(n, generator=g)
+    other = torch.randn(m, n, generator=g)
+    out = torch.full((m, n), float("nan"))
+    pg.linear_into(out, x, pg.pack(w), n, b, other, "relu")
+    want = torch.relu(torch.nn.functional.linear(x.double(), w.double(), b.double()) + other.double())
+    torch.testing.assert_close(out.double(), want, rtol=2e-6, atol=2e-4)

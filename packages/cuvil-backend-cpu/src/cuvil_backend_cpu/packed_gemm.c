@@ -11,8 +11,10 @@
  * tile runs the whole of K with its accumulators in registers, so C is written once, the bias, the
  * residual and the activation applied in the store. The panel (K NR floats) and the tile's rows of x stream from L1/L2 in order.
  *
- * Threads (OpenMP) split the tiles, panel-major, into contiguous ranges: a thread's tiles mostly
- * share a panel, which then stays in its cache while it walks the rows of x.
+ * The rows of x go in blocks of about 256 KiB (whole tiles); within a block the tiles are panel-major.
+ * Threads (OpenMP) split the tiles into contiguous ranges: a thread's tiles mostly share a panel,
+ * which stays in its cache while it walks the block's rows, and the block stays in cache while
+ * the panels pass (without the blocks, a tall x was read from memory once per panel).
  *
  * One source for every ISA (GCC vector types; FMA where the ISA has it, as attention.c).
  */
@@ -36,6 +38,9 @@ enum { P_M, P_N, P_K, P_LDX, P_LDY, P_THREADS, P_BIAS, P_ACT, P_LDO, P_COUNT };
 
 /* the epilogue's activation, applied after the bias and the residual (cpu_linear_epilogue's) */
 enum { ACT_NONE = 0, ACT_RELU = 1, ACT_GELU = 2, ACT_GELU_TANH = 3, ACT_SILU = 4 };
+
+/* bytes of x a block of rows holds (half of a 512 KiB L2) */
+#define X_BLOCK_BYTES (256 * 1024)
 
 /* below this many multiply-adds the work stays on one thread (a parallel region costs a few us) */
 #define PARALLEL_MIN (1 << 16)
@@ -204,11 +209,23 @@ int cuvil_pg_linear(const float *x, const float *packed, const float *bias, cons
     if (M < 0 || N < 0 || K < 0 || ldx < K || ldy < N || (ldo && ldo < N) || act < ACT_NONE || act > ACT_SILU)
         return 1;
     const float *b = p[P_BIAS] ? bias : 0, *o = ldo ? other : 0;
-    const int64_t panels = (N + NR - 1) / NR, mblocks = (M + MR - 1) / MR, tiles = panels * mblocks;
+    const int64_t panels = (N + NR - 1) / NR, mblocks = (M + MR - 1) / MR;
+    /* rows of x in blocks of about X_BLOCK_BYTES (whole tiles): every panel meets one block while it
+       stays in cache, so x is read from memory once, not once per panel */
+    int64_t most = X_BLOCK_BYTES / (MR * (K > 0 ? K : 1) * (int64_t)sizeof(float));
+    most = most < 1 ? 1 : most;
+    /* blocks of equal size (give or take a tile): a short last block would leave the threads whose
+       range falls in it idle */
+    const int64_t xblocks = (mblocks + most - 1) / most, per_block = (mblocks + xblocks - 1) / xblocks;
+    const int64_t tiles = xblocks * panels * per_block;
     const int threads = (int)(p[P_THREADS] > 0 ? p[P_THREADS] : 1);
 #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && M * N * K >= PARALLEL_MIN)
     for (int64_t t = 0; t < tiles; t++) {
-        const int64_t pi = t / mblocks, m0 = (t % mblocks) * MR, n0 = pi * NR;
+        const int64_t xb = t / (panels * per_block), r = t % (panels * per_block);
+        const int64_t pi = r / per_block, mt = xb * per_block + r % per_block;
+        if (mt >= mblocks)
+            continue; /* (the last block of rows is short) */
+        const int64_t m0 = mt * MR, n0 = pi * NR;
         const int mr = (int)(M - m0 < MR ? M - m0 : MR), nc = (int)(N - n0 < NR ? N - n0 : NR);
         tile_any(x + m0 * ldx, ldx, packed + pi * K * NR, K, b ? b + n0 : 0, o ? o + m0 * ldo + n0 : 0, ldo, act,
                  y + m0 * ldy + n0, ldy, mr, nc);
