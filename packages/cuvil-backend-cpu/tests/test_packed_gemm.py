@@ -191,3 +191,49 @@ def test_rows_past_one_block_of_x(pg: PackedGemmKernel) -> None:
     pg.linear_into(out, x, pg.pack(w), n, b, other, "relu")
     want = torch.relu(torch.nn.functional.linear(x.double(), w.double(), b.double()) + other.double())
     torch.testing.assert_close(out.double(), want, rtol=2e-6, atol=2e-4)
+
+
+def test_pack_kn_against_float64(pg: PackedGemmKernel) -> None:
+    """A weight stored ``[K, N]`` (the right operand of ``x @ W``) packs to the same panels."""
+    g = torch.Generator().manual_seed(13)
+    k, n = 37, 45
+    w_kn = torch.randn(k, n, generator=g)
+    assert torch.equal(pg.pack(w_kn, kn=True), pg.pack(w_kn.t().contiguous()))
+    x = torch.randn(9, k, generator=g)
+    out = torch.empty(9, n)
+    pg.linear_into(out, x, pg.pack(w_kn, kn=True), n, None)
+    _check(out, x, w_kn.t(), None)
+
+
+def test_compiled_matmul_of_a_parameter_forced_to_it(private_cache, monkeypatch) -> None:
+    """``CUVIL_CPU_GEMM=packed``: ``x @ W`` for a parameter ``W`` (GPT-2's ``Conv1D``) runs the
+    packed GEMM; a product of two activations does not (it would be packed at every call)."""
+    monkeypatch.setenv(gemm_choice.GEMM_ENV, "packed")
+    ran: list[int] = []
+    real = PackedGemmKernel.linear_into
+
+    def spy(self, out, x, packed, n, bias, other=None, act="none"):
+        ran.append(n)
+        return real(self, out, x, packed, n, bias, other, act)
+
+    monkeypatch.setattr(PackedGemmKernel, "linear_into", spy)
+
+    class Conv1D(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.randn(48, 72) * 0.1)
+            self.bias = torch.nn.Parameter(torch.randn(72))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = x @ self.weight + self.bias
+            return y @ y.transpose(-1, -2)  # activations only: not packed
+
+    m = Conv1D().eval()
+    f = cu.compile(m, target="cpu", fallback="error")
+    with torch.no_grad():
+        for shape in ((2, 5, 48), (3, 48)):
+            x = torch.randn(*shape)
+            got, want = f(x), m(x)
+            assert got.dtype == want.dtype
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    assert ran and set(ran) == {72}

@@ -41,6 +41,32 @@ def matmul_into(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
         out.copy_(torch.matmul(a, b))
 
 
+def matmul_into_with_ours(packed: Callable[..., torch.Tensor | None]) -> Callable[..., None]:
+    """:func:`matmul_into` with ``packed`` (``packed_gemm.f32_matmul``: ``a @ w`` for a float32
+    parameter ``w``) a candidate beside torch's, chosen per shape ([Note: GEMM choice])."""
+
+    def run(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+        if (
+            b.dim() == 2
+            and a.dim() >= 2
+            and isinstance(b, torch.nn.Parameter)
+            and not half_gemm.applies(a, b)
+        ):
+            rows = a.numel() // max(a.shape[-1], 1)
+            k, n = b.shape
+            fast, choice = gemm_choice.known(rows, k, n, False, "matmul")
+            if choice is None:
+                run_: dict[str, Callable[[], Any]] = {"mkl": lambda: torch.matmul(a, b, out=out)}
+                if packed(a, b, out) is not None:  # (the first call packs the weight)
+                    run_["packed"] = lambda: packed(a, b, out)
+                choice = gemm_choice.choose(gemm_choice.key(rows, k, n, False, epilogue="matmul"), run_, fast)
+            if choice == "packed" and packed(a, b, out) is not None:
+                return
+        matmul_into(out, a, b)
+
+    return run
+
+
 OUT_VARIANTS: dict[str, Callable[..., Any]] = {"linear": linear_into, "matmul": matmul_into}
 #: (with oneDNN, linear runs as FAST_EXTERNS["linear"] instead, which returns a new tensor)
 

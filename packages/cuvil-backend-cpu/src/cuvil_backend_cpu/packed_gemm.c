@@ -121,6 +121,19 @@ void cuvil_pg_pack(const float *w, int64_t N, int64_t K, float *packed) {
     }
 }
 
+/* the same panels from W stored transposed, [K][N] (the right operand of x @ W: GPT-2's Conv1D) */
+void cuvil_pg_pack_kn(const float *w, int64_t N, int64_t K, float *packed) {
+    const int64_t panels = (N + NR - 1) / NR;
+    for (int64_t p = 0; p < panels; p++) {
+        float *dst = packed + p * K * NR;
+        const int64_t n0 = p * NR, nc = N - n0 < NR ? N - n0 : NR;
+        for (int64_t k = 0; k < K; k++) {
+            memcpy(dst + k * NR, w + k * N + n0, (size_t)nc * sizeof(float));
+            for (int64_t j = nc; j < NR; j++) dst[k * NR + j] = 0.0f;
+        }
+    }
+}
+
 /* rows m0.. (mr of them, a constant at each call site) of x times panel pw; columns n0.. of y
    (nc of them: NR but for the last panel) */
 INLINE void tile(const float *x, int64_t ldx, const float *pw, int64_t K, const float *bias, const float *other,

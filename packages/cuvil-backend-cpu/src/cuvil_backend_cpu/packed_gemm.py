@@ -43,6 +43,9 @@ class PackedGemmKernel:
         self._pack = lib.cuvil_pg_pack
         self._pack.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
         self._pack.restype = None
+        self._pack_kn = lib.cuvil_pg_pack_kn
+        self._pack_kn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
+        self._pack_kn.restype = None
         self._linear = lib.cuvil_pg_linear
         self._linear.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_char_p]
         self._linear.restype = ctypes.c_int
@@ -53,7 +56,7 @@ class PackedGemmKernel:
         info(ctypes.byref(vw), ctypes.byref(mr), ctypes.byref(nr))
         #: the build's vector width (floats), rows of x per register tile, columns per panel
         self.lanes, self.tile_rows, self.panel_cols = vw.value, mr.value, nr.value
-        self._packed: dict[int, tuple[weakref.ref[torch.Tensor], int, int, torch.Tensor]] = {}
+        self._packed: dict[tuple[int, bool], tuple[weakref.ref[torch.Tensor], int, int, torch.Tensor]] = {}
         self._lock = threading.Lock()
 
     def _ptr(self, t: torch.Tensor | None) -> Any:
@@ -61,26 +64,27 @@ class PackedGemmKernel:
             return t
         return None if t is None else t.data_ptr()
 
-    def pack(self, w: torch.Tensor) -> torch.Tensor:
-        """``w`` (contiguous float32 ``[N, K]``) in panels: a new tensor of whole panels."""
-        n, k = w.shape
+    def pack(self, w: torch.Tensor, kn: bool = False) -> torch.Tensor:
+        """``w`` (contiguous float32 ``[N, K]``, or ``[K, N]`` with ``kn``) in panels: a new
+        tensor of whole panels."""
+        n, k = (w.shape[1], w.shape[0]) if kn else w.shape
         panels = -(-n // self.panel_cols)
         out = torch.empty(panels * self.panel_cols * k, dtype=torch.float32)
-        self._pack(self._ptr(w), n, k, self._ptr(out))
+        (self._pack_kn if kn else self._pack)(self._ptr(w), n, k, self._ptr(out))
         return out
 
-    def packed(self, w: torch.Tensor) -> torch.Tensor:
+    def packed(self, w: torch.Tensor, kn: bool = False) -> torch.Tensor:
         """``w`` packed, once per weight, storage and version (a weight written in place, or
         given new storage, is packed again; a weight that dies drops its packing)."""
-        key = id(w)
+        key = (id(w), kn)
         hit = self._packed.get(key)
         if hit is not None and hit[0]() is w and hit[1] == w._version and hit[2] == w.data_ptr():
             return hit[3]
-        p = self.pack(w)
+        p = self.pack(w, kn)
         with self._lock:
             cache = self._packed
 
-            def forget(_: object, key: int = key) -> None:
+            def forget(_: object, key: tuple[int, bool] = key) -> None:
                 cache.pop(key, None)
 
             cache[key] = (weakref.ref(w, forget), w._version, w.data_ptr(), p)
@@ -160,6 +164,43 @@ def linear(
     return out
 
 
+def f32_matmul(cache: KernelCache) -> Callable[..., torch.Tensor | None]:
+    """``a @ w`` by the packed GEMM for a float32 parameter ``w`` (2-d, contiguous ``[K, N]``:
+    GPT-2's ``Conv1D``), packed once per version; ``None`` where it does not apply (a right
+    operand that is not a parameter would be packed at every call). The ``packed`` candidate
+    of the cpu target's matmul out-variant."""
+
+    def run(a: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor | None:
+        """``a @ w`` (into ``out``, contiguous float32 of the result's shape, where given)."""
+        if not (
+            isinstance(w, torch.nn.Parameter)
+            and w.dim() == 2
+            and a.dim() >= 2
+            and a.dtype == w.dtype == torch.float32
+            and a.device.type == w.device.type == "cpu"
+            and w.is_contiguous()
+            and a.shape[-1] == w.shape[0]
+            and a.numel() > 0
+            and w.shape[1] > 0
+        ):
+            return None
+        pg = kernel(cache)
+        k, n = w.shape
+        rows = a.numel() // k
+        a2 = a.reshape(rows, k)
+        if a2.stride(1) != 1:
+            a2 = a2.contiguous()
+        shape = (*a.shape[:-1], n)
+        if out is None:
+            out = torch.empty(shape, dtype=torch.float32)
+        elif out.shape != shape or out.dtype != torch.float32 or not out.is_contiguous():
+            return None
+        pg.linear_into(out.view(rows, n), a2, pg.packed(w, kn=True), n, None)
+        return out
+
+    return run
+
+
 def f32_linear(cache: KernelCache) -> Callable[..., torch.Tensor | None]:
     """A float32 linear by the packed GEMM (``act(F.linear(x, w, b) (+ other))``), or ``None``
     where it does not apply (:func:`applies`, an ``other`` not of the result's shape): the
@@ -183,4 +224,4 @@ def f32_linear(cache: KernelCache) -> Callable[..., torch.Tensor | None]:
     return run
 
 
-__all__ = ["ACTIVATIONS", "PackedGemmKernel", "applies", "f32_linear", "kernel", "linear"]
+__all__ = ["ACTIVATIONS", "PackedGemmKernel", "applies", "f32_linear", "f32_matmul", "kernel", "linear"]

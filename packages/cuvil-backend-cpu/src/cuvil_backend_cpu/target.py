@@ -138,9 +138,12 @@ class CpuTarget(CpuHooks):
 
     def out_variant(self, op: str) -> Callable[..., Any]:
         """As :class:`CpuHooks`', except weight-only linears, which run our own kernel built by
-        this target's kernel cache."""
+        this target's kernel cache, and matmuls, whose GEMM choice includes our packed GEMM for
+        a parameter on the right."""
         if op == quant_linear.OP:
             return quant_linear.out_variant(self.cache)
+        if op == "matmul":  # a parameter on the right (GPT-2's Conv1D): our packed GEMM a candidate
+            return externs.matmul_into_with_ours(packed_gemm.f32_matmul(self.cache))
         if op == shared_input_linears.LinearGroup.name:
             return shared_input_linears.out_variant(
                 self.cache, self._f32_linear(), quant_linear.out_variant(self.cache)
