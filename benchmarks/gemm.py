@@ -3,6 +3,7 @@
     PYTHONPATH=. python -m benchmarks.gemm                          # the zoo's linear shapes
     PYTHONPATH=. python -m benchmarks.gemm --threads 1 --interleaved
     PYTHONPATH=. python -m benchmarks.gemm --zoo bert t5 clip_text vit distilbert
+    PYTHONPATH=. python -m benchmarks.gemm --serve-step 16 --calls 40 --threads 1
 
 Per shape (``M x K -> N``, with bias): each GEMM called ``--calls`` times in a row (its weight
 warm in cache), or with ``--interleaved`` the three taking turns call by call (as the GEMM choice
@@ -10,7 +11,8 @@ measures them: each then finds its weight colder), medians in µs and GFLOP/s, a
 difference from a float64 product. ``--zoo``: the compiled zoo model called with
 ``CUVIL_CPU_GEMM`` switched between ``mkl``, ``onednn``, ``packed`` and unset (the per-shape
 choice) call by call, in one process, medians in ms; the choice record is the kernel cache's
-(delete ``gemm-*.json`` there to measure afresh). Host, ISA and threads head the output.
+(delete ``gemm-*.json`` there to measure afresh). ``--serve-step N``: the same for
+cuvil-serve's compiled decode step of N sequences. Host, ISA and threads head the output.
 """
 
 from __future__ import annotations
@@ -116,6 +118,40 @@ def zoo(models: list[str], rounds: int, batch: int) -> None:
         )
 
 
+def serve_step(rounds: int, sequences: int) -> None:
+    """cuvil-serve's compiled decode step of ``sequences`` sequences (small-llama, 64-token
+    prompts), ``CUVIL_CPU_GEMM`` switched step by step as in :func:`zoo`."""
+    import random
+
+    from cuvil_backend_cpu import gemm_choice
+    from cuvil_serve.engine import Engine, EngineConfig
+    from cuvil_serve.models import build_model
+    from cuvil_serve.sampling import SamplingParams
+
+    loaded = build_model("small-llama")
+    engine = Engine(loaded, EngineConfig(compile=True, num_blocks=1024))
+    rng = random.Random(0)
+    for _ in range(sequences):
+        prompt = [rng.randrange(3, loaded.tokenizer.vocab_size) for _ in range(64)]
+        engine.add_request(prompt, SamplingParams(max_tokens=10_000, temperature=0, ignore_eos=True))
+    while engine.scheduler.waiting or any(
+        s.num_computed < len(s.token_ids) - 1 for s in engine.scheduler.running
+    ):
+        engine.step()  # the prompts' prefill: every later step decodes all of them
+    modes = ["mkl", "onednn", "packed", ""]
+    times: dict[str, list[float]] = {mode: [] for mode in modes}
+    for r in range(rounds + 3):
+        for mode in modes:
+            os.environ[gemm_choice.GEMM_ENV] = mode
+            t0 = time.perf_counter()
+            engine.step()
+            if r >= 3:
+                times[mode].append(time.perf_counter() - t0)
+    os.environ.pop(gemm_choice.GEMM_ENV, None)
+    med = {mode or "chosen": f"{statistics.median(t) * 1e3:.2f}" for mode, t in times.items()}
+    print(f"decode step of {sequences} sequences, ms (MKL, oneDNN, packed, chosen): {med}")
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--threads", type=int, default=2)
@@ -123,6 +159,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--interleaved", action="store_true", help="the GEMMs take turns call by call")
     p.add_argument("--zoo", nargs="*", help="zoo models: whole-model A/B instead of shapes")
     p.add_argument("--batch", type=int, default=1, help="--zoo: the models' batch")
+    p.add_argument("--serve-step", type=int, metavar="SEQUENCES", help="cuvil-serve's decode step instead")
     a = p.parse_args(argv)
     torch.set_num_threads(a.threads)
     from cuvil_backend_cpu.toolchain import find_toolchain
@@ -131,7 +168,9 @@ def main(argv: list[str] | None = None) -> None:
         f"host: {platform.machine()}, {os.cpu_count()} CPUs, cpu target ISA {find_toolchain().isa}, "
         f"{a.threads} threads, torch {torch.__version__}\n"
     )
-    if a.zoo is not None:
+    if a.serve_step:
+        serve_step(a.calls, a.serve_step)
+    elif a.zoo is not None:
         zoo(a.zoo or ["bert", "t5", "clip_text", "vit", "distilbert"], a.calls, a.batch)
     else:
         shapes(a.calls, a.interleaved)
