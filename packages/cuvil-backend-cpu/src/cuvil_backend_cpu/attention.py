@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from cuvil_backend_cpu import attention_pattern, gemm_choice
-from cuvil_backend_cpu.c_prelude import kernel_source
+from cuvil_backend_cpu.c_prelude import build_facts, kernel_source
 from cuvil_backend_cpu.emulation import EmulatedLibrary
 from cuvil_backend_cpu.kernel_cache import KernelCache, per_cache
 
@@ -57,14 +57,10 @@ class FlashAttention:
         self._fn.restype = ctypes.c_int
         #: an emulated kernel (:mod:`cuvil_backend_cpu.emulation`) takes tensors, not addresses
         self._tensors = isinstance(lib, EmulatedLibrary)
-        mr, nr = ctypes.c_int64(), ctypes.c_int64()
-        tile = lib.cuvil_attention_tile
-        tile.argtypes = [ctypes.POINTER(ctypes.c_int64)] * 2
-        tile.restype = None
-        tile(ctypes.byref(mr), ctypes.byref(nr))
-        self.tile_queries = nr.value  # queries lie across a tile's columns
-        self.block_q = -(-BLOCK_Q // nr.value) * nr.value
-        self.block_k = -(-BLOCK_K // mr.value) * mr.value  # keys down its rows
+        mr, nr = build_facts(lib, "cuvil_attention_tile", 2)
+        self.tile_queries = nr  # queries lie across a tile's columns
+        self.block_q = -(-BLOCK_Q // nr) * nr
+        self.block_k = -(-BLOCK_K // mr) * mr  # keys down its rows
 
     def faster_than_torch(self, q: torch.Tensor, k: torch.Tensor) -> bool:
         """Whether this kernel beats torch's on these sizes (see :data:`MIN_SCORES`)."""

@@ -5,7 +5,9 @@ the kernel cache hashes, builds and signs (no header is read from anywhere at bu
 
 from __future__ import annotations
 
+import ctypes
 from pathlib import Path
+from typing import Any
 
 _HERE = Path(__file__).parent
 #: the line a kernel's source names the prelude with
@@ -24,4 +26,15 @@ def kernel_source(name: str, lanes: int | None = None) -> str:
     return text if lanes is None else f"#define CUVIL_VW {lanes}\n{text}"
 
 
-__all__ = ["INCLUDE", "PRELUDE", "kernel_source"]
+def build_facts(lib: Any, symbol: str, count: int) -> tuple[int, ...]:
+    """What a built kernel says about itself (its vector width, tile sizes): ``symbol`` is a
+    ``void f(int64_t *, ...)`` writing ``count`` numbers (a loaded or an emulated library)."""
+    values = [ctypes.c_int64() for _ in range(count)]
+    fn = getattr(lib, symbol)
+    fn.argtypes = [ctypes.POINTER(ctypes.c_int64)] * count
+    fn.restype = None
+    fn(*(ctypes.byref(v) for v in values))
+    return tuple(v.value for v in values)
+
+
+__all__ = ["INCLUDE", "PRELUDE", "build_facts", "kernel_source"]

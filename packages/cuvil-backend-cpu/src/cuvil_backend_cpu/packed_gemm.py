@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from cuvil_backend_cpu.c_prelude import kernel_source
+from cuvil_backend_cpu.c_prelude import build_facts, kernel_source
 from cuvil_backend_cpu.emulation import EmulatedLibrary
 from cuvil_backend_cpu.kernel_cache import KernelCache, per_cache
 
@@ -49,13 +49,8 @@ class PackedGemmKernel:
         self._linear = lib.cuvil_pg_linear
         self._linear.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_char_p]
         self._linear.restype = ctypes.c_int
-        vw, mr, nr = ctypes.c_int64(), ctypes.c_int64(), ctypes.c_int64()
-        info = lib.cuvil_pg_info
-        info.argtypes = [ctypes.POINTER(ctypes.c_int64)] * 3
-        info.restype = None
-        info(ctypes.byref(vw), ctypes.byref(mr), ctypes.byref(nr))
         #: the build's vector width (floats), rows of x per register tile, columns per panel
-        self.lanes, self.tile_rows, self.panel_cols = vw.value, mr.value, nr.value
+        self.lanes, self.tile_rows, self.panel_cols = build_facts(lib, "cuvil_pg_info", 3)
         self._packed: dict[tuple[int, bool], tuple[weakref.ref[torch.Tensor], int, int, torch.Tensor]] = {}
         self._lock = threading.Lock()
 

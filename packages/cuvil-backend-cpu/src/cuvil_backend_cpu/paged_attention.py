@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from cuvil_backend_cpu.c_prelude import kernel_source
+from cuvil_backend_cpu.c_prelude import build_facts, kernel_source
 from cuvil_backend_cpu.emulation import EmulatedLibrary
 from cuvil_backend_cpu.kernel_cache import KernelCache, per_cache
 from cuvil_backend_cpu.toolchain import ToolchainError
@@ -64,13 +64,8 @@ class PagedAttentionKernel:
         self._fn.restype = ctypes.c_int
         #: an emulated kernel (:mod:`cuvil_backend_cpu.emulation`) takes tensors, not addresses
         self._tensors = isinstance(lib, EmulatedLibrary)
-        vw, pt = ctypes.c_int64(), ctypes.c_int64()
-        info = lib.cuvil_paged_attention_info
-        info.argtypes = [ctypes.POINTER(ctypes.c_int64)] * 2
-        info.restype = None
-        info(ctypes.byref(vw), ctypes.byref(pt))
         #: the build's vector width (floats) and positions per sub-tile
-        self.lanes, self.positions = vw.value, pt.value
+        self.lanes, self.positions = build_facts(lib, "cuvil_paged_attention_info", 2)
         #: split items of the last call (tests: the long-context split happened)
         self.last_split_items = 0
 

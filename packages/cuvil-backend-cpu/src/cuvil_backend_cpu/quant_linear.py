@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from cuvil_backend_cpu.c_prelude import kernel_source
+from cuvil_backend_cpu.c_prelude import build_facts, kernel_source
 from cuvil_backend_cpu.emulation import EmulatedLibrary
 from cuvil_backend_cpu.kernel_cache import KernelCache, per_cache
 from cuvil_backend_cpu.toolchain import ToolchainError
@@ -70,13 +70,8 @@ class QuantLinearKernel:
         self._dequant.restype = ctypes.c_int
         #: an emulated kernel (:mod:`cuvil_backend_cpu.emulation`) takes tensors, not addresses
         self._tensors = isinstance(lib, EmulatedLibrary)
-        vw, mr, nr = ctypes.c_int64(), ctypes.c_int64(), ctypes.c_int64()
-        info = lib.cuvil_ql_info
-        info.argtypes = [ctypes.POINTER(ctypes.c_int64)] * 3
-        info.restype = None
-        info(ctypes.byref(vw), ctypes.byref(mr), ctypes.byref(nr))
         #: the build's vector width (floats), rows of x and of W per register tile
-        self.lanes, self.tile_rows, self.tile_cols = vw.value, mr.value, nr.value
+        self.lanes, self.tile_rows, self.tile_cols = build_facts(lib, "cuvil_ql_info", 3)
         #: rows of activations up to which :meth:`linear_into` runs the GEMV
         self.gemv_max_rows = GEMV_ROWS_PER_TILE_ROW * self.tile_rows
 
