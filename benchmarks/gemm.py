@@ -133,7 +133,7 @@ def serve_step(rounds: int, sequences: int) -> None:
     rng = random.Random(0)
     for _ in range(sequences):
         prompt = [rng.randrange(3, loaded.tokenizer.vocab_size) for _ in range(64)]
-        engine.add_request(prompt, SamplingParams(max_tokens=10_000, temperature=0, ignore_eos=True))
+        engine.add_request(prompt, SamplingParams(max_tokens=900, temperature=0, ignore_eos=True))
     while engine.scheduler.waiting or any(
         s.num_computed < len(s.token_ids) - 1 for s in engine.scheduler.running
     ):
