@@ -19,7 +19,10 @@ down the table. Per model, in one process:
   nodes' mean total (binding, the executor between nodes).
 
 The wrappers add about a microsecond a call to the timed parts, so the kinds sum to a little
-more than the unwrapped call; the table shows both. Kinds: gemm (linears, matmuls,
+more than the unwrapped call; the table shows both. onnxruntime's profiler slows what it
+profiles (its whole call here is well above its unprofiled time), and the two sides run one
+after the other: the columns say where each side's time goes; which side is faster is the
+interleaved zoo table's to say (``python -m benchmarks.run --workloads zoo``). Kinds: gemm (linears, matmuls,
 convolutions), attention (fused attention kernels), softmax, norm, elementwise, layout
 (copies, transposes, gathers, concatenations, casts, shape ops), other.
 """
