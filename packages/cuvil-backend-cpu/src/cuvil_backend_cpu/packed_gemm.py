@@ -143,19 +143,39 @@ def linear(
 ) -> torch.Tensor:
     """``act(F.linear(x, w, b) (+ other))`` by the packed GEMM, for operands :func:`applies`
     takes (``other``: float32 of the result's shape)."""
+    out = _product(pg, x, pg.packed(w), w.shape[0], b, other, act)
+    assert out is not None  # (no out given: one is made)
+    return out
+
+
+def _product(
+    pg: PackedGemmKernel,
+    x: torch.Tensor,
+    packed: torch.Tensor,
+    n: int,
+    b: torch.Tensor | None = None,
+    other: torch.Tensor | None = None,
+    act: str = "none",
+    out: torch.Tensor | None = None,
+) -> torch.Tensor | None:
+    """``x [..., K]`` times a packed weight of ``n`` outputs, the epilogue in the store, into
+    ``out`` (``None`` when it is not contiguous float32 of the result's shape) or a new tensor."""
     k = x.shape[-1]
     rows = x.numel() // max(k, 1)
+    shape = (*x.shape[:-1], n)
+    if out is None:
+        out = torch.empty(shape, dtype=torch.float32)
+    elif out.shape != shape or out.dtype != torch.float32 or not out.is_contiguous():
+        return None
     x2 = x.reshape(rows, k)
     if x2.stride(1) != 1:
         x2 = x2.contiguous()
-    n = w.shape[0]
-    out = torch.empty((*x.shape[:-1], n), dtype=torch.float32)
     o2 = None
     if other is not None:
         o2 = other.reshape(rows, n)
         if o2.stride(1) != 1:
             o2 = o2.contiguous()
-    pg.linear_into(out.view(rows, n), x2, pg.packed(w), n, b, o2, act)
+    pg.linear_into(out.view(rows, n), x2, packed, n, b, o2, act)
     return out
 
 
@@ -180,18 +200,7 @@ def f32_matmul(cache: KernelCache) -> Callable[..., torch.Tensor | None]:
         ):
             return None
         pg = kernel(cache)
-        k, n = w.shape
-        rows = a.numel() // k
-        a2 = a.reshape(rows, k)
-        if a2.stride(1) != 1:
-            a2 = a2.contiguous()
-        shape = (*a.shape[:-1], n)
-        if out is None:
-            out = torch.empty(shape, dtype=torch.float32)
-        elif out.shape != shape or out.dtype != torch.float32 or not out.is_contiguous():
-            return None
-        pg.linear_into(out.view(rows, n), a2, pg.packed(w, kn=True), n, None)
-        return out
+        return _product(pg, a, pg.packed(w, kn=True), w.shape[1], out=out)
 
     return run
 
