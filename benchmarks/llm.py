@@ -1,4 +1,4 @@
-"""LLM decode and prefill on CPU: eager vs torch.compile vs Cuvil, fp32 / bf16 / int8 / int4.
+"""LLM decode and prefill on CPU: eager vs torch.compile vs Cuvil, fp32 / bf16 / int8 / int4 / int4-a8.
 
     python -m benchmarks.llm                                  # the 123 MB decoder, every precision
     python -m benchmarks.llm --sizes issue,1gb --batches 1,4,16
@@ -28,11 +28,13 @@ Implementations (``--impls``), each in a fresh child process (empty compile cach
 
 * ``eager``: the transformers model (``model.to(torch.bfloat16)`` for bf16; for int8 and
   int4 torchao's weight-only configs, ``Int8WeightOnlyConfig`` and, for int4 on CPU,
-  ``PrototypeInt4WeightOnlyConfig``, when torchao is installed, else skipped, saying so);
+  ``PrototypeInt4WeightOnlyConfig``; for int4-a8 its 8da4w,
+  ``Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int4, weight_granularity=PerGroup(g))``;
+  when torchao is installed, else skipped, saying so);
 * ``torch.compile``: the same model with ``model.forward = torch.compile(model.forward)``
   and ``cache_implementation="static"``, as transformers documents for compiled decoding;
 * ``cuvil``: ``cu.compile(model)`` on ``cu.quantize(model, precision)`` for bf16 / int8 /
-  int4 (group ``--group-size``), the fp32 model otherwise, static cache;
+  int4 / int4-a8 (group ``--group-size``), the fp32 model otherwise, static cache;
 * ``onnxruntime-genai`` and ``llama.cpp`` where they install: the same weights saved with
   ``save_pretrained`` (and a tokenizer trained here, ``benchmarks.llm_tokenizer``), exported
   with each one's own converter, decoded with each one's own loop (``benchmarks.llm_peers``);
@@ -72,7 +74,7 @@ SIZES: dict[str, dict[str, int]] = {
     "1gb": {"hidden": 1536, "layers": 10, "heads": 12, "kv_heads": 4, "ffn": 4096, "vocab": 32000},
 }
 IMPLS = ("eager", "torch.compile", "cuvil", *PEERS)
-PRECISIONS = ("fp32", "bf16", "int8", "int4")
+PRECISIONS = ("fp32", "bf16", "int8", "int4", "int4-a8")
 
 
 def build(size: str) -> Any:
@@ -95,7 +97,7 @@ def weight_bytes(model: Any, precision: str, group_size: int) -> int:
                 total += n * k * 2
             elif precision == "int8":
                 total += n * k + n * 4
-            else:  # int4: two per byte, a scale and a zero point per group
+            else:  # int4, int4-a8: two per byte, a scale and a zero point per group
                 total += n * k // 2 + n * (k // group_size) * 8
         else:
             total += p.numel() * 4
@@ -134,20 +136,30 @@ def _eager_model(size: str, precision: str, group_size: int) -> Any:
     model = build(size)
     if precision == "bf16":
         return model.to(torch.bfloat16)
-    if precision in ("int8", "int4"):
+    if precision in ("int8", "int4", "int4-a8"):
         try:
             from torchao.prototype.quantization.int4.inference_workflow import PrototypeInt4WeightOnlyConfig
-            from torchao.quantization import Int8WeightOnlyConfig, quantize_
+            from torchao.quantization import (
+                Int8DynamicActivationIntxWeightConfig,
+                Int8WeightOnlyConfig,
+                quantize_,
+            )
+            from torchao.quantization.granularity import PerGroup
         except ImportError as e:
             raise SystemExit(f"skipped: torchao is not installed ({e})") from None
         # torchao 0.18's CPU int4 weight-only path: Int4WeightOnlyConfig needs the mslk
         # package (CUDA kernels) for every packing; the prototype config packs for
-        # torch's _weight_int4pack_mm_for_cpu (docs/quantization.md, torchao)
-        config = (
-            Int8WeightOnlyConfig()
-            if precision == "int8"
-            else PrototypeInt4WeightOnlyConfig(group_size=group_size)
-        )
+        # torch's _weight_int4pack_mm_for_cpu (docs/quantization.md, torchao). int4-a8's
+        # counterpart: torchao's 8da4w (int4 weights per group, activations rounded to int8
+        # per token at run time: a coarser rounding than int4-a8's blocks of 32)
+        if precision == "int8":
+            config: Any = Int8WeightOnlyConfig()
+        elif precision == "int4":
+            config = PrototypeInt4WeightOnlyConfig(group_size=group_size)
+        else:
+            config = Int8DynamicActivationIntxWeightConfig(
+                weight_dtype=torch.int4, weight_granularity=PerGroup(group_size)
+            )
         quantize_(model, config)
     return model
 

@@ -46,8 +46,10 @@ import numpy as np
 
 PEERS = ("onnxruntime-genai", "llama.cpp")
 # what each peer runs for each precision, or why it cannot
-ORT_PRECISIONS = {"fp32": "fp32", "int8": "int8", "int4": "int4"}
-GGUF_PRECISIONS = {"fp32": "F32", "bf16": "BF16", "int8": "Q8_0", "int4": "Q4_0"}
+ORT_PRECISIONS = {"fp32": "fp32", "int8": "int8", "int4": "int4", "int4-a8": "int4"}
+#: (int4-a8, int4 weights times activations rounded to int8 per block of 32, is what both peers'
+#: int4 already is: Q4_0 x Q8_0, MatMulNBits at accuracy_level 4)
+GGUF_PRECISIONS = {"fp32": "F32", "bf16": "BF16", "int8": "Q8_0", "int4": "Q4_0", "int4-a8": "Q4_0"}
 NO_BF16_ORT = "no bf16 on onnxruntime-genai's CPU provider (its builder: BF16 for CUDA / TRT-RTX only)"
 
 Runner = Callable[[np.ndarray, int], np.ndarray]

@@ -160,6 +160,7 @@ def implementations(
         "bf16 cuvil": ours("bf16", ws["bf16"][0]),
         "int8 cuvil": ours("int8", q8, s8),
         "int4 cuvil": ours("int4", p4, s4, z4, group_size=group),
+        "int4-a8 cuvil": ours("int4-a8", p4, s4, z4, group_size=group),
     }
 
 
@@ -270,7 +271,7 @@ def model_report(args: argparse.Namespace) -> str:
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     models: dict[str, Any] = {"fp32": fp32}
-    for fmt in ("bf16", "int8", "int4"):
+    for fmt in ("bf16", "int8", "int4", "int4-a8"):
         models[fmt] = cu.quantize(copy.deepcopy(fp32), fmt, group_size=args.group)
     compiled = {name: cu.compile(m, target="cpu", fallback="error") for name, m in models.items()}
     short = {**kw, "max_new_tokens": args.decode_tokens, "min_new_tokens": args.decode_tokens}

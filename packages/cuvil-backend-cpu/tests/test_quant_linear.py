@@ -18,6 +18,7 @@ from cuvil_backend_cpu import quant_linear
 from cuvil_backend_cpu.kernel_cache import KernelCache
 from cuvil_backend_cpu.quant_linear import QuantLinearKernel
 from cuvil_backend_cpu.testing import Weight
+from cuvil_ir.graph_ir.ops import quant
 from cuvil_ir.graph_ir.ops.quant import QuantFormatError, weight_only_linear
 
 
@@ -40,6 +41,9 @@ SIZES = [
     ("int4", 7, 192, 64),
     ("int4", 9, 384, 128),
     ("int4", 6, 256, 256),
+    ("int4-a8", 5, 96, 32),
+    ("int4-a8", 7, 192, 64),
+    ("int4-a8", 9, 384, 128),
 ]
 
 
@@ -62,7 +66,7 @@ def _two(params: tuple[torch.Tensor, ...]) -> tuple[Any, Any]:
     return (params + (None, None))[:2]  # (scales, zeros), None where the format has none
 
 
-@pytest.mark.parametrize("fmt,n,k,group", [SIZES[1], SIZES[3], SIZES[5]])
+@pytest.mark.parametrize("fmt,n,k,group", [SIZES[1], SIZES[3], SIZES[5], SIZES[9]])
 def test_gemm_path_in_panels(
     ql: QuantLinearKernel, fmt: str, n: int, k: int, group: int, monkeypatch: Any
 ) -> None:
@@ -85,6 +89,27 @@ def test_dequantize_kernel(ql: QuantLinearKernel, fmt: str, n: int, k: int, grou
     torch.testing.assert_close(got.double(), w.w64, rtol=1e-6, atol=1e-7)
 
 
+def test_activations_round_as_the_reference_rounds_them(ql: QuantLinearKernel) -> None:
+    """int4-a8: the kernel's int8 codes and block scales are torch's reference's, bit for bit
+    (ties to even, an all-zero block, a block's largest value at +-127, NaN and infinity making
+    their block NaN), for strided rows."""
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(5, 160 + 3, generator=g)[:, 1:161] * 3
+    x[0, :32] = 0.0  # all zero: scale 0, codes 0
+    x[1, :32] = torch.arange(32) - 15.5  # max 16.5: codes at x * 127 / 16.5, several ties near .5
+    x[1, 32:64] = torch.tensor([127.0, -0.5, 0.5, 1.5, 2.5] + [0.0] * 27)  # scale 1: exact ties
+    x[2, 40] = float("nan")
+    x[3, 100] = float("-inf")
+    got = ql.round_activations(x)
+    want = quant.round_activations(x)
+    assert torch.equal(got.isnan(), want.isnan())
+    assert got.isnan()[2, 32:64].all() and got.isnan()[3, 96:128].all() and not got.isnan()[2, :32].any()
+    torch.testing.assert_close(got.nan_to_num(), want.nan_to_num(), rtol=0, atol=0)
+    assert got[1, 32:37].tolist() == [127.0, -0.0, 0.0, 2.0, 2.0]  # round half to even
+    with pytest.raises(ValueError, match="not a multiple of 32"):
+        ql.round_activations(torch.randn(2, 48))
+
+
 def test_transposed_and_batched_activations_through_the_out_variant() -> None:
     """What compiled code calls: any leading dims, a transposed (inner stride > 1) input copied."""
     run = quant_linear.out_variant(KernelCache())
@@ -104,6 +129,8 @@ def test_bad_input_is_a_clear_error() -> None:
     s = torch.ones(4, 2)
     with pytest.raises(QuantFormatError, match="group size 48 is not one of 32, 64, 128, 256"):
         weight_only_linear(x, q, s, s, fmt="int4", group_size=48)
+    with pytest.raises(QuantFormatError, match="int4-a8 group size 16 is not one of"):
+        weight_only_linear(x, q, s, s, fmt="int4-a8", group_size=16)
     with pytest.raises(QuantFormatError, match="not a whole number of groups of 128"):
         weight_only_linear(x, q, torch.ones(4, 0), torch.ones(4, 0), fmt="int4", group_size=128)
     with pytest.raises(QuantFormatError, match="int8 weights are 2-d torch.int8 tensors"):
@@ -131,7 +158,7 @@ class _Spy:
         monkeypatch.setattr(QuantLinearKernel, "gemv", gemv)
 
 
-@pytest.mark.parametrize("fmt", ["bf16", "int8", "int4"])
+@pytest.mark.parametrize("fmt", ["bf16", "int8", "int4", "int4-a8"])
 @torch.no_grad()
 def test_compiled_model_runs_the_kernel(fmt: str, monkeypatch: Any) -> None:
     torch.manual_seed(0)

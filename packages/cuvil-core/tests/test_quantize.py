@@ -14,7 +14,7 @@ from torch import nn
 
 import cuvil as cu
 from cuvil.quantize import QuantizedLinear, quantize_weight
-from cuvil_ir.graph_ir.ops.quant import QuantFormatError, unpack_int4
+from cuvil_ir.graph_ir.ops.quant import QuantFormatError, round_activations, unpack_int4
 
 
 def _torchao() -> Any:
@@ -136,7 +136,7 @@ def _llama() -> Any:
     return T.LlamaForCausalLM(cfg).eval()
 
 
-@pytest.mark.parametrize("fmt", ["bf16", "int8", "int4"])
+@pytest.mark.parametrize("fmt", ["bf16", "int8", "int4", "int4-a8"])
 @torch.no_grad()
 def test_quantized_llama_compiles_and_matches_its_eager_run(fmt: str) -> None:
     fp32 = _llama()
@@ -154,7 +154,37 @@ def test_quantized_llama_compiles_and_matches_its_eager_run(fmt: str) -> None:
     # against float32: the quantization error itself (docs/quantization.md states it per format)
     ref = fp32(ids).logits
     rel = ((want - ref).abs().max() / ref.abs().max()).item()
-    assert rel < {"bf16": 0.02, "int8": 0.02, "int4": 0.2}[fmt], rel
+    assert rel < {"bf16": 0.02, "int8": 0.02, "int4": 0.2, "int4-a8": 0.2}[fmt], rel
+
+
+def test_int4_a8_rounds_the_activations_and_keeps_int4s_weights() -> None:
+    torch.manual_seed(0)
+    lin = nn.Linear(64, 24)
+    a8 = QuantizedLinear.from_linear(lin, "int4-a8", group_size=32)
+    w4 = QuantizedLinear.from_linear(lin, "int4", group_size=32)
+    assert torch.equal(a8.weight, w4.weight) and torch.equal(a8.scales, w4.scales)
+    assert "fmt='int4-a8', group_size=32" in repr(a8)
+    x = torch.randn(3, 64)
+    want = nn.functional.linear(round_activations(x), w4.dequantized_weight(), lin.bias)
+    torch.testing.assert_close(a8(x), want, rtol=0, atol=0)
+    assert not torch.equal(a8(x), w4(x))  # the rounding is there
+    with pytest.raises(QuantFormatError, match="int4-a8 group size 0"):
+        QuantizedLinear.from_linear(lin, "int4-a8", group_size=0)
+
+
+@torch.no_grad()
+def test_a_layer_switched_to_another_format_recompiles() -> None:
+    """A QuantizedLinear's format is an attribute its forward reads: changed after a compile
+    (same buffers, same shapes), the next call must not run the old format's program."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 32), nn.SiLU()).eval()
+    cu.quantize(model, "int4", group_size=32)
+    f = cu.compile(model, target="cpu", fallback="error")
+    x = torch.randn(2, 64)
+    torch.testing.assert_close(f(x), model(x))
+    model[0].fmt = "int4-a8"
+    torch.testing.assert_close(f(x), model(x), rtol=1e-5, atol=1e-6)
+    assert f.stats.compiles == 2, f.stats.recompile_reasons
 
 
 # -- torchao --------------------------------------------------------------------------------------

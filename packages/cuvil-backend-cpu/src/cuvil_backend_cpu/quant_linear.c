@@ -50,7 +50,7 @@ typedef uint8_t vu8 __attribute__((vector_size(VW)));
 #define MR 2
 #endif
 
-enum { QL_BF16 = 0, QL_INT8 = 1, QL_INT4 = 2, QL_F32 = 3 };
+enum { QL_BF16 = 0, QL_INT8 = 1, QL_INT4 = 2, QL_F32 = 3, QL_INT4A8 = 4 };
 
 /* params: M, N, K, ldx (x's row stride), ldy, group (int4), threads, has_bias */
 enum { P_M, P_N, P_K, P_LDX, P_LDY, P_GROUP, P_THREADS, P_BIAS, P_COUNT };
@@ -59,6 +59,10 @@ enum { P_M, P_N, P_K, P_LDX, P_LDY, P_GROUP, P_THREADS, P_BIAS, P_COUNT };
 #define PARALLEL_MIN (1 << 15)
 
 #define INLINE static inline __attribute__((always_inline))
+/* before a loop over a tile's rows (m < mr, n < nr: constants where a tile is inlined): unrolled,
+   so its accumulators live in registers (GCC -O2 leaves such a loop rolled, the accumulators on
+   the stack: the int4 GEMV ran 1.3-1.7x slower so) */
+#define UNROLL _Pragma("GCC unroll 8")
 
 /* Each row of W is a stream of its own, and a row of 4096 int8 values is one 4 KiB page, the span a
    hardware prefetcher follows: so the tile prefetches the next block's rows (NR rows on) at the offset
@@ -140,30 +144,41 @@ INLINE float int8_scalar(int8_t v) { return (float)v; }
 #define DENSE_TILE(NAME, T, LOAD, SCALAR)                                                                   \
     INLINE void NAME(const float *x, int64_t ldx, const T *w, int64_t K, float *out, int mr, int nr) {      \
         vf acc[MR][NR];                                                                                     \
+        UNROLL                                                                                              \
         for (int m = 0; m < mr; m++)                                                                        \
+            UNROLL                                                                                          \
             for (int n = 0; n < nr; n++) acc[m][n] = (vf){0};                                               \
         int64_t k = 0;                                                                                      \
         const int64_t step = 64 / (int64_t)sizeof(T); /* values in a cache line of W */                     \
         for (; k + step <= K; k += step) {                                                                  \
+            UNROLL                                                                                          \
             for (int n = 0; n < nr; n++) PREFETCH(w + (n + NR) * K + k);                                    \
             for (int64_t kk = k; kk < k + step; kk += VW) {                                                 \
                 vf xv[MR];                                                                                  \
+                UNROLL                                                                                      \
                 for (int m = 0; m < mr; m++) xv[m] = vload(x + m * ldx + kk);                               \
+                UNROLL                                                                                      \
                 for (int n = 0; n < nr; n++) {                                                              \
                     vf wv = LOAD(w + n * K + kk);                                                           \
+                    UNROLL                                                                                  \
                     for (int m = 0; m < mr; m++) acc[m][n] = FMA(xv[m], wv, acc[m][n]);                     \
                 }                                                                                           \
             }                                                                                               \
         }                                                                                                   \
         for (; k + VW <= K; k += VW) {                                                                      \
             vf xv[MR];                                                                                      \
+            UNROLL                                                                                          \
             for (int m = 0; m < mr; m++) xv[m] = vload(x + m * ldx + k);                                    \
+            UNROLL                                                                                          \
             for (int n = 0; n < nr; n++) {                                                                  \
                 vf wv = LOAD(w + n * K + k);                                                                \
+                UNROLL                                                                                      \
                 for (int m = 0; m < mr; m++) acc[m][n] = FMA(xv[m], wv, acc[m][n]);                         \
             }                                                                                               \
         }                                                                                                   \
+        UNROLL                                                                                              \
         for (int m = 0; m < mr; m++)                                                                        \
+            UNROLL                                                                                          \
             for (int n = 0; n < nr; n++) {                                                                  \
                 float s = hsum(acc[m][n]);                                                                  \
                 for (int64_t t = k; t < K; t++) s += x[m * ldx + t] * SCALAR(w[n * K + t]);                 \
@@ -187,30 +202,39 @@ INLINE void tile_int4(const float *x, int64_t ldx, const float *xs, const uint8_
     const int64_t ng = K / G, row = K / 2;
     const vf codes = {-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7};
     vf acc[MR][NR];
+    UNROLL
     for (int m = 0; m < mr; m++)
+        UNROLL
         for (int n = 0; n < nr; n++) acc[m][n] = (vf){0};
     for (int64_t g = 0; g < ng; g++) {
         vf table[NR];
+        UNROLL
         for (int n = 0; n < nr; n++) table[n] = FMA(codes, splat(scale[n * ng + g]), splat(zero[n * ng + g]));
         const float *xg = x + g * G;
         const uint8_t *wg = w + g * (G / 2);
         for (int64_t c = 0; c < G; c += 32) {
             if ((c & 127) == 0) /* (once a cache line of each row, or more often for groups under 128) */
+                UNROLL
                 for (int n = 0; n < nr; n++) PREFETCH(wg + (n + NR) * row + c / 2);
             vf xl[MR], xh[MR];
+            UNROLL
             for (int m = 0; m < mr; m++) {
                 xl[m] = vload(xg + m * ldx + c);
                 xh[m] = vload(xg + m * ldx + c + 16);
             }
+            UNROLL
             for (int n = 0; n < nr; n++) {
                 const __m512i q = (__m512i)widen_u8(wg + n * row + c / 2);
                 const vf lo = (vf)_mm512_permutexvar_ps(q, (__m512)table[n]);
                 const vf hi = (vf)_mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), (__m512)table[n]);
+                UNROLL
                 for (int m = 0; m < mr; m++) acc[m][n] = FMA(xh[m], hi, FMA(xl[m], lo, acc[m][n]));
             }
         }
     }
+    UNROLL
     for (int m = 0; m < mr; m++)
+        UNROLL
         for (int n = 0; n < nr; n++) out[m * NR + n] = hsum(acc[m][n]);
 }
 #else
@@ -224,45 +248,169 @@ INLINE void tile_int4(const float *x, int64_t ldx, const float *xs, const uint8_
     const int64_t ng = K / G, row = K / 2;
     vf acc[MR][NR];
     float zacc[MR][NR];
+    UNROLL
     for (int m = 0; m < mr; m++)
+        UNROLL
         for (int n = 0; n < nr; n++) {
             acc[m][n] = (vf){0};
             zacc[m][n] = 0.0f;
         }
     for (int64_t g = 0; g < ng; g++) {
         vf p[MR][NR];
+        UNROLL
         for (int m = 0; m < mr; m++)
+            UNROLL
             for (int n = 0; n < nr; n++) p[m][n] = (vf){0};
         const float *xg = x + g * G;
         const uint8_t *wg = w + g * (G / 2);
         for (int64_t c = 0; c < G; c += 32) {
             if ((c & 127) == 0) /* (once a cache line of each row, or more often for groups under 128) */
+                UNROLL
                 for (int n = 0; n < nr; n++) PREFETCH(wg + (n + NR) * row + c / 2);
             for (int j = 0; j < 16; j += VW) {
                 vf xl[MR], xh[MR];
+                UNROLL
                 for (int m = 0; m < mr; m++) {
                     xl[m] = vload(xg + m * ldx + c + j);
                     xh[m] = vload(xg + m * ldx + c + 16 + j);
                 }
+                UNROLL
                 for (int n = 0; n < nr; n++) {
                     vf lo, hi;
                     int4_load(wg + n * row + c / 2 + j, &lo, &hi);
+                    UNROLL
                     for (int m = 0; m < mr; m++) p[m][n] = FMA(xh[m], hi, FMA(xl[m], lo, p[m][n]));
                 }
             }
         }
+        UNROLL
         for (int n = 0; n < nr; n++) {
             const float sn = scale[n * ng + g], mz = zero[n * ng + g] - 8.0f * sn;
+            UNROLL
             for (int m = 0; m < mr; m++) {
                 acc[m][n] = FMA(p[m][n], splat(sn), acc[m][n]);
                 zacc[m][n] += mz * xs[m * ng + g];
             }
         }
     }
+    UNROLL
     for (int m = 0; m < mr; m++)
+        UNROLL
         for (int n = 0; n < nr; n++) out[m * NR + n] = hsum(acc[m][n]) + zacc[m][n];
 }
 
+#endif
+
+/* int4-a8: rows of x rounded to int8 (xq [M][K], a scale per block of 32 values, xd [M][K / 32], the
+ * rounded values' sums per group, xs [M][K / G]). Per block b of a group g and row n of W:
+ *   sum_{k in b} x[k] W[n,k] = d_b ( s[g] sum q[k] xq[k] ) + mz[g] sum x[k],   mz = zero - 8 s,
+ * the first sum exact in 32-bit integers (|q xq| <= 15 * 127), scaled once per block. */
+#if !defined(CUVIL_VW) && defined(__AVX2__)
+#if defined(__FMA__)
+#define FMA8(a, b, c) _mm256_fmadd_ps(a, b, c)
+#else
+#define FMA8(a, b, c) _mm256_add_ps(_mm256_mul_ps(a, b), c)
+#endif
+/* 32 codes (0..15) times 32 signed bytes of x, in 8 lanes of 32-bit sums, as floats */
+INLINE __m256 dot32(__m256i q, __m256i x) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(_mm256_setzero_si256(), q, x));
+#else
+    /* (pairs of unsigned x signed bytes into 16 bits: at most 2 * 15 * 127, no saturation) */
+    return _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(q, x), _mm256_set1_epi16(1)));
+#endif
+}
+
+INLINE float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+    return _mm_cvtss_f32(s);
+}
+
+INLINE void tile_int4a8(const int8_t *xq, const float *xd, const float *xs, const uint8_t *w, const float *scale,
+                        const float *zero, int64_t K, int64_t G, float *out, int mr, int nr) {
+    const int64_t ng = K / G, row = K / 2, nb = K / 32;
+    const __m128i low4 = _mm_set1_epi8(15);
+    __m256 acc[MR][NR];
+    float zacc[MR][NR];
+    UNROLL
+    for (int m = 0; m < mr; m++)
+        UNROLL
+        for (int n = 0; n < nr; n++) {
+            acc[m][n] = _mm256_setzero_ps();
+            zacc[m][n] = 0.0f;
+        }
+    for (int64_t g = 0; g < ng; g++) {
+        __m256 p[MR][NR];
+        UNROLL
+        for (int m = 0; m < mr; m++)
+            UNROLL
+            for (int n = 0; n < nr; n++) p[m][n] = _mm256_setzero_ps();
+        const uint8_t *wg = w + g * (G / 2);
+        const int8_t *xg = xq + g * G;
+        const float *dg = xd + g * (G / 32);
+        for (int64_t c = 0; c < G; c += 32) {
+            if ((c & 127) == 0)
+                UNROLL
+                for (int n = 0; n < nr; n++) PREFETCH(wg + (n + NR) * row + c / 2);
+            __m256i xv[MR];
+            __m256 dv[MR];
+            UNROLL
+            for (int m = 0; m < mr; m++) {
+                xv[m] = _mm256_loadu_si256((const __m256i *)(xg + m * K + c));
+                dv[m] = _mm256_broadcast_ss(dg + m * nb + c / 32);
+            }
+            UNROLL
+            for (int n = 0; n < nr; n++) {
+                const __m128i b = _mm_loadu_si128((const __m128i *)(wg + n * row + c / 2));
+                /* low nibbles: values c..c+15, high: c+16..c+31 ([Note: int4 packing]) */
+                const __m256i q = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), low4), _mm_and_si128(b, low4));
+                UNROLL
+                for (int m = 0; m < mr; m++) p[m][n] = FMA8(dot32(q, xv[m]), dv[m], p[m][n]);
+            }
+        }
+        UNROLL
+        for (int n = 0; n < nr; n++) {
+            const float sn = scale[n * ng + g], mz = zero[n * ng + g] - 8.0f * sn;
+            UNROLL
+            for (int m = 0; m < mr; m++) {
+                acc[m][n] = FMA8(p[m][n], _mm256_set1_ps(sn), acc[m][n]);
+                zacc[m][n] += mz * xs[m * ng + g];
+            }
+        }
+    }
+    UNROLL
+    for (int m = 0; m < mr; m++)
+        UNROLL
+        for (int n = 0; n < nr; n++) out[m * NR + n] = hsum8(acc[m][n]) + zacc[m][n];
+}
+#else
+/* the portable form (SSE2, NEON, forced widths): the same sums, a byte at a time */
+INLINE void tile_int4a8(const int8_t *xq, const float *xd, const float *xs, const uint8_t *w, const float *scale,
+                        const float *zero, int64_t K, int64_t G, float *out, int mr, int nr) {
+    const int64_t ng = K / G, row = K / 2, nb = K / 32;
+    UNROLL
+    for (int m = 0; m < mr; m++)
+        UNROLL
+        for (int n = 0; n < nr; n++) {
+            float acc = 0.0f, zacc = 0.0f;
+            for (int64_t g = 0; g < ng; g++) {
+                float pg = 0.0f;
+                for (int64_t c = g * G; c < (g + 1) * G; c += 32) {
+                    const uint8_t *wb = w + n * row + c / 2;
+                    const int8_t *xb = xq + m * K + c;
+                    int32_t s = 0;
+                    for (int i = 0; i < 16; i++) s += (int32_t)(wb[i] & 15) * xb[i] + (int32_t)(wb[i] >> 4) * xb[i + 16];
+                    pg += (float)s * xd[m * nb + c / 32];
+                }
+                const float sn = scale[n * ng + g], mz = zero[n * ng + g] - 8.0f * sn;
+                acc += pg * sn;
+                zacc += mz * xs[m * ng + g];
+            }
+            out[m * NR + n] = acc + zacc;
+        }
+}
 #endif
 
 typedef struct {
@@ -273,6 +421,8 @@ typedef struct {
     const float *xs; /* int4: sums of x per group, [M][K / G] */
     float *y;
     int64_t M, N, K, ldx, ldy, G;
+    const int8_t *xq; /* int4-a8: x rounded, [M][K], */
+    const float *xd;  /* and its scales, [M][K / 32] */
 } job;
 
 /* the tile of rows ROW.. of W for (MR_, NR_) known at compile time: every case spelled out so each
@@ -286,6 +436,10 @@ typedef struct {
             tile_bf16(x, j->ldx, (const uint16_t *)j->w + r_ * K, K, out, MR_, NR_);                        \
         else if (j->fmt == QL_INT8)                                                                         \
             tile_int8(x, j->ldx, (const int8_t *)j->w + r_ * K, K, out, MR_, NR_);                          \
+        else if (j->fmt == QL_INT4A8)                                                                       \
+            tile_int4a8(j->xq + m0 * K, j->xd + m0 * (K / 32), j->xs + m0 * (K / j->G),                     \
+                        (const uint8_t *)j->w + r_ * (K / 2), j->scale + r_ * (K / j->G),                   \
+                        j->zero + r_ * (K / j->G), K, j->G, out, MR_, NR_);                                 \
         else                                                                                                \
             tile_int4(x, j->ldx, j->xs + m0 * (K / j->G), (const uint8_t *)j->w + r_ * (K / 2),              \
                       j->scale + r_ * (K / j->G), j->zero + r_ * (K / j->G), K, j->G, out, MR_, NR_);       \
@@ -336,30 +490,80 @@ static void block(const job *j, int64_t n0) {
     }
 }
 
-/* int4 without the vpermps table: the sums of x per group, [M][K / G], shared by every weight a call
-   multiplies x by; *out stays 0 where they are not needed. Returns 0, 1 for a group size the kernel
-   does not take, 2 when out of memory. */
-static int group_sums(int fmt, const float *x, int64_t M, int64_t K, int64_t ldx, int64_t G, float **out) {
-    *out = 0;
-    if (fmt != QL_INT4)
+/* One block of 32 values of x rounded to int8 (QL_INT4A8): d = max|x| / 127, q = x * (1 / d) rounded to
+   nearest even (adding and subtracting 1.5 * 2^23 rounds a float under 2^22 so, in the default rounding
+   mode, with no libm call), clamped to +-127; an all-zero block has d = 0 and codes 0. A NaN or an
+   infinity makes d NaN (codes 0), so the products it enters are NaN, as eager's are. Returns d and
+   the codes' sum. */
+static float round_block(const float *x, int8_t *q, int32_t *sum) {
+    float amax = 0.0f;
+    int finite = 1;
+    for (int i = 0; i < 32; i++) {
+        const float a = x[i] < 0.0f ? -x[i] : x[i];
+        finite &= a <= 3.40282347e38f; /* (false for NaN) */
+        amax = a > amax ? a : amax;
+    }
+    *sum = 0;
+    if (!finite) {
+        memset(q, 0, 32);
+        return __builtin_nanf("");
+    }
+    const float d = amax / 127.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
+    int32_t s = 0;
+    for (int i = 0; i < 32; i++) {
+        float r = (x[i] * id + 12582912.0f) - 12582912.0f;
+        r = r > 127.0f ? 127.0f : (r < -127.0f ? -127.0f : r);
+        q[i] = (int8_t)r;
+        s += q[i];
+    }
+    *sum = s;
+    return d;
+}
+
+/* What the tiles read besides x: for int4 without the vpermps table, the sums of x per group,
+   [M][K / G], shared by every weight a call multiplies x by; for int4-a8, x rounded (codes and block
+   scales) and the rounded values' sums per group. One allocation, *mem (0 where nothing is needed).
+   Returns 0, 1 for a group size the kernel does not take, 2 when out of memory. */
+static int prepare_x(job *j, void **mem) {
+    *mem = 0;
+    const int fmt = j->fmt;
+    const int64_t M = j->M, K = j->K, G = j->G, ldx = j->ldx;
+    if (fmt != QL_INT4 && fmt != QL_INT4A8)
         return 0;
     if (G < 32 || G % 32 || K % G)
         return 1;
-#if !defined(QL_INT4_TABLE)
-    const int64_t ng = K / G;
-    float *xs = malloc((size_t)(M * ng + 1) * sizeof *xs);
-    if (!xs)
+    const int64_t ng = K / G, nb = K / 32;
+#if defined(QL_INT4_TABLE)
+    if (fmt == QL_INT4)
+        return 0;
+#endif
+    const size_t sums = (size_t)(M * ng + 1) * sizeof(float);
+    const size_t scales = fmt == QL_INT4A8 ? (size_t)(M * nb) * sizeof(float) : 0;
+    const size_t codes = fmt == QL_INT4A8 ? (size_t)(M * K) : 0;
+    char *buf = malloc(sums + scales + codes);
+    if (!buf)
         return 2;
+    float *xs = (float *)buf, *xd = (float *)(buf + sums);
+    int8_t *xq = (int8_t *)(buf + sums + scales);
     for (int64_t m = 0; m < M; m++)
         for (int64_t g = 0; g < ng; g++) {
             float s = 0.0f;
-            for (int64_t k = g * G; k < (g + 1) * G; k++) s += x[m * ldx + k];
+            if (fmt == QL_INT4A8) {
+                for (int64_t b = g * G / 32; b < (g + 1) * G / 32; b++) {
+                    int32_t isum;
+                    const float d = round_block(j->x + m * ldx + b * 32, xq + m * K + b * 32, &isum);
+                    xd[m * nb + b] = d;
+                    s += d * (float)isum;
+                }
+            } else {
+                for (int64_t k = g * G; k < (g + 1) * G; k++) s += j->x[m * ldx + k];
+            }
             xs[m * ng + g] = s;
         }
-    *out = xs;
-#else
-    (void)x, (void)M, (void)ldx;
-#endif
+    j->xs = xs;
+    j->xd = xd;
+    j->xq = xq;
+    *mem = buf;
     return 0;
 }
 
@@ -369,13 +573,12 @@ int cuvil_ql_linear(int fmt, const float *x, const void *w, const float *scale, 
                     const float *bias, float *y, const int64_t *p) {
     job j = {fmt, x, w, scale, zero, p[P_BIAS] ? bias : 0, 0, y, p[P_M], p[P_N], p[P_K], p[P_LDX], p[P_LDY],
              p[P_GROUP]};
-    if (fmt < QL_BF16 || fmt > QL_F32 || j.M < 0 || j.N < 0 || j.K < 0)
+    if (fmt < QL_BF16 || fmt > QL_INT4A8 || j.M < 0 || j.N < 0 || j.K < 0)
         return 1;
-    float *xs = 0;
-    const int rc = group_sums(fmt, x, j.M, j.K, j.ldx, j.G, &xs);
+    void *xs = 0;
+    const int rc = prepare_x(&j, &xs);
     if (rc)
         return rc;
-    j.xs = xs;
     const int64_t blocks = (j.N + NR - 1) / NR;
     const int threads = (int)(p[P_THREADS] > 0 ? p[P_THREADS] : 1);
     /* contiguous ranges of rows per thread (static schedule): each thread streams its part of W once */
@@ -397,7 +600,7 @@ enum { G_W, G_SCALE, G_ZERO, G_BIAS, G_Y, G_N, G_LDY, G_COUNT };
    so threads split the group's rows as they would one weight's, and x's int4 sums are made once.
    Returns as cuvil_ql_linear. */
 int cuvil_ql_linear_group(int fmt, const float *x, int64_t count, const int64_t *addr, const int64_t *p) {
-    if (fmt < QL_BF16 || fmt > QL_F32 || count < 1 || count > QL_GROUP_MAX || p[P_M] < 0 || p[P_K] < 0)
+    if (fmt < QL_BF16 || fmt > QL_INT4A8 || count < 1 || count > QL_GROUP_MAX || p[P_M] < 0 || p[P_K] < 0)
         return 1;
     job jobs[QL_GROUP_MAX];
     int64_t first[QL_GROUP_MAX + 1] = {0}, elements = 0;
@@ -412,11 +615,15 @@ int cuvil_ql_linear_group(int fmt, const float *x, int64_t count, const int64_t 
         first[i + 1] = first[i] + (j.N + NR - 1) / NR;
         elements += j.N * j.K;
     }
-    float *xs = 0;
-    const int rc = group_sums(fmt, x, p[P_M], p[P_K], p[P_LDX], p[P_GROUP], &xs);
+    void *xs = 0;
+    const int rc = prepare_x(&jobs[0], &xs);
     if (rc)
         return rc;
-    for (int64_t i = 0; i < count; i++) jobs[i].xs = xs;
+    for (int64_t i = 1; i < count; i++) {
+        jobs[i].xs = jobs[0].xs;
+        jobs[i].xq = jobs[0].xq;
+        jobs[i].xd = jobs[0].xd;
+    }
     const int64_t blocks = first[count];
     const int threads = (int)(p[P_THREADS] > 0 ? p[P_THREADS] : 1);
 #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && elements >= PARALLEL_MIN)
@@ -432,7 +639,7 @@ int cuvil_ql_linear_group(int fmt, const float *x, int64_t count, const int64_t 
 /* W as float32 [N][K] (row stride K) */
 int cuvil_ql_dequant(int fmt, const void *w, const float *scale, const float *zero, float *out, const int64_t *p) {
     const int64_t N = p[P_N], K = p[P_K], G = p[P_GROUP];
-    if (fmt < QL_BF16 || fmt > QL_F32 || (fmt == QL_INT4 && (G < 32 || G % 32 || K % G)))
+    if (fmt < QL_BF16 || fmt > QL_INT4A8 || ((fmt == QL_INT4 || fmt == QL_INT4A8) && (G < 32 || G % 32 || K % G)))
         return 1;
     const int threads = (int)(p[P_THREADS] > 0 ? p[P_THREADS] : 1);
 #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && N * K >= PARALLEL_MIN)
@@ -461,6 +668,23 @@ int cuvil_ql_dequant(int fmt, const void *w, const float *scale, const float *ze
             }
         }
     }
+    return 0;
+}
+
+/* x [M][K] (row stride ldx) rounded as QL_INT4A8 rounds it, as floats, into y (row stride ldy):
+   y = q * d, what the kernel's integer products stand for (the larger-M path multiplies these by
+   dequantized weights). Returns 1 for K not a multiple of 32. */
+int cuvil_ql_round_x(const float *x, float *y, const int64_t *p) {
+    const int64_t M = p[P_M], K = p[P_K], ldx = p[P_LDX], ldy = p[P_LDY];
+    if (K % 32 || M < 0)
+        return 1;
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t b = 0; b < K / 32; b++) {
+            int8_t q[32];
+            int32_t isum;
+            const float d = round_block(x + m * ldx + b * 32, q, &isum);
+            for (int i = 0; i < 32; i++) y[m * ldy + b * 32 + i] = (float)q[i] * d;
+        }
     return 0;
 }
 

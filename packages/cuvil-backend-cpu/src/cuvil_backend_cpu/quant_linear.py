@@ -34,7 +34,7 @@ SOURCE = kernel_source("quant_linear.c")
 OP = quant.WeightOnlyLinear.name
 
 #: the C kernel's format codes ("f32": plain float32 weights, :func:`f32_gemv`)
-_FORMATS = {"bf16": 0, "int8": 1, "int4": 2, "f32": 3}
+_FORMATS = {"bf16": 0, "int8": 1, "int4": 2, "f32": 3, "int4-a8": 4}
 
 #: rows of activations, per row of the kernel's register tile, up to which the GEMV kernel runs
 #: (128 rows with AVX-512's tiles of 4, 64 with AVX2's of 2); more rows dequantize the weight and
@@ -68,6 +68,9 @@ class QuantLinearKernel:
         self._dequant = lib.cuvil_ql_dequant
         self._dequant.argtypes = [ctypes.c_int] + [ctypes.c_void_p] * 4 + [ctypes.c_char_p]
         self._dequant.restype = ctypes.c_int
+        self._round = lib.cuvil_ql_round_x
+        self._round.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_char_p]
+        self._round.restype = ctypes.c_int
         #: an emulated kernel (:mod:`cuvil_backend_cpu.emulation`) takes tensors, not addresses
         self._tensors = isinstance(lib, EmulatedLibrary)
         #: the build's vector width (floats), rows of x and of W per register tile
@@ -180,6 +183,17 @@ class QuantLinearKernel:
             raise ValueError(f"quant_linear: the kernel refused to dequantize {fmt} {n}x{k}")
         return out
 
+    def round_activations(self, x: torch.Tensor) -> torch.Tensor:
+        """2-d float32 ``x`` (unit stride along K, a multiple of 32) rounded as ``"int4-a8"``
+        rounds it (:func:`cuvil_ir.graph_ir.ops.quant.round_activations`, by the kernel's own
+        code), as a new float32 tensor."""
+        m, k = x.shape
+        out = torch.empty((m, k), dtype=torch.float32)
+        params = struct.pack("8q", m, 0, k, x.stride(0), k, 0, 1, 0)
+        if self._round(*self._pointers(x, out), params):
+            raise ValueError(f"quant_linear: int4-a8 activations of {k} values a row (not a multiple of 32)")
+        return out
+
     def linear_into(
         self,
         out: torch.Tensor,
@@ -202,6 +216,8 @@ class QuantLinearKernel:
             self.gemv(out, x, weight, scales, zeros, bias, fmt=fmt, group_size=group_size)
             return
         n, k = weight.shape[0], x.shape[1]
+        if fmt == "int4-a8":  # the GEMM multiplies what the GEMV's integers stand for
+            x = self.round_activations(x)
         rows = max(self.tile_cols, PANEL_BYTES // max(4 * k, 1))
         buf = torch.empty((min(rows, n), k), dtype=torch.float32)
         for n0 in range(0, n, rows):

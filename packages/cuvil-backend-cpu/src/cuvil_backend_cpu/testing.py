@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from cuvil_ir.graph_ir.ops.quant import pack_int4
+from cuvil_ir.graph_ir.ops.quant import pack_int4, round_activations
 from cuvil_runtime.pipeline import ProgramExecutable
 
 
@@ -22,7 +22,9 @@ def executable_of(compiled: Any) -> ProgramExecutable:
 
 class Weight:
     """A random weight of ``fmt``: the stored tensors and the float64 matrix they stand for,
-    computed here from the codes (not by the library's dequantize)."""
+    computed here from the codes (not by the library's dequantize). ``"int4-a8"`` stores
+    ``"int4"``'s; :meth:`check` multiplies it by the activations rounded as that format rounds
+    them (torch's :func:`round_activations`, not the kernel's)."""
 
     def __init__(self, fmt: str, n: int, k: int, group: int = 0, seed: int = 0) -> None:
         g = torch.Generator().manual_seed(seed)
@@ -47,6 +49,8 @@ class Weight:
         return tuple(t for t in (self.scales, self.zeros) if t is not None)
 
     def check(self, got: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | None) -> None:
+        if self.fmt == "int4-a8":
+            x = round_activations(x)
         want = x.double() @ self.w64.t() + (0 if bias is None else bias.double())
         # float32 accumulation over K terms: bounded by K eps times the sum of |x| |w|
         tol = 4e-6 * (x.double().abs() @ self.w64.abs().t()).max().item() + 1e-6

@@ -11,7 +11,11 @@
 - ``"int4"`` (``Int4WeightOnlyConfig``, tinygemm's parameters): asymmetric per group of
   ``group_size`` values of a row, ``scale = (max - min) / 15`` (at least 1e-6),
   ``zero = min + 8 scale``, ``q = clamp(round((w - min) / scale), 0, 15)``, ``w ~ (q - 8) scale + zero``;
-- ``"bf16"``: the weight rounded to bfloat16 (to nearest even).
+- ``"bf16"``: the weight rounded to bfloat16 (to nearest even);
+- ``"int4-a8"``: ``"int4"``'s weights, and the activations rounded to int8 at run time per block
+  of 32 values (``d = max|x| / 127``, llama.cpp's Q8_0), so the ``cpu`` kernel multiplies
+  integers: faster than ``"int4"`` where the dequantizing arithmetic, not memory, limits the
+  product (a decode step on one AVX2 core), at the cost of the activations' rounding error.
 
 Layers a torchao config already quantized (their weight a torchao tensor subclass) are converted
 with torchao's own codes, scales and zero points, whatever ``fmt`` says (see :func:`from_torchao`).
@@ -29,6 +33,7 @@ from torch import nn
 from cuvil_ir.graph_ir.ops.quant import (
     FORMATS,
     GROUP_SIZES,
+    INT4_FORMATS,
     INT4_MID,
     QuantFormatError,
     check_format,
@@ -63,7 +68,7 @@ class QuantizedLinear(nn.Module):
     ) -> None:
         super().__init__()
         check_format(fmt, group_size)
-        if fmt == "int4" and in_features % group_size:
+        if fmt in INT4_FORMATS and in_features % group_size:
             fits = [str(g) for g in GROUP_SIZES if in_features % g == 0]
             fix = f"use group_size={' or '.join(fits)}" if fits else "no int4 group size divides it: use int8"
             raise QuantFormatError(
@@ -74,14 +79,14 @@ class QuantizedLinear(nn.Module):
         self.fmt, self.group_size = fmt, group_size
         n, k = out_features, in_features
         if weight is None:
-            dtype = {"bf16": torch.bfloat16, "int8": torch.int8, "int4": torch.uint8}[fmt]
-            weight = torch.zeros((n, k // 2 if fmt == "int4" else k), dtype=dtype)
+            dtype = {"bf16": torch.bfloat16, "int8": torch.int8}.get(fmt, torch.uint8)
+            weight = torch.zeros((n, k // 2 if fmt in INT4_FORMATS else k), dtype=dtype)
             if fmt == "int8":
                 scales = torch.ones(n)
-            elif fmt == "int4":
+            elif fmt in INT4_FORMATS:
                 scales, zeros = torch.ones(n, k // group_size), torch.zeros(n, k // group_size)
         check_operands(weight, scales, zeros, fmt=fmt, group_size=group_size)
-        if weight.shape[0] != n or (weight.shape[1] * (2 if fmt == "int4" else 1)) != k:
+        if weight.shape[0] != n or (weight.shape[1] * (2 if fmt in INT4_FORMATS else 1)) != k:
             raise QuantFormatError(
                 f"QuantizedLinear: {fmt} weight of shape {tuple(weight.shape)} for {k} -> {n}"
             )
@@ -98,13 +103,13 @@ class QuantizedLinear(nn.Module):
     @classmethod
     def from_linear(cls, linear: nn.Linear, fmt: str, group_size: int = 128) -> QuantizedLinear:
         """``linear``'s weight quantized to ``fmt`` (``group_size`` is int4's; the others take none)."""
-        group = group_size if fmt == "int4" else 0
+        group = group_size if fmt in INT4_FORMATS else 0
         check_format(fmt, group)
         w = linear.weight.detach()
         if w.dtype not in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
             raise QuantFormatError(f"cu.quantize: a linear with {w.dtype} weights; quantize float weights")
         n, k = w.shape
-        if fmt == "int4" and k % group:
+        if fmt in INT4_FORMATS and k % group:
             cls(k, n, fmt, group_size=group)  # raises the error naming the group sizes that fit
         weight, scales, zeros = quantize_weight(w, fmt, group)
         bias = linear.bias.detach().float() if linear.bias is not None else None
@@ -131,7 +136,7 @@ class QuantizedLinear(nn.Module):
         return dequantize(self.weight, *params, fmt=self.fmt, group_size=self.group_size)
 
     def extra_repr(self) -> str:
-        group = f", group_size={self.group_size}" if self.fmt == "int4" else ""
+        group = f", group_size={self.group_size}" if self.fmt in INT4_FORMATS else ""
         return (
             f"in_features={self.in_features}, out_features={self.out_features}, fmt={self.fmt!r}{group}, "
             f"bias={self.bias is not None}"
@@ -290,7 +295,7 @@ def quantize(
     filter: Callable[[str, nn.Module], bool] | None = None,
 ) -> nn.Module:
     """Replace ``model``'s linear layers, in place, by :class:`QuantizedLinear` layers of
-    ``fmt`` (``"bf16"``, ``"int8"`` or ``"int4"``, with ``group_size`` values a group; see the
+    ``fmt`` (``"bf16"``, ``"int8"``, ``"int4"`` or ``"int4-a8"``, with ``group_size`` values a group; see the
     module doc for the math) and return ``model``. Layers torchao quantized are converted with
     their own codes; ``fmt=None`` converts only those. ``filter(name, module)`` returning False
     leaves a layer as it is (an ``lm_head`` kept in float, say). A layer that cannot take the
@@ -300,8 +305,8 @@ def quantize(
         raise QuantFormatError(
             f"cu.quantize: unknown format {fmt!r}; use one of {', '.join(map(repr, FORMATS))}"
         )
-    if fmt == "int4":
-        check_format("int4", group_size)
+    if fmt in INT4_FORMATS:
+        check_format(fmt, group_size)
     if isinstance(model, nn.Linear):
         raise TypeError(
             "cu.quantize replaces linear layers inside a module; for a lone nn.Linear use "

@@ -19,7 +19,8 @@ state guard then covers what was read: each read name's value in the instance di
 or its absence from it (``hasattr(self, "_x")`` false at capture and ``_x`` set later
 is a change, and so is an instance attribute that would now shadow a method). Code
 that reads ``__dict__`` itself (``vars(self)``, ``self.__dict__``) gets the whole-dict
-guard as before. Reads made by Cuvil's own code are not recorded (converted code reads
+guard as before. Reads made by Cuvil's own code are not recorded (except the modules it
+ships for models, :data:`_MODEL_CODE`, whose code is a model's) (converted code reads
 through the read hooks, each read its own guard, ``getattr``/``hasattr``/``vars`` too),
 except those of what ``hooks.call`` runs as it is for the traced code (a builtin
 reading the module). ``nn.Module.__getattr__`` finds parameters, buffers and
@@ -40,6 +41,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import os
 import sys
 import threading
@@ -65,6 +67,19 @@ WHOLE = "__dict__"
 #: Cuvil's own source files: their reads are not the traced code's (converted code's
 #: reads go through the read hooks, each guarded by itself: cuvil/frontend/reads.py)
 _OWN = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+#: Cuvil's files whose code is a model's, not the compiler's: the modules Cuvil ships for
+#: models to hold (``cuvil.quantize.QuantizedLinear``) and the test corpus's; their reads are
+#: recorded as any library's (unrecorded, a QuantizedLinear's ``fmt`` went unguarded: a layer
+#: switched from "int4" to "int4-a8" kept running the old program)
+_MODEL_CODE = (_OWN + "quantize.py", _OWN + "testing" + os.sep)
+
+
+@functools.lru_cache(maxsize=1024)
+def _compiler_file(filename: str) -> bool:
+    """Whether code of ``filename`` is Cuvil's compiler (its reads are not the traced code's)."""
+    return filename.startswith(_OWN) and not filename.startswith(_MODEL_CODE)
+
+
 #: Cuvil functions that call what the traced code calls (``hooks.call`` running a builtin
 #: or library function as it is): reads made from them are recorded
 USER_CALLS: set[types.CodeType] = set()
@@ -86,7 +101,7 @@ def _recording_class(cls: type) -> type | None:
             names = reads.get(id(self))
             if names is not None:
                 code = sys._getframe(1).f_code
-                if not code.co_filename.startswith(_OWN) or code in USER_CALLS:
+                if not _compiler_file(code.co_filename) or code in USER_CALLS:
                     names.add(name)
         return get(self, name)
 

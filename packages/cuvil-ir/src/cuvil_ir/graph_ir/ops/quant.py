@@ -12,6 +12,10 @@ dtype (float32 in practice), the weight stored in one of :data:`FORMATS` (docs/q
   [Note: int4 packing] Within each run of 32 values of a row, byte ``i`` holds value ``i`` in its
   low nibble and value ``i + 16`` in its high nibble: a kernel that loads ``VW <= 16`` bytes
   unpacks them into two vectors of consecutive values, with no shuffle, whatever its vector width.
+- ``"int4-a8"``: ``"int4"``'s weights, with the activations rounded to int8 at run time per block
+  of 32 values along ``K`` (:func:`round_activations`: ``d = max|x| / 127``, ``q = round(x / d)``,
+  llama.cpp's Q8_0), so a kernel multiplies integers (``vpmaddubsw``, VNNI's ``vpdpbusd``): the
+  product is ``round_activations(x) @ dequantize(weight)^T``, exactly what the reference computes.
 
 The torch callable :func:`weight_only_linear` is what a quantized module's ``forward`` calls
 (``cuvil.quantize``): in eager it runs :func:`reference` (dequantize in float32, then
@@ -34,15 +38,19 @@ from cuvil_ir.graph_ir.types import DType, TensorType, Type
 from cuvil_ir.symbolic import ShapeContext
 
 #: the weight formats, and what each stores
-FORMATS = ("bf16", "int8", "int4")
+FORMATS = ("bf16", "int8", "int4", "int4-a8")
+#: the formats that store int4 codes (``"int4-a8"`` differs in what happens to the activations)
+INT4_FORMATS = ("int4", "int4-a8")
+#: values of a row of activations that share one int8 scale in ``"int4-a8"``
+ACTIVATION_BLOCK = 32
 #: int4 group sizes (values of a row sharing one scale and zero); torchao's choices
 GROUP_SIZES = (32, 64, 128, 256)
 #: the values a 4-bit code stands for are ``(q - INT4_MID) * scale + zero``
 INT4_MID = 8
 
-_WEIGHT_DTYPES = {"bf16": DType.bf16, "int8": DType.i8, "int4": DType.u8}
+_WEIGHT_DTYPES = {"bf16": DType.bf16, "int8": DType.i8, "int4": DType.u8, "int4-a8": DType.u8}
 #: the quantization parameters each format takes, in operand order
-_PARAMS = {"bf16": (), "int8": ("scales",), "int4": ("scales", "zeros")}
+_PARAMS = {"bf16": (), "int8": ("scales",), "int4": ("scales", "zeros"), "int4-a8": ("scales", "zeros")}
 
 
 class QuantFormatError(ValueError):
@@ -55,12 +63,12 @@ def check_format(fmt: str, group_size: int) -> None:
         raise QuantFormatError(
             f"weight_only_linear: unknown format {fmt!r}; use one of {', '.join(map(repr, FORMATS))}"
         )
-    if fmt == "int4" and group_size not in GROUP_SIZES:
+    if fmt in INT4_FORMATS and group_size not in GROUP_SIZES:
         raise QuantFormatError(
-            f"weight_only_linear: int4 group size {group_size} is not one of "
+            f"weight_only_linear: {fmt} group size {group_size} is not one of "
             f"{', '.join(map(str, GROUP_SIZES))}; quantize again with one of those"
         )
-    if fmt != "int4" and group_size != 0:
+    if fmt not in INT4_FORMATS and group_size != 0:
         raise QuantFormatError(
             f"weight_only_linear: {fmt} weights take no group size (got {group_size}); "
             "int8 has one scale per output channel, bf16 none"
@@ -69,7 +77,7 @@ def check_format(fmt: str, group_size: int) -> None:
 
 def in_features(weight: Any, fmt: str) -> Any:
     """K, the inner size, of a stored weight (two int4 values a byte)."""
-    return weight.shape[1] * 2 if fmt == "int4" else weight.shape[1]
+    return weight.shape[1] * 2 if fmt in INT4_FORMATS else weight.shape[1]
 
 
 def check_operands(
@@ -90,9 +98,9 @@ def check_operands(
         )
     given = {"scales": scales, "zeros": zeros}
     n, k = weight.shape[0], in_features(weight, fmt)
-    if fmt == "int4" and k % group_size:
+    if fmt in INT4_FORMATS and k % group_size:
         raise QuantFormatError(
-            f"weight_only_linear: int4 weight of {k} values a row is not a whole number of groups of "
+            f"weight_only_linear: {fmt} weight of {k} values a row is not a whole number of groups of "
             f"{group_size}; pick a group size that divides {k}"
         )
     shape = (n,) if fmt == "int8" else (n, k // group_size if group_size else 0)
@@ -147,9 +155,33 @@ def dequantize(
     return grouped.reshape(n, k)
 
 
+def round_activations(x: torch.Tensor) -> torch.Tensor:
+    """``x`` (``[..., K]``, ``K`` a multiple of :data:`ACTIVATION_BLOCK`) as ``"int4-a8"`` rounds
+    it, in ``x``'s dtype: per block of 32 values of the last dimension, in float32,
+    ``d = max|x| / 127``, ``q = clamp(round(x * (1 / d)), -127, 127)`` (round half to even; 0 where
+    ``d`` is 0), the value ``q * d``; a block holding a NaN or an infinity is all NaN. The
+    ``cpu`` kernel (quant_linear.c's ``round_block``) computes the same codes, operation for
+    operation."""
+    k = x.shape[-1]
+    if k % ACTIVATION_BLOCK:
+        raise QuantFormatError(
+            f"int4-a8: {k} activation values a row is not a multiple of {ACTIVATION_BLOCK}"
+        )
+    b = x.float().reshape(*x.shape[:-1], k // ACTIVATION_BLOCK, ACTIVATION_BLOCK)
+    amax = b.abs().amax(-1, keepdim=True)
+    d = amax / 127
+    inv = torch.where(d > 0, 1.0 / d, torch.zeros_like(d))
+    q = torch.round(b * inv).clamp(-127, 127)
+    out = torch.where(torch.isfinite(amax), q * d, torch.full_like(d, float("nan")))
+    return out.reshape(x.shape).to(x.dtype)
+
+
 def reference(x: Any, weight: Any, *rest: Any, fmt: str, group_size: int, has_bias: bool) -> Any:
-    """Dequantize in float32, then ``F.linear`` in the activation's dtype."""
+    """Dequantize in float32, then ``F.linear`` in the activation's dtype (``"int4-a8"``: of
+    the activations :func:`round_activations` rounds)."""
     params = rest[: len(_PARAMS[fmt])]
+    if fmt == "int4-a8":
+        x = round_activations(x)
     w = dequantize(weight, *params, fmt=fmt, group_size=group_size)
     return F.linear(x, w.to(x.dtype), rest[-1] if has_bias else None)
 
@@ -249,8 +281,8 @@ class WeightOnlyLinear(Op):
             )
         n, k = tw.shape[0], in_features(tw, fmt)
         check_equal(ctx, tx.shape[-1], k, "weight_only_linear in_features")
-        if fmt == "int4":
-            check_divisible(ctx, k, group_size, "weight_only_linear: int4 values a row, by the group size")
+        if fmt in INT4_FORMATS:
+            check_divisible(ctx, k, group_size, f"weight_only_linear: {fmt} values a row, by the group size")
         shapes = {"scales": (n,) if fmt == "int8" else (n, k // group_size if group_size else 0)}
         shapes["zeros"] = shapes["scales"]
         shapes["bias"] = (n,)
@@ -271,8 +303,10 @@ class WeightOnlyLinear(Op):
 
 
 __all__ = [
+    "ACTIVATION_BLOCK",
     "FORMATS",
     "GROUP_SIZES",
+    "INT4_FORMATS",
     "INT4_MID",
     "QuantFormatError",
     "WeightOnlyLinear",
@@ -281,6 +315,7 @@ __all__ = [
     "dequantize",
     "in_features",
     "pack_int4",
+    "round_activations",
     "unpack_int4",
     "weight_only_linear",
 ]
