@@ -241,6 +241,7 @@ ISA_TESTS = [
     "packages/cuvil-backend-cpu/tests/test_packed_gemm.py",  # float32 linears on packed weights
     "packages/cuvil-backend-cpu/tests/test_shared_input_linears.py",  # the grouped GEMV
     "packages/cuvil-backend-cpu/tests/test_paged_attention.py",  # paged attention over block tables
+    "packages/cuvil-backend-cpu/tests/test_decode_attention.py",  # a decode step's, over a static cache
 ]
 #: Says whether this CPU can run $CUVIL_CPU_ISA's code (an aarch64 host cannot run avx2 kernels).
 CAN_RUN_ISA = """

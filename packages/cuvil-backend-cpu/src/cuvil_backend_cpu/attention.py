@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from cuvil_backend_cpu import attention_pattern, gemm_choice
+from cuvil_backend_cpu import attention_pattern, decode_attention, gemm_choice, paged_attention
 from cuvil_backend_cpu.c_prelude import build_facts, kernel_source
 from cuvil_backend_cpu.emulation import EmulatedLibrary
 from cuvil_backend_cpu.kernel_cache import KernelCache, per_cache
@@ -178,6 +178,14 @@ def extern(cache: KernelCache, reference: Callable[..., Any]) -> Callable[..., A
             return _half_sdpa(
                 sdpa, reference, q, k, v, *mask, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa
             )
+        if q.dim() == 4 and q.shape[-2] == 1 and not is_causal:  # a decode step over a cache
+            e = q.shape[-1]
+            out = decode_attention.attend(
+                lambda: paged_attention.kernel(cache), q, k, v, mask[0] if has_mask else None,
+                scale=1.0 / math.sqrt(e) if scale is None else scale, enable_gqa=enable_gqa,
+            )  # fmt: skip
+            if out is not None:
+                return out
         if flash.faster_than_torch(q, k):
             out = flash(
                 q,

@@ -689,6 +689,33 @@ int cuvil_paged_attention(const float *q, const void *kc, const void *vc, const 
 }
 
 /* the build's vector width (tests) */
+/* A decode step over a contiguous cache (cuvil_backend_cpu/decode_attention.py): per row of its
+ * mask (rows x positions, row stride ld elements, unit stride along positions; bool bytes, or float32
+ * when is_float), the length n of the row's allowed prefix, into lens, when the row allows exactly
+ * positions 0 .. n-1 with n >= 1: bool 1 there and 0 after; float 0 there and at most `drop` after
+ * (exp of which is 0). Returns 0, or 1 when some row is not such a prefix (then the caller runs
+ * torch's attention). */
+int cuvil_prefix_lengths(const void *mask, int64_t is_float, int64_t rows, int64_t positions, int64_t ld,
+                         float drop, int32_t *lens) {
+    for (int64_t r = 0; r < rows; ++r) {
+        int64_t n = 0;
+        if (is_float) {
+            const float *m = (const float *)mask + r * ld;
+            while (n < positions && m[n] == 0.0f) ++n;
+            for (int64_t p = n; p < positions; ++p)
+                if (!(m[p] <= drop)) return 1;
+        } else {
+            const uint8_t *m = (const uint8_t *)mask + r * ld;
+            while (n < positions && m[n]) ++n;
+            for (int64_t p = n; p < positions; ++p)
+                if (m[p]) return 1;
+        }
+        if (n < 1 || n > INT32_MAX) return 1;
+        lens[r] = (int32_t)n;
+    }
+    return 0;
+}
+
 void cuvil_paged_attention_info(int64_t *vw, int64_t *pt) {
     *vw = VW;
     *pt = PT;

@@ -68,6 +68,26 @@ class PagedAttentionKernel:
         self.lanes, self.positions = build_facts(lib, "cuvil_paged_attention_info", 2)
         #: split items of the last call (tests: the long-context split happened)
         self.last_split_items = 0
+        self._prefix = lib.cuvil_prefix_lengths
+        self._prefix.argtypes = [
+            ctypes.c_void_p,
+            ctypes.c_int64,
+            ctypes.c_int64,
+            ctypes.c_int64,
+            ctypes.c_int64,
+        ]
+        self._prefix.argtypes += [ctypes.c_float, ctypes.c_void_p]
+        self._prefix.restype = ctypes.c_int
+
+    def prefix_lengths(self, rows: torch.Tensor, drop: float) -> torch.Tensor | None:
+        """Per row of ``rows`` (2-d, bool or float32, unit stride along its positions; a zero
+        row stride repeats one row), the length of its allowed prefix as int32 (see
+        ``cuvil_prefix_lengths``), or ``None`` when some row allows anything else."""
+        lens = torch.empty(rows.shape[0], dtype=torch.int32)
+        ptrs = (rows, lens) if self._tensors else (rows.data_ptr(), lens.data_ptr())
+        fl = int(rows.dtype == torch.float32)
+        rc = self._prefix(ptrs[0], fl, rows.shape[0], rows.shape[1], rows.stride(0), drop, ptrs[1])
+        return None if rc else lens
 
     @staticmethod
     def takes(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor) -> bool:
@@ -94,11 +114,16 @@ class PagedAttentionKernel:
         threads: int | None = None,
         split_min: int = SPLIT_MIN,
         query_tile: int = QUERY_TILE,
+        check: bool = True,
     ) -> torch.Tensor:
         """``paged_attention(...)`` by the kernel (operands the op's checks accepted and
         :meth:`takes`); ``threads``, ``split_min`` and ``query_tile`` override the defaults
-        (tests: the split and the tiling on any machine)."""
-        paged.check_paged(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc)
+        (tests: the split and the tiling on any machine). ``check=False``: operands made
+        consistent by the caller (:mod:`cuvil_backend_cpu.decode_attention`), whose shapes
+        and dtypes the op's checks would only confirm; the kernel checks the lengths, starts
+        and tables itself either way."""
+        if check:
+            paged.check_paged(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc)
         tokens, heads, dim = query.shape
         num_blocks, block_size, kv_heads, _ = key_cache.shape
         batch, max_blocks = block_tables.shape
