@@ -306,6 +306,9 @@ INLINE void tile_int4(const float *x, int64_t ldx, const float *xs, const uint8_
  *   sum_{k in b} x[k] W[n,k] = d_b ( s[g] sum q[k] xq[k] ) + mz[g] sum x[k],   mz = zero - 8 s,
  * the first sum exact in 32-bit integers (|q xq| <= 15 * 127), scaled once per block. */
 #if !defined(CUVIL_VW) && defined(__AVX2__)
+/* x's codes for groups of a multiple of 64 values: per 64, values 0-15, 32-47, 16-31, 48-63 (the
+   two-run loop's halves); other builds and groups of 32 keep the natural order */
+#define A8_PAIRS(G) ((G) % 64 == 0)
 #if defined(__FMA__)
 #define FMA8(a, b, c) _mm256_fmadd_ps(a, b, c)
 #else
@@ -318,6 +321,17 @@ INLINE __m256 dot32(__m256i q, __m256i x) {
 #else
     /* (pairs of unsigned x signed bytes into 16 bits: at most 2 * 15 * 127, no saturation) */
     return _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(q, x), _mm256_set1_epi16(1)));
+#endif
+}
+
+/* 64 codes times 64 bytes of x as two 32-byte halves (lo with xl, hi with xh), pair sums added in 16
+   bits (at most 4 * 15 * 127), in 8 lanes of 32-bit sums, as floats */
+INLINE __m256 dot64(__m256i lo, __m256i xl, __m256i hi, __m256i xh) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), lo, xl), hi, xh));
+#else
+    const __m256i s = _mm256_add_epi16(_mm256_maddubs_epi16(lo, xl), _mm256_maddubs_epi16(hi, xh));
+    return _mm256_cvtepi32_ps(_mm256_madd_epi16(s, _mm256_set1_epi16(1)));
 #endif
 }
 
@@ -350,24 +364,54 @@ INLINE void tile_int4a8(const int8_t *xq, const float *xd, const float *xs, cons
         const uint8_t *wg = w + g * (G / 2);
         const int8_t *xg = xq + g * G;
         const float *dg = xd + g * (G / 32);
-        for (int64_t c = 0; c < G; c += 32) {
-            if ((c & 127) == 0)
+        if (G % 64 == 0) {
+            /* two runs at a time, x in the A8_PAIRS layout: the 32 bytes of codes of runs r, r+1 split
+               into low nibbles (values 0-15 of each run, one per 128-bit half) and high (16-31), which
+               multiply x's [r 0-15 | r+1 0-15] and [r 16-31 | r+1 16-31]; each half's sums belong to
+               one run, scaled by its d: one madd and one convert per 64 values */
+            const __m256i low4x2 = _mm256_set1_epi8(15);
+            for (int64_t c = 0; c < G; c += 64) {
+                if ((c & 127) == 0)
+                    UNROLL
+                    for (int n = 0; n < nr; n++) PREFETCH(wg + (n + NR) * row + c / 2);
+                __m256i xl[MR], xh[MR];
+                __m256 dv[MR];
                 UNROLL
-                for (int n = 0; n < nr; n++) PREFETCH(wg + (n + NR) * row + c / 2);
-            __m256i xv[MR];
-            __m256 dv[MR];
-            UNROLL
-            for (int m = 0; m < mr; m++) {
-                xv[m] = _mm256_loadu_si256((const __m256i *)(xg + m * K + c));
-                dv[m] = _mm256_broadcast_ss(dg + m * nb + c / 32);
+                for (int m = 0; m < mr; m++) {
+                    xl[m] = _mm256_loadu_si256((const __m256i *)(xg + m * K + c));
+                    xh[m] = _mm256_loadu_si256((const __m256i *)(xg + m * K + c + 32));
+                    const float *d = dg + m * nb + c / 32;
+                    dv[m] = _mm256_set_m128(_mm_broadcast_ss(d + 1), _mm_broadcast_ss(d));
+                }
+                UNROLL
+                for (int n = 0; n < nr; n++) {
+                    const __m256i b = _mm256_loadu_si256((const __m256i *)(wg + n * row + c / 2));
+                    const __m256i lo = _mm256_and_si256(b, low4x2);
+                    const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), low4x2);
+                    UNROLL
+                    for (int m = 0; m < mr; m++) p[m][n] = FMA8(dot64(lo, xl[m], hi, xh[m]), dv[m], p[m][n]);
+                }
             }
-            UNROLL
-            for (int n = 0; n < nr; n++) {
-                const __m128i b = _mm_loadu_si128((const __m128i *)(wg + n * row + c / 2));
-                /* low nibbles: values c..c+15, high: c+16..c+31 ([Note: int4 packing]) */
-                const __m256i q = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), low4), _mm_and_si128(b, low4));
+        } else {
+            for (int64_t c = 0; c < G; c += 32) {
+                if ((c & 127) == 0)
+                    UNROLL
+                    for (int n = 0; n < nr; n++) PREFETCH(wg + (n + NR) * row + c / 2);
+                __m256i xv[MR];
+                __m256 dv[MR];
                 UNROLL
-                for (int m = 0; m < mr; m++) p[m][n] = FMA8(dot32(q, xv[m]), dv[m], p[m][n]);
+                for (int m = 0; m < mr; m++) {
+                    xv[m] = _mm256_loadu_si256((const __m256i *)(xg + m * K + c));
+                    dv[m] = _mm256_broadcast_ss(dg + m * nb + c / 32);
+                }
+                UNROLL
+                for (int n = 0; n < nr; n++) {
+                    const __m128i b = _mm_loadu_si128((const __m128i *)(wg + n * row + c / 2));
+                    /* low nibbles: values c..c+15, high: c+16..c+31 ([Note: int4 packing]) */
+                    const __m256i q = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), low4), _mm_and_si128(b, low4));
+                    UNROLL
+                    for (int m = 0; m < mr; m++) p[m][n] = FMA8(dot32(q, xv[m]), dv[m], p[m][n]);
+                }
             }
         }
         UNROLL
@@ -386,6 +430,7 @@ INLINE void tile_int4a8(const int8_t *xq, const float *xd, const float *xs, cons
         for (int n = 0; n < nr; n++) out[m * NR + n] = hsum8(acc[m][n]) + zacc[m][n];
 }
 #else
+#define A8_PAIRS(G) 0
 /* the portable form (SSE2, NEON, forced widths): the same sums, a byte at a time */
 INLINE void tile_int4a8(const int8_t *xq, const float *xd, const float *xs, const uint8_t *w, const float *scale,
                         const float *zero, int64_t K, int64_t G, float *out, int mr, int nr) {
@@ -551,9 +596,18 @@ static int prepare_x(job *j, void **mem) {
             if (fmt == QL_INT4A8) {
                 for (int64_t b = g * G / 32; b < (g + 1) * G / 32; b++) {
                     int32_t isum;
-                    const float d = round_block(j->x + m * ldx + b * 32, xq + m * K + b * 32, &isum);
+                    int8_t *q = xq + m * K + b * 32;
+                    const float d = round_block(j->x + m * ldx + b * 32, q, &isum);
                     xd[m * nb + b] = d;
                     s += d * (float)isum;
+                    if (A8_PAIRS(G) && b % 2 == 1) { /* the pair b-1, b as [b-1 0-15 | b 0-15 | b-1 16-31 | b 16-31] */
+                        int8_t t[64];
+                        memcpy(t, q - 32, 64);
+                        memcpy(q - 32, t, 16);
+                        memcpy(q - 16, t + 32, 16);
+                        memcpy(q, t + 16, 16);
+                        memcpy(q + 16, t + 48, 16);
+                    }
                 }
             } else {
                 for (int64_t k = g * G; k < (g + 1) * G; k++) s += j->x[m * ldx + k];
