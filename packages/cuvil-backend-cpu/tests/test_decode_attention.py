@@ -37,12 +37,32 @@ def _additive(lens: list[int], positions: int, dropped: float = LOWEST) -> torch
     return torch.where(_bool(lens, positions), 0.0, dropped)
 
 
-def test_lengths_of_prefix_masks_and_refusals(pa: PagedAttentionKernel) -> None:
-    lens = decode_attention.lengths
-    assert lens(pa, _bool([5, 9, 1], 12), 3, 12).tolist() == [5, 9, 1]
-    assert lens(pa, _additive([12, 3], 12), 2, 12).tolist() == [12, 3]
-    assert lens(pa, _additive([4], 12, float("-inf")), 3, 12).tolist() == [4, 4, 4]  # one row, broadcast
-    assert lens(pa, None, 2, 7).tolist() == [7, 7]
+def _run(mask: torch.Tensor | None, batch: int, positions: int) -> tuple[Any, Any]:
+    """What ``attend`` gives for this mask, and torch's (None where torch takes no such mask)."""
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(batch, 4, 1, 8, generator=g)
+    k, v = torch.randn(batch, 2, positions, 8, generator=g), torch.randn(batch, 2, positions, 8, generator=g)
+    got = decode_attention.attend(
+        lambda: paged_attention.kernel(KernelCache()), q, k, v, mask, scale=0.5, enable_gqa=True
+    )
+    if mask is not None and mask.dtype not in (torch.bool, torch.float32):
+        return got, None
+    return got, F.scaled_dot_product_attention(q, k, v, mask, scale=0.5, enable_gqa=True)
+
+
+def test_prefix_masks_run_the_kernel_and_others_torch(monkeypatch: Any) -> None:
+    monkeypatch.setattr(decode_attention, "MIN_CACHED", 1)
+    taken = [
+        (_bool([5, 9, 1], 12), 3),
+        (_additive([12, 3], 12), 2),
+        (_additive([4], 12, float("-inf")), 3),  # one row for every sequence
+        (_bool([3, 5], 24)[..., ::2], 2),  # positions with stride 2: copied, then read
+        (None, 2),
+    ]
+    for mask, batch in taken:
+        got, want = _run(mask, batch, 12)
+        assert got is not None, mask
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     hole = _bool([6], 12)
     hole[..., 2] = False  # a left-padded batch's hole: not a prefix
     refused = [
@@ -50,13 +70,11 @@ def test_lengths_of_prefix_masks_and_refusals(pa: PagedAttentionKernel) -> None:
         _bool([0], 12),  # a row that sees nothing
         _additive([4], 12, -1e4),  # a finite penalty: its exp is not exactly 0
         _additive([4], 12) + torch.linspace(0, 1, 12),  # a bias on the allowed positions
-        _bool([4], 12).expand(1, 2, 1, 12),  # per-head masks
+        _bool([4], 12).expand(1, 4, 1, 12),  # per-head masks
         _bool([4], 12).to(torch.float16),
     ]
     for mask in refused:
-        assert lens(pa, mask, 1, 12) is None, mask
-    strided = _bool([3, 5], 24)[..., ::2]  # positions with stride 2: copied, then read
-    assert lens(pa, strided, 2, 12).tolist() == [2, 3]
+        assert _run(mask, 1, 12)[0] is None, mask
 
 
 @pytest.mark.parametrize("heads,kv_heads", [(8, 2), (4, 4), (6, 1)])

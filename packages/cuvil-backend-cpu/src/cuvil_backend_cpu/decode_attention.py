@@ -8,20 +8,20 @@ attention and splits no work along the sequence. ``paged_attention.c`` already d
 such a step wants (the query heads of one kv head read each K/V row once; a long context
 split across threads, flash-decoding style, and its parts merged), and it reads a
 contiguous cache as one block of ``S`` positions per sequence with the identity block table
-(its cache strides are parameters), so this module is only the mapping:
+(its cache strides are parameters), so this is only the mapping, in one C call
+(``cuvil_decode_attention``: each small torch op on this path costs microseconds):
 
 * the mask must say "the first ``n_b`` positions" for every sequence ``b``: boolean
   ``True`` there and ``False`` after, or additive ``0`` there and ``-inf`` (or at most half
   float32's lowest, transformers' ``finfo.min``: ``exp`` of it is exactly 0) after, the
   same for every head; ``n_b >= 1``. Anything else (a padded batch's holes, ALiBi biases,
-  a sliding window) is torch's;
-* the sequence lengths come from the mask, checked in full, each call (a few tensor ops).
+  a sliding window) is torch's: the C call says so and the caller runs torch's;
+* the sequence lengths are read off the mask by the C call, in full, each step.
 
-Measured (AVX2 Zen 3, 8 / 2 heads of 64, the whole ``sdpa`` call; docs/cpu-backend.md
-"Attention"): 2 threads, batch 1, 1056 cached positions 131 us against torch's 157-171, 4096:
-~350 vs ~800 (1 thread); batch 4 x 512: 157-163 vs 255-270. The call costs ~90 us whatever
-the size on this host (Python, ctypes, the mask's check), so steps of fewer than
-:data:`MIN_CACHED` cached positions (batch x positions) stay torch's.
+Measured (AVX2 Zen 3, 8 / 2 heads of 64, the whole ``sdpa`` extern call, 1 thread; docs/
+cpu-backend.md "Paged attention"): batch 1, 96 positions 26 us against torch's 31-37; 1056:
+74 vs 158-174; batch 4 x 1056: 206 vs 577-581. Below :data:`MIN_CACHED` cached positions
+torch's call is as short or shorter (batch 1 x 16: 23 vs 20-27 us).
 """
 
 from __future__ import annotations
@@ -33,47 +33,10 @@ import torch
 from cuvil_backend_cpu.paged_attention import PagedAttentionKernel
 
 #: cached positions (batch x positions) from which a decode step's attention runs the kernel
-#: (measured, above: batch 1 from 1024 positions, batch 4 from 256)
-MIN_CACHED = 1024
+#: (measured, above)
+MIN_CACHED = 64
 #: an additive mask value at or below this drops its position exactly (``exp`` underflows to 0)
-_DROPPED = torch.finfo(torch.float32).min / 2
-
-
-def lengths(
-    kernel: PagedAttentionKernel, mask: torch.Tensor | None, batch: int, positions: int
-) -> torch.Tensor | None:
-    """Per sequence, ``n`` when ``mask`` (broadcastable to ``[batch, heads, 1, positions]``,
-    the same for every head) allows exactly the first ``n >= 1`` positions, as int32;
-    ``None`` when it says anything else. (One C call, ``cuvil_prefix_lengths``: in torch or
-    numpy the handful of small-tensor ops cost as much as the attention.)"""
-    if mask is None:
-        return torch.full((batch,), positions, dtype=torch.int32)
-    if mask.dim() != 4 or mask.shape[1] != 1 or mask.shape[2] != 1 or mask.shape[3] != positions:
-        return None
-    if mask.shape[0] not in (1, batch) or mask.dtype not in (torch.bool, torch.float32):
-        return None
-    rows = mask[:, 0, 0, :]
-    if rows.stride(1) != 1 and positions > 1:
-        rows = rows.contiguous()
-    if rows.shape[0] != batch:
-        rows = rows.expand(batch, positions)  # (a zero row stride: one row for every sequence)
-    return kernel.prefix_lengths(rows, _DROPPED)
-
-
-def _identity(batch: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The identity block table ``[[0], [1], ...]`` and the query starts ``0, 1, ..., batch``."""
-    got = _IDENTITY.get(batch)
-    if got is None:
-        got = (
-            torch.arange(batch, dtype=torch.int32).view(batch, 1),
-            torch.arange(batch + 1, dtype=torch.int32),
-        )
-        if len(_IDENTITY) < 64:
-            _IDENTITY[batch] = got
-    return got
-
-
-_IDENTITY: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+DROPPED = torch.finfo(torch.float32).min / 2
 
 
 def attend(
@@ -107,15 +70,15 @@ def attend(
         or (heads != kv_heads and not (enable_gqa and heads % kv_heads == 0))
     ):
         return None
-    pa = kernel()
-    lens = lengths(pa, mask, batch, positions)
-    if lens is None:
-        return None
-    # the cache as `batch` blocks of `positions`: [block, offset, kv head, dim] views; the
-    # operands are consistent by construction (the kernel still checks lengths and tables)
-    tables, starts = _identity(batch)
-    out = pa(q[:, :, 0], k.transpose(1, 2), v.transpose(1, 2), tables, lens, starts, scale=scale, check=False)
-    return out.view(batch, heads, 1, dim)
+    if mask is not None:
+        if mask.dim() != 4 or mask.shape[1:] != (1, 1, positions) or mask.shape[0] not in (1, batch):
+            return None  # per-head or per-query masks, or a broadcast along the positions
+        if mask.dtype not in (torch.bool, torch.float32) or mask.device.type != "cpu":
+            return None
+        if mask.stride(3) != 1 and positions > 1:
+            mask = mask.contiguous()
+    q, k, v = (t if t.stride(3) == 1 or dim <= 1 else t.contiguous() for t in (q, k, v))
+    return kernel().decode(q, k, v, mask, scale=scale, drop=DROPPED)
 
 
-__all__ = ["MIN_CACHED", "attend", "lengths"]
+__all__ = ["DROPPED", "MIN_CACHED", "attend"]

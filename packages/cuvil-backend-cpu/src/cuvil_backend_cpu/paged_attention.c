@@ -689,14 +689,13 @@ int cuvil_paged_attention(const float *q, const void *kc, const void *vc, const 
 }
 
 /* the build's vector width (tests) */
-/* A decode step over a contiguous cache (cuvil_backend_cpu/decode_attention.py): per row of its
- * mask (rows x positions, row stride ld elements, unit stride along positions; bool bytes, or float32
- * when is_float), the length n of the row's allowed prefix, into lens, when the row allows exactly
- * positions 0 .. n-1 with n >= 1: bool 1 there and 0 after; float 0 there and at most `drop` after
- * (exp of which is 0). Returns 0, or 1 when some row is not such a prefix (then the caller runs
- * torch's attention). */
-int cuvil_prefix_lengths(const void *mask, int64_t is_float, int64_t rows, int64_t positions, int64_t ld,
-                         float drop, int32_t *lens) {
+/* Per row of a decode step's mask (rows x positions, row stride ld elements, unit stride along
+ * positions; bool bytes, or float32 when is_float), the length n of the row's allowed prefix, into
+ * lens, when the row allows exactly positions 0 .. n-1 with n >= 1: bool 1 there and 0 after; float 0
+ * there and at most `drop` after (exp of which is 0). Returns 0, or 1 when some row is not such a
+ * prefix. */
+static int prefix_lengths(const void *mask, int64_t is_float, int64_t rows, int64_t positions, int64_t ld,
+                          float drop, int32_t *lens) {
     for (int64_t r = 0; r < rows; ++r) {
         int64_t n = 0;
         if (is_float) {
@@ -714,6 +713,49 @@ int cuvil_prefix_lengths(const void *mask, int64_t is_float, int64_t rows, int64
         lens[r] = (int32_t)n;
     }
     return 0;
+}
+
+/* params of cuvil_decode_attention, int64 each, in this order (decode_attention.py packs them) */
+enum {
+    D_BATCH, D_HEADS, D_KV_HEADS, D_DIM, D_POSITIONS,
+    D_Q_B, D_Q_H,          /* q [B, H, 1, D]: its strides (batch, head); its last is 1 */
+    D_K_B, D_K_H, D_K_P,   /* k [B, KVH, S, D]: (batch, head, position) */
+    D_V_B, D_V_H, D_V_P,
+    D_MASK,                /* 0 none, 1 bool, 2 float32: [B or 1, 1, 1, S], unit stride along S */
+    D_MASK_B,              /* the mask's batch stride in elements (0: one row for all) */
+    D_THREADS, D_SPLIT_MIN, D_QT,
+    D_COUNT
+};
+
+/* A decode step over a contiguous cache (cuvil_backend_cpu/decode_attention.py): one query per
+ * sequence, k and v the whole cache, the sequence lengths read off the mask (a prefix of allowed
+ * positions per sequence, see prefix_lengths); the cache is `batch` blocks of S positions behind the
+ * identity block table. out: [B, H, D] contiguous. Returns cuvil_paged_attention's codes, or 5 when
+ * the mask is not such a prefix (the caller then runs torch's attention). */
+int cuvil_decode_attention(const float *q, const void *kc, const void *vc, const void *mask, float *out,
+                           const int64_t *d, float scale, float drop) {
+    const int64_t B = d[D_BATCH], S = d[D_POSITIONS];
+    int32_t *buf = malloc((size_t)(3 * B + 1) * sizeof *buf);
+    if (!buf) return PA_NOMEM;
+    int32_t *tables = buf, *lens = buf + B, *starts = buf + 2 * B;
+    for (int64_t b = 0; b <= B; ++b) starts[b] = (int32_t)b;
+    for (int64_t b = 0; b < B; ++b) tables[b] = (int32_t)b, lens[b] = (int32_t)S;
+    if (d[D_MASK] && prefix_lengths(mask, d[D_MASK] == 2, B, S, d[D_MASK_B], drop, lens)) {
+        free(buf);
+        return 5;
+    }
+    const int64_t P[P_COUNT] = {
+        [P_TOKENS] = B, [P_HEADS] = d[D_HEADS], [P_KV_HEADS] = d[D_KV_HEADS], [P_DIM] = d[D_DIM],
+        [P_BATCH] = B, [P_MAX_BLOCKS] = 1, [P_BLOCK_SIZE] = S, [P_NUM_BLOCKS] = B,
+        [P_Q_T] = d[D_Q_B], [P_Q_H] = d[D_Q_H],
+        [P_K_B] = d[D_K_B], [P_K_P] = d[D_K_P], [P_K_H] = d[D_K_H],
+        [P_V_B] = d[D_V_B], [P_V_P] = d[D_V_P], [P_V_H] = d[D_V_H],
+        [P_DTYPE] = 0, [P_THREADS] = d[D_THREADS], [P_SPLIT_MIN] = d[D_SPLIT_MIN], [P_QT] = d[D_QT],
+    };
+    int64_t info[2];
+    const int rc = cuvil_paged_attention(q, kc, vc, tables, lens, starts, out, P, scale, info);
+    free(buf);
+    return rc;
 }
 
 void cuvil_paged_attention_info(int64_t *vw, int64_t *pt) {

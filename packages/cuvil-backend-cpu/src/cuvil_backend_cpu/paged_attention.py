@@ -68,26 +68,49 @@ class PagedAttentionKernel:
         self.lanes, self.positions = build_facts(lib, "cuvil_paged_attention_info", 2)
         #: split items of the last call (tests: the long-context split happened)
         self.last_split_items = 0
-        self._prefix = lib.cuvil_prefix_lengths
-        self._prefix.argtypes = [
-            ctypes.c_void_p,
-            ctypes.c_int64,
-            ctypes.c_int64,
-            ctypes.c_int64,
-            ctypes.c_int64,
-        ]
-        self._prefix.argtypes += [ctypes.c_float, ctypes.c_void_p]
-        self._prefix.restype = ctypes.c_int
+        self._decode = lib.cuvil_decode_attention
+        self._decode.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_char_p, ctypes.c_float, ctypes.c_float]
+        self._decode.restype = ctypes.c_int
 
-    def prefix_lengths(self, rows: torch.Tensor, drop: float) -> torch.Tensor | None:
-        """Per row of ``rows`` (2-d, bool or float32, unit stride along its positions; a zero
-        row stride repeats one row), the length of its allowed prefix as int32 (see
-        ``cuvil_prefix_lengths``), or ``None`` when some row allows anything else."""
-        lens = torch.empty(rows.shape[0], dtype=torch.int32)
-        ptrs = (rows, lens) if self._tensors else (rows.data_ptr(), lens.data_ptr())
-        fl = int(rows.dtype == torch.float32)
-        rc = self._prefix(ptrs[0], fl, rows.shape[0], rows.shape[1], rows.stride(0), drop, ptrs[1])
-        return None if rc else lens
+    def decode(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        mask: torch.Tensor | None,
+        *,
+        scale: float,
+        drop: float,
+        threads: int | None = None,
+    ) -> torch.Tensor | None:
+        """A decode step's attention over a contiguous cache (``cuvil_decode_attention``):
+        float32 ``q [B, H, 1, D]``, ``k, v [B, KVH, S, D]`` with a unit stride along ``D``,
+        ``mask`` None or ``[B or 1, 1, 1, S]`` bool/float32 with a unit stride along ``S``
+        (:mod:`cuvil_backend_cpu.decode_attention` checks all this); ``None`` when the mask
+        allows anything but a prefix of positions per sequence (values at or below ``drop``
+        drop a position)."""
+        batch, heads, _, dim = q.shape
+        kv_heads, positions = k.shape[1], k.shape[2]
+        out = torch.empty((batch, heads, 1, dim), dtype=torch.float32)
+        kind = 0 if mask is None else 1 if mask.dtype == torch.bool else 2
+        mask_b = 0 if mask is None or mask.shape[0] == 1 else mask.stride(0)
+        params = struct.pack(
+            "18q", batch, heads, kv_heads, dim, positions,
+            q.stride(0), q.stride(1), *k.stride()[:3], *v.stride()[:3], kind, mask_b,
+            max(1, torch.get_num_threads() if threads is None else threads), SPLIT_MIN, QUERY_TILE,
+        )  # fmt: skip
+        tensors = (q, k, v, mask, out)
+        ptrs = tensors if self._tensors else tuple(None if t is None else t.data_ptr() for t in tensors)
+        rc = self._decode(*ptrs, params, float(scale), float(drop))
+        if rc == 5:
+            return None
+        if rc == 1:
+            raise MemoryError(f"decode attention of {batch} sequences x {positions} positions: out of memory")
+        if rc:
+            raise ValueError(
+                f"decode attention: the kernel refused {tuple(q.shape)} x {tuple(k.shape)} ({rc})"
+            )
+        return out
 
     @staticmethod
     def takes(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor) -> bool:
@@ -114,16 +137,11 @@ class PagedAttentionKernel:
         threads: int | None = None,
         split_min: int = SPLIT_MIN,
         query_tile: int = QUERY_TILE,
-        check: bool = True,
     ) -> torch.Tensor:
         """``paged_attention(...)`` by the kernel (operands the op's checks accepted and
         :meth:`takes`); ``threads``, ``split_min`` and ``query_tile`` override the defaults
-        (tests: the split and the tiling on any machine). ``check=False``: operands made
-        consistent by the caller (:mod:`cuvil_backend_cpu.decode_attention`), whose shapes
-        and dtypes the op's checks would only confirm; the kernel checks the lengths, starts
-        and tables itself either way."""
-        if check:
-            paged.check_paged(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc)
+        (tests: the split and the tiling on any machine)."""
+        paged.check_paged(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc)
         tokens, heads, dim = query.shape
         num_blocks, block_size, kv_heads, _ = key_cache.shape
         batch, max_blocks = block_tables.shape
