@@ -285,7 +285,8 @@ ARM64_TESTS = [
     "packages/cuvil-backend-cpu/tests/test_conformance.py",
     "packages/cuvil-backend-cpu/tests/test_row_kernels.py",
 ]
-#: The hand-written kernels' own tests (quant_linear.c, packed_gemm.c, attention.c, paged_attention.c), at the NEON baseline and
+#: The hand-written kernels' own tests (quant_linear.c, packed_gemm.c, attention.c, paged_attention.c and its
+#: decode entry point), at the NEON baseline and
 #: at sve (256-bit vectors) only: under qemu's SVE they take a minute and a half a level, and
 #: their C is the same NEON branch at every level (tests_arm64 stays near 6 minutes)
 ARM64_KERNEL_TESTS = [
@@ -293,6 +294,7 @@ ARM64_KERNEL_TESTS = [
     "packages/cuvil-backend-cpu/tests/test_packed_gemm.py",
     "packages/cuvil-backend-cpu/tests/test_attention_kernel.py",
     "packages/cuvil-backend-cpu/tests/test_paged_attention.py",
+    "packages/cuvil-backend-cpu/tests/test_decode_attention.py",
 ]
 ARM64_KERNEL_LEVELS = ["armv8-a", "sve"]
 #: Debian's names for the cross compiler (and its C library, libgomp) and for qemu-aarch64

@@ -100,12 +100,15 @@ def test_activations_round_as_the_reference_rounds_them(ql: QuantLinearKernel) -
     x[1, 32:64] = torch.tensor([127.0, -0.5, 0.5, 1.5, 2.5] + [0.0] * 27)  # scale 1: exact ties
     x[2, 40] = float("nan")
     x[3, 100] = float("-inf")
+    x[4, 64:96] = torch.linspace(-1e-36, 1e-36, 32)  # a scale under float32's smallest normal: codes 0
+    x[4, 128:160] = torch.linspace(-3e-36, 2e-36, 32)  # just above it: rounded as usual
     got = ql.round_activations(x)
     want = quant.round_activations(x)
     assert torch.equal(got.isnan(), want.isnan())
     assert got.isnan()[2, 32:64].all() and got.isnan()[3, 96:128].all() and not got.isnan()[2, :32].any()
     torch.testing.assert_close(got.nan_to_num(), want.nan_to_num(), rtol=0, atol=0)
     assert got[1, 32:37].tolist() == [127.0, -0.0, 0.0, 2.0, 2.0]  # round half to even
+    assert (got[4, 64:96] == 0).all() and (got[4, 128:160] != 0).any()
     with pytest.raises(ValueError, match="not a multiple of 32"):
         ql.round_activations(torch.randn(2, 48))
 

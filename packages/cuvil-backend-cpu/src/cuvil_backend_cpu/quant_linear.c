@@ -537,9 +537,50 @@ static void block(const job *j, int64_t n0) {
 
 /* One block of 32 values of x rounded to int8 (QL_INT4A8): d = max|x| / 127, q = x * (1 / d) rounded to
    nearest even (adding and subtracting 1.5 * 2^23 rounds a float under 2^22 so, in the default rounding
-   mode, with no libm call), clamped to +-127; an all-zero block has d = 0 and codes 0. A NaN or an
-   infinity makes d NaN (codes 0), so the products it enters are NaN, as eager's are. Returns d and
-   the codes' sum. */
+   mode, with no libm call), clamped to +-127. A block whose d is 0 or subnormal (max|x| under 127
+   times float32's smallest normal: 1 / d could overflow) gets codes 0. A NaN or an infinity makes d NaN
+   (codes 0), so the products it enters are NaN, as eager's are. Returns d and the codes' sum. The
+   AVX2 form computes the same operations on 8 lanes (llama.cpp's quantize_row_q8_0 packing). */
+#define ROUND_MAGIC 12582912.0f
+#define SMALLEST_NORMAL 1.17549435e-38f
+#if !defined(CUVIL_VW) && defined(__AVX2__)
+static float round_block(const float *x, int8_t *q, int32_t *sum) {
+    const __m256 sign = _mm256_set1_ps(-0.0f), big = _mm256_set1_ps(3.40282347e38f);
+    __m256 v[4], amax = _mm256_setzero_ps();
+    int finite = 1;
+    for (int i = 0; i < 4; i++) {
+        v[i] = _mm256_loadu_ps(x + 8 * i);
+        const __m256 a = _mm256_andnot_ps(sign, v[i]);
+        finite &= _mm256_movemask_ps(_mm256_cmp_ps(a, big, _CMP_LE_OQ)) == 0xff; /* (false for NaN) */
+        amax = _mm256_max_ps(amax, a);
+    }
+    *sum = 0;
+    if (!finite) {
+        memset(q, 0, 32);
+        return __builtin_nanf("");
+    }
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    const float d = _mm_cvtss_f32(m) / 127.0f, id = d >= SMALLEST_NORMAL ? 1.0f / d : 0.0f;
+    const __m256 vid = _mm256_set1_ps(id), magic = _mm256_set1_ps(ROUND_MAGIC);
+    const __m256 top = _mm256_set1_ps(127.0f), bottom = _mm256_set1_ps(-127.0f);
+    __m256i c[4];
+    for (int i = 0; i < 4; i++) {
+        const __m256 r = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(v[i], vid), magic), magic);
+        c[i] = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(r, bottom), top)); /* (whole numbers: exact) */
+    }
+    __m256i t = _mm256_add_epi32(_mm256_add_epi32(c[0], c[1]), _mm256_add_epi32(c[2], c[3]));
+    __m128i h = _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
+    h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4e));
+    h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0xb1));
+    *sum = _mm_cvtsi128_si32(h);
+    /* 32 -> 16 -> 8 bits within each 128-bit half, then the 4-byte groups back in order */
+    const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(c[0], c[1]), _mm256_packs_epi32(c[2], c[3]));
+    _mm256_storeu_si256((__m256i *)q, _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+    return d;
+}
+#else
 static float round_block(const float *x, int8_t *q, int32_t *sum) {
     float amax = 0.0f;
     int finite = 1;
@@ -553,10 +594,10 @@ static float round_block(const float *x, int8_t *q, int32_t *sum) {
         memset(q, 0, 32);
         return __builtin_nanf("");
     }
-    const float d = amax / 127.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
+    const float d = amax / 127.0f, id = d >= SMALLEST_NORMAL ? 1.0f / d : 0.0f;
     int32_t s = 0;
     for (int i = 0; i < 32; i++) {
-        float r = (x[i] * id + 12582912.0f) - 12582912.0f;
+        float r = (x[i] * id + ROUND_MAGIC) - ROUND_MAGIC;
         r = r > 127.0f ? 127.0f : (r < -127.0f ? -127.0f : r);
         q[i] = (int8_t)r;
         s += q[i];
@@ -564,6 +605,7 @@ static float round_block(const float *x, int8_t *q, int32_t *sum) {
     *sum = s;
     return d;
 }
+#endif
 
 /* What the tiles read besides x: for int4 without the vpermps table, the sums of x per group,
    [M][K / G], shared by every weight a call multiplies x by; for int4-a8, x rounded (codes and block

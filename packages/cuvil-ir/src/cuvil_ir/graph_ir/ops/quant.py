@@ -43,6 +43,8 @@ FORMATS = ("bf16", "int8", "int4", "int4-a8")
 INT4_FORMATS = ("int4", "int4-a8")
 #: values of a row of activations that share one int8 scale in ``"int4-a8"``
 ACTIVATION_BLOCK = 32
+#: float32's smallest normal: a block scale below it rounds its block to 0 (1 / scale could overflow)
+_SMALLEST_NORMAL = torch.finfo(torch.float32).tiny
 #: int4 group sizes (values of a row sharing one scale and zero); torchao's choices
 GROUP_SIZES = (32, 64, 128, 256)
 #: the values a 4-bit code stands for are ``(q - INT4_MID) * scale + zero``
@@ -159,7 +161,8 @@ def round_activations(x: torch.Tensor) -> torch.Tensor:
     """``x`` (``[..., K]``, ``K`` a multiple of :data:`ACTIVATION_BLOCK`) as ``"int4-a8"`` rounds
     it, in ``x``'s dtype: per block of 32 values of the last dimension, in float32,
     ``d = max|x| / 127``, ``q = clamp(round(x * (1 / d)), -127, 127)`` (round half to even; 0 where
-    ``d`` is 0), the value ``q * d``; a block holding a NaN or an infinity is all NaN. The
+    ``d`` is 0 or subnormal, whose reciprocal could overflow), the value ``q * d``; a block
+    holding a NaN or an infinity is all NaN. The
     ``cpu`` kernel (quant_linear.c's ``round_block``) computes the same codes, operation for
     operation."""
     k = x.shape[-1]
@@ -170,7 +173,7 @@ def round_activations(x: torch.Tensor) -> torch.Tensor:
     b = x.float().reshape(*x.shape[:-1], k // ACTIVATION_BLOCK, ACTIVATION_BLOCK)
     amax = b.abs().amax(-1, keepdim=True)
     d = amax / 127
-    inv = torch.where(d > 0, 1.0 / d, torch.zeros_like(d))
+    inv = torch.where(d >= _SMALLEST_NORMAL, 1.0 / d, torch.zeros_like(d))
     q = torch.round(b * inv).clamp(-127, 127)
     out = torch.where(torch.isfinite(amax), q * d, torch.full_like(d, float("nan")))
     return out.reshape(x.shape).to(x.dtype)
