@@ -6,10 +6,12 @@ grouped-query heads, any scale, threads over batch x heads x query blocks. It is
 built by the target's kernel cache like any generated kernel (same compiler, flags,
 ISA, signature checks) and called through ctypes with the GIL released.
 
-:func:`extern` is what an ``sdpa`` extern call runs on the ``cpu`` target: the kernel
-where it applies and wins, else the op's eager reference (float64, batch
-dimensions that broadcast between q, k and v, head counts eager rejects, and sizes
-where torch's kernel is faster: decode steps and small problems, :data:`MIN_SCORES`).
+:func:`extern` is what an ``sdpa`` extern call runs on the ``cpu`` target: a decode step
+over a cache (one query per sequence, a prefix mask) the paged-attention kernel's decode
+entry (:mod:`cuvil_backend_cpu.decode_attention`); otherwise this kernel where it applies
+and wins, else the op's eager reference (float64, batch dimensions that broadcast between
+q, k and v, head counts eager rejects, and sizes where torch's kernel is faster: other
+few-query calls and small problems, :data:`MIN_SCORES`).
 Float16/bfloat16 attention runs torch's in the half type or the float32 path on widened
 operands, whichever measured faster for the shape (:func:`_half_sdpa`).
 """
