@@ -191,6 +191,7 @@ def test_cuvil_dump_writes_every_stage(tmp_path, monkeypatch):
         "graph_ir-small_matmul",
         "graph_ir-epilogues",
         "graph_ir-shared_input_linears",
+        "graph_ir-silu_gate",
     ]
     if not ex.report.program_cache_hit:
         ran += ["graph_ir-specialize", "tensor_ir-lower", "tensor_ir-plan_memory"]

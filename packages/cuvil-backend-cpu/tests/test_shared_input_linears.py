@@ -17,7 +17,7 @@ from cuvil_backend_cpu import quant_linear, shared_input_linears
 from cuvil_backend_cpu.kernel_cache import KernelCache
 from cuvil_backend_cpu.quant_linear import QuantLinearKernel
 from cuvil_backend_cpu.testing import Weight, executable_of
-from cuvil_ir.graph_ir.ops.quant import weight_only_linear
+from cuvil_ir.graph_ir.ops.quant import round_activations, weight_only_linear
 
 
 @pytest.fixture(scope="module", params=[None, 16, 4], ids=["host", "lanes16", "lanes4"])
@@ -202,3 +202,106 @@ def test_a_float32_decoder_groups_its_decode_step_only() -> None:
     counts = sorted(a.executable.program.graph.text.count("cpu_linear_group") for a in compiled.artifacts)
     # the prefill's rows are (batch, prompt): separate GEMMs; the step's (batch, 1): grouped
     assert counts == [0, 2 * cfg.num_hidden_layers], counts
+
+
+def _product64(w: Any, x: torch.Tensor) -> torch.Tensor:
+    """``x @ W^T`` in float64 for ``w`` (a :class:`Weight` or :class:`F32Weight`)."""
+    if w.fmt == "int4-a8":
+        x = round_activations(x)
+    return x.double() @ w.w64.t()
+
+
+@pytest.mark.parametrize(
+    "fmt,n,k,group",
+    [
+        ("f32", 13, 37, 0),
+        ("bf16", 9, 70, 0),
+        ("int8", 33, 130, 0),
+        ("int4", 7, 192, 64),
+        ("int4-a8", 20, 128, 32),
+    ],
+)
+@pytest.mark.parametrize("rows", [1, 3])
+def test_the_grouped_kernel_applies_silu_gate(ql, fmt, n, k, group, rows) -> None:
+    """``epilogue="silu_mul"``: ``silu(x W_g^T) * (x W_u^T)`` against float64, output sizes off
+    every vector width (the last partial vector of a row) and gate values far out on both sides."""
+    gate, up = _weights("int4" if fmt == "int4-a8" else fmt, (n, n), k, group)
+    gate.fmt = up.fmt = fmt
+    g = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, k + 5, generator=g)[:, :k] * 3
+    out = torch.full((rows, n), float("nan"))
+    members = [(w.weight, *w.params()) for w in (gate, up)]
+    assert ql.group_into([out], x, members, fmt, group, "silu_mul")
+    a, b = _product64(gate, x), _product64(up, x)
+    want = a * torch.sigmoid(a) * b
+    tol = 2e-5 * (want.abs().max().item() + (x.double().abs() @ gate.w64.abs().t()).max().item())
+    assert out.dtype == torch.float32
+    err = (out.double() - want).abs().max().item()
+    assert err <= tol, f"{fmt}: error {err:.3g} > {tol:.3g}"
+    # the epilogue's own arithmetic: exact products in, eager's silu * mul out (within rounding)
+    z = torch.tensor([[-200.0, -30.0, -1.5, -0.0, 0.0, 1e-30, 2.5, 40.0, 90.0]])
+    w_id = torch.eye(9)
+    got = torch.empty(1, 9)
+    assert ql.group_into([got], z, [(w_id,), (w_id,)], "f32", 0, "silu_mul")
+    torch.testing.assert_close(got, F.silu(z) * z, rtol=3e-7, atol=0)
+
+
+def test_the_rewrite_fuses_a_gated_mlp() -> None:
+    def mlp(x, wg, wu, wd):  # type: ignore[no-untyped-def]
+        return F.linear(F.silu(F.linear(x, wg)) * F.linear(x, wu), wd)
+
+    def up_first(x, wg, wu, wd):  # type: ignore[no-untyped-def]
+        return F.linear(F.linear(x, wu) * F.silu(F.linear(x, wg)), wd)
+
+    def gate_read_twice(x, wg, wu, wd):  # type: ignore[no-untyped-def]
+        g = F.linear(x, wg)
+        return F.linear(F.silu(g) * F.linear(x, wu), wd) + g.sum()
+
+    args = (torch.randn(2, 24), torch.randn(40, 24), torch.randn(40, 24), torch.randn(24, 40))
+    for fn, fused in ((mlp, True), (up_first, True), (gate_read_twice, False)):
+        f = cu.compile(fn, target="cpu", fallback="error")
+        got, want = f(*args), fn(*args)
+        assert got.dtype == want.dtype
+        torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-5)
+        text = executable_of(f).program.graph.text
+        assert text.count("cpu_linear_group") == 1, text
+        assert ('epilogue = "silu_mul"' in text) == fused and ("silu(" not in text) == fused, text
+
+
+@pytest.mark.parametrize("fmt", ["int4", "int4-a8", "int8"])
+def test_a_fused_quantized_mlp_matches_eager_on_both_paths(fmt, monkeypatch) -> None:
+    """A quantized gated MLP: the grouped kernel's epilogue for few rows, the members one at a
+    time and the epilogue after them for more rows (the prefill's), equal to eager."""
+    torch.manual_seed(0)
+    mlp = torch.nn.ModuleDict(
+        {"gate": torch.nn.Linear(64, 96, bias=False), "up": torch.nn.Linear(64, 96, bias=False)}
+    )
+    down = torch.nn.Linear(96, 64, bias=False)
+
+    class MLP(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.gate, self.up, self.down = mlp["gate"], mlp["up"], down
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.down(F.silu(self.gate(x)) * self.up(x))
+
+    model = cu.quantize(MLP().eval(), fmt, group_size=32)
+    f = cu.compile(model, target="cpu", fallback="error")
+    calls: list[str] = []
+    real = QuantLinearKernel.group_into
+
+    def spy(self, outs, x, members, fmt_, group_size, epilogue=""):  # type: ignore[no-untyped-def]
+        done = real(self, outs, x, members, fmt_, group_size, epilogue)
+        calls.append(f"{epilogue}:{int(done)}")
+        return done
+
+    monkeypatch.setattr(QuantLinearKernel, "group_into", spy)
+    limit = quant_linear.kernel(KernelCache()).gemv_max_rows
+    with torch.no_grad():
+        for rows in (1, 5, limit + 3):
+            x = torch.randn(rows, 64)
+            got, want = f(x), model(x)
+            torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-5)
+    assert calls == ["silu_mul:1", "silu_mul:1"], calls  # the third: more rows than the GEMV takes
+    assert 'epilogue = "silu_mul"' in executable_of(f).program.graph.text

@@ -53,8 +53,6 @@ INLINE vf vload(const float *p) {
 
 INLINE void vstore(float *p, vf v) { memcpy(p, &v, sizeof v); }
 
-INLINE vf vabs(vf v) { return (vf)((vi)v & 0x7fffffff); }
-
 /* erf as codegen.py's cu_erff (the rational function of erf_fit.py), lane-wise */
 INLINE vf verf(vf x) {
     const vf a = select(x > splat(3.92f), splat(3.92f), select(x < splat(-3.92f), splat(-3.92f), x));
@@ -93,10 +91,8 @@ static vf activate(vf v, int act) {
         const vf u = splat(0.79788456080286536f) * FMA(splat(0.044715f) * v, v * v, v);
         return splat(0.5f) * v * (splat(1.0f) + vtanh(u));
     }
-    case ACT_SILU: { /* x sigmoid(x), e = exp(-|x|): sigmoid is 1 / (1 + e) for x >= 0, e / (1 + e) below */
-        const vf e = vexp(-vabs(v));
-        return v * select(v < splat(0.0f), e, splat(1.0f)) / (splat(1.0f) + e);
-    }
+    case ACT_SILU:
+        return vsilu(v); /* (cuvil_vectors.h) */
     default:
         return v;
     }

@@ -691,12 +691,50 @@ int cuvil_ql_linear(int fmt, const float *x, const void *w, const float *scale, 
    address, its N and y's row stride */
 enum { G_W, G_SCALE, G_ZERO, G_BIAS, G_Y, G_N, G_LDY, G_COUNT };
 
+/* what a group does with its results after the products (p[P_BIAS] of cuvil_ql_linear_group) */
+enum { QL_EPI_NONE = 0, QL_EPI_SILU_MUL = 1 };
+
+/* y0 = silu(y0) * y1 over a and b's M x N results, silu(v) = v sigmoid(v) with e = exp(-|v|):
+   sigmoid is 1 / (1 + e) for v >= 0, e / (1 + e) below (packed_gemm.c's ACT_SILU); the last
+   partial vector of a row through a padded copy, so every element is computed alike */
+static void silu_mul(const job *a, const job *b) {
+    for (int64_t m = 0; m < a->M; m++) {
+        float *y = a->y + m * a->ldy;
+        const float *u = b->y + m * b->ldy;
+        int64_t n = 0;
+        for (; n + VW <= a->N; n += VW) {
+            vf v, w;
+            memcpy(&v, y + n, sizeof v);
+            memcpy(&w, u + n, sizeof w);
+            v = vsilu(v) * w;
+            memcpy(y + n, &v, sizeof v);
+        }
+        if (n < a->N) {
+            float tv[VW] = {0}, tw[VW] = {0};
+            memcpy(tv, y + n, (size_t)(a->N - n) * sizeof *tv);
+            memcpy(tw, u + n, (size_t)(a->N - n) * sizeof *tw);
+            vf v, w;
+            memcpy(&v, tv, sizeof v);
+            memcpy(&w, tw, sizeof w);
+            v = vsilu(v) * w;
+            memcpy(tv, &v, sizeof v);
+            memcpy(y + n, tv, (size_t)(a->N - n) * sizeof *tv);
+        }
+    }
+}
+
 /* y_i = x @ W_i^T (+ bias_i) for `count` weights of one format and K that share x (M, K, ldx, group
-   and threads from p; P_N, P_LDY and P_BIAS unused): one parallel loop over all their blocks of rows,
-   so threads split the group's rows as they would one weight's, and x's int4 sums are made once.
-   Returns as cuvil_ql_linear. */
+   and threads from p; P_N and P_LDY unused): one parallel loop over all their blocks of rows, so
+   threads split the group's rows as they would one weight's, and x's int4 sums are made once.
+   p[P_BIAS] is the epilogue: QL_EPI_SILU_MUL takes two weights of one N and leaves
+   silu(y_0) * y_1 in y_0 (y_1's address 0: a buffer of the kernel's own; a decoder's gate and up
+   projections, whose products are needed only so). Returns as cuvil_ql_linear. */
 int cuvil_ql_linear_group(int fmt, const float *x, int64_t count, const int64_t *addr, const int64_t *p) {
+    const int64_t epilogue = p[P_BIAS];
     if (fmt < QL_BF16 || fmt > QL_INT4A8 || count < 1 || count > QL_GROUP_MAX || p[P_M] < 0 || p[P_K] < 0)
+        return 1;
+    if (epilogue < QL_EPI_NONE || epilogue > QL_EPI_SILU_MUL ||
+        (epilogue == QL_EPI_SILU_MUL && (count != 2 || addr[G_N] != addr[G_COUNT + G_N])))
         return 1;
     job jobs[QL_GROUP_MAX];
     int64_t first[QL_GROUP_MAX + 1] = {0}, elements = 0;
@@ -711,10 +749,20 @@ int cuvil_ql_linear_group(int fmt, const float *x, int64_t count, const int64_t 
         first[i + 1] = first[i] + (j.N + NR - 1) / NR;
         elements += j.N * j.K;
     }
+    float *own = 0; /* the second result of a fused pair, when the caller gives no buffer */
+    if (epilogue == QL_EPI_SILU_MUL && !jobs[1].y) {
+        own = (float *)malloc((size_t)(jobs[1].M * jobs[1].N > 0 ? jobs[1].M * jobs[1].N : 1) * sizeof *own);
+        if (!own)
+            return 2;
+        jobs[1].y = own;
+        jobs[1].ldy = jobs[1].N;
+    }
     void *xs = 0;
     const int rc = prepare_x(&jobs[0], &xs);
-    if (rc)
+    if (rc) {
+        free(own);
         return rc;
+    }
     for (int64_t i = 1; i < count; i++) {
         jobs[i].xs = jobs[0].xs;
         jobs[i].xq = jobs[0].xq;
@@ -729,6 +777,9 @@ int cuvil_ql_linear_group(int fmt, const float *x, int64_t count, const int64_t 
         block(&jobs[i], (b - first[i]) * NR);
     }
     free(xs);
+    if (epilogue == QL_EPI_SILU_MUL)
+        silu_mul(&jobs[0], &jobs[1]);
+    free(own);
     return 0;
 }
 

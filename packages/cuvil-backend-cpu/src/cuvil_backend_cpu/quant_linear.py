@@ -44,6 +44,13 @@ GEMV_ROWS_PER_TILE_ROW = 32
 #: float32 bytes of weight dequantized at a time on the GEMM path (bounds its extra memory)
 PANEL_BYTES = 16 << 20
 
+#: what a grouped call may do with its two results (``cuvil_ql_linear_group``'s epilogue codes)
+_EPILOGUES = {"silu_mul": 1}
+
+#: the kernels' parameter block (eight int64s), packed
+_PACK8 = struct.Struct("8q").pack
+_threads = torch.get_num_threads
+
 
 class QuantLinearKernel:
     """The compiled kernels of ``quant_linear.c``, loaded from ``cache``."""
@@ -101,18 +108,20 @@ class QuantLinearKernel:
         parameters contiguous (the caller's checks)."""
         m, k = x.shape
         n = out.shape[1]
-        params = struct.pack(
-            "8q",
-            m,
-            n,
-            k,
-            x.stride(0),
-            out.stride(0),
-            group_size,
-            torch.get_num_threads(),
-            int(bias is not None),
-        )
-        rc = self._linear(_FORMATS[fmt], *self._pointers(x, weight, scales, zeros, bias, out), params)
+        params = _PACK8(m, n, k, x.stride(0), out.stride(0), group_size, _threads(), bias is not None)
+        if self._tensors:
+            rc = self._linear(_FORMATS[fmt], x, weight, scales, zeros, bias, out, params)
+        else:  # (one call per decode linear: no generic helper in the way)
+            rc = self._linear(
+                _FORMATS[fmt],
+                x.data_ptr(),
+                weight.data_ptr(),
+                None if scales is None else scales.data_ptr(),
+                None if zeros is None else zeros.data_ptr(),
+                None if bias is None else bias.data_ptr(),
+                out.data_ptr(),
+                params,
+            )
         if rc == 2:
             raise MemoryError(f"quant_linear: {fmt} {m}x{k} @ {n}x{k}: out of memory")
         if rc:
@@ -125,20 +134,27 @@ class QuantLinearKernel:
         members: Sequence[Sequence[torch.Tensor]],
         fmt: str,
         group_size: int,
+        epilogue: str = "",
     ) -> bool:
         """``outs[i] = x @ W_i^T (+ bias_i)`` for the weights of ``members`` (each ``(weight,
         *params[, bias])`` as ``weight_only_linear`` takes them; ``fmt = "f32"``: a float32
-        weight) by one grouped GEMV call over 2-d float32 ``x``; False (nothing written) where
-        the grouped kernel does not apply: an emulated build, or operands it cannot take."""
+        weight) by one grouped GEMV call over 2-d float32 ``x``; with ``epilogue="silu_mul"``
+        (two members, ``outs`` one tensor) ``outs[0] = silu(x @ W_0^T) * (x @ W_1^T)``. False
+        (nothing written) where the grouped kernel does not apply: an emulated build, or
+        operands it cannot take."""
         if self._group is None or not 1 <= len(members) <= 8 or x.dtype != torch.float32:
             return False
+        if epilogue:
+            if epilogue not in _EPILOGUES or len(members) != 2 or len(outs) != 1:
+                return False
+            outs = (outs[0], None)
         if x.stride(1) != 1 and x.shape[1] > 1:
             x = x.contiguous()
         n_params = 0 if fmt == "f32" else len(quant._PARAMS[fmt])
         addr: list[int] = []
         keep = []  # (contiguous copies live until the call returns)
         for out, member in zip(outs, members):
-            if out.dtype != torch.float32 or not out.is_contiguous():
+            if out is not None and (out.dtype != torch.float32 or not out.is_contiguous()):
                 return False
             weight = _dense(member[0])
             params = [_dense(t) for t in member[1 : 1 + n_params]]
@@ -152,7 +168,7 @@ class QuantLinearKernel:
             n = weight.shape[0]
             addr += [_ptr(weight), _ptr(scales), _ptr(zeros), _ptr(bias), _ptr(out), n, n]
         m, k = x.shape
-        params_bytes = struct.pack("8q", m, 0, k, x.stride(0), 0, group_size, torch.get_num_threads(), 0)
+        params_bytes = _PACK8(m, 0, k, x.stride(0), 0, group_size, _threads(), _EPILOGUES.get(epilogue, 0))
         rc = self._group(
             _FORMATS[fmt], x.data_ptr(), len(members), struct.pack(f"{len(addr)}q", *addr), params_bytes
         )
@@ -311,7 +327,7 @@ def out_variant(cache: KernelCache | None) -> Callable[..., None]:
         group_size: int,
         has_bias: bool,
     ) -> None:
-        if ql is None or x.dtype != torch.float32 or x.device.type != "cpu" or not out.is_contiguous():
+        if ql is None or x.dtype != torch.float32 or not x.is_cpu or not out.is_contiguous():
             out.copy_(reference(x, weight, *rest, fmt=fmt, group_size=group_size, has_bias=has_bias))
             return
         params = rest[: len(rest) - int(has_bias)]

@@ -17,6 +17,10 @@ most :data:`MAX_MEMBERS` at a time, whose other operands are all defined before 
 of them (the group takes its place). No weight is copied or concatenated: the kernel takes
 each weight's address. Results equal the separate calls' (the GEMV computes each output
 element exactly as one weight's call does).
+
+:func:`fuse_silu_gate` then folds a gated MLP's ``silu(gate) * up`` into its two-weight group
+(``epilogue="silu_mul"``, one result): the grouped GEMV applies it before it returns, so a
+decode step's MLP is one call (docs/cpu-backend.md, "Linears of one input").
 """
 
 from __future__ import annotations
@@ -28,12 +32,12 @@ import sympy
 import torch
 
 from cuvil_backend_cpu import quant_linear
-from cuvil_backend_cpu.epilogues import is_f32
+from cuvil_backend_cpu.epilogues import context, is_f32, same_type
 from cuvil_backend_cpu.kernel_cache import KernelCache
 from cuvil_ir import REGISTRY
 from cuvil_ir.graph_ir.nodes import Graph, Node
 from cuvil_ir.graph_ir.ops import quant
-from cuvil_ir.graph_ir.ops._rules import LIBRARY_KERNEL
+from cuvil_ir.graph_ir.ops._rules import LIBRARY_KERNEL, ShapeError
 from cuvil_ir.graph_ir.registry import Op
 from cuvil_ir.graph_ir.types import TensorType, Type
 from cuvil_ir.symbolic import ShapeContext
@@ -66,7 +70,9 @@ def _members(rest: tuple[Any, ...], count: int, fmt: str, has_bias: bool) -> lis
 class LinearGroup(Op):
     """``count`` linears of one input: inputs ``x``, then per weight ``w`` (float32 for
     ``fmt = "f32"``, else a ``weight_only_linear`` weight and its format's parameters) and,
-    with ``has_bias``, its bias; one result per weight."""
+    with ``has_bias``, its bias; one result per weight. ``epilogue = "silu_mul"`` (two
+    weights of one output size): the one result ``silu(y_0) * y_1`` instead, a gated MLP's
+    gate and up projections (:func:`fuse_silu_gate`)."""
 
     name = "cpu_linear_group"
     traits = frozenset({"extern_kernel", "pure"})
@@ -75,7 +81,14 @@ class LinearGroup(Op):
 
     @staticmethod
     def infer(
-        ctx: ShapeContext, x: Type, *rest: Type, count: int, fmt: str, group_size: int, has_bias: bool
+        ctx: ShapeContext,
+        x: Type,
+        *rest: Type,
+        count: int,
+        fmt: str,
+        group_size: int,
+        has_bias: bool,
+        epilogue: str = "",
     ) -> tuple[Type, ...]:
         out = []
         for member in _members(rest, count, fmt, has_bias):
@@ -84,17 +97,41 @@ class LinearGroup(Op):
             else:
                 op = REGISTRY.get(quant.WeightOnlyLinear.name)
                 out.append(op.infer(ctx, x, *member, fmt=fmt, group_size=group_size, has_bias=has_bias))
+        if epilogue:
+            a, b = out
+            if (
+                epilogue not in EPILOGUES
+                or count != 2
+                or not isinstance(a, TensorType)
+                or not isinstance(b, TensorType)
+                or (a.dtype, a.rank) != (b.dtype, b.rank)
+                or any(ctx.prove(sympy.Eq(p, q)) is False for p, q in zip(a.shape, b.shape))
+            ):
+                raise ShapeError(f"cpu_linear_group: epilogue {epilogue!r} takes two results of one type")
+            return (a,)
         return tuple(out)
 
     @staticmethod
-    def reference(x: Any, *rest: Any, count: int, fmt: str, group_size: int, has_bias: bool) -> Any:
+    def reference(
+        x: Any, *rest: Any, count: int, fmt: str, group_size: int, has_bias: bool, epilogue: str = ""
+    ) -> Any:
         out = []
         for member in _members(rest, count, fmt, has_bias):
             if fmt == "f32":
                 out.append(torch.nn.functional.linear(x, member[0], member[-1] if has_bias else None))
             else:
                 out.append(quant.reference(x, *member, fmt=fmt, group_size=group_size, has_bias=has_bias))
+        if epilogue:
+            return (EPILOGUES[epilogue](out[0], out[1]),)
         return tuple(out)
+
+
+def _silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.silu(gate) * up
+
+
+#: a group's epilogues: name -> the eager function of its two results
+EPILOGUES: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {"silu_mul": _silu_mul}
 
 
 def _kind(n: Node, pinned: dict[Any, int]) -> tuple[Any, ...] | None:
@@ -181,8 +218,9 @@ def out_variant(
     than the GEMV takes, or no kernel)."""
     ql = quant_linear.kernel(cache) if cache is not None else None
 
-    def run(*args: Any, count: int, fmt: str, group_size: int, has_bias: bool) -> None:
-        outs, x, rest = args[:count], args[count], args[count + 1 :]
+    def run(*args: Any, count: int, fmt: str, group_size: int, has_bias: bool, epilogue: str = "") -> None:
+        n_out = 1 if epilogue else count
+        outs, x, rest = args[:n_out], args[n_out], args[n_out + 1 :]
         members = _members(rest, count, fmt, has_bias)
         k = x.shape[-1]
         rows = x.numel() // max(k, 1)
@@ -190,16 +228,80 @@ def out_variant(
         if (
             ql is not None
             and 0 < rows <= limit
-            and ql.group_into(outs, x.reshape(rows, k), members, fmt, group_size)
+            and ql.group_into(outs, x.reshape(rows, k), members, fmt, group_size, epilogue)
         ):
             return
+        if epilogue:  # (each member into a buffer of its own, then the epilogue into the result)
+            outs = tuple(torch.empty_like(outs[0]) for _ in members)
         for out, member in zip(outs, members):
             if fmt == "f32":
                 out.copy_(linear(x, *member, has_bias=has_bias))
             else:
                 wol(out, x, *member, fmt=fmt, group_size=group_size, has_bias=has_bias)
+        if epilogue:
+            args[0].copy_(EPILOGUES[epilogue](outs[0], outs[1]))
 
     return run
 
 
-__all__ = ["F32_GROUP_ROWS", "MAX_MEMBERS", "LinearGroup", "out_variant", "rewrite"]
+__all__ = [
+    "EPILOGUES",
+    "F32_GROUP_ROWS",
+    "MAX_MEMBERS",
+    "LinearGroup",
+    "fuse_silu_gate",
+    "out_variant",
+    "rewrite",
+]
+
+
+def fuse_silu_gate(graph: Graph) -> Graph:
+    """``graph`` with each two-member ``cpu_linear_group`` whose results only feed
+    ``silu(y_0) * y_1`` (either operand order of the ``mul``) as one group with
+    ``epilogue="silu_mul"`` and that product as its result: a gated MLP's gate and up
+    projections, the activation and the product in the same kernel call (the grouped GEMV
+    applies it to its results in registers' width; more rows apply it after the members).
+    Only top-level nodes; the graph itself when there is none."""
+    nodes = list(graph.nodes)
+    uses = graph.use_counts()
+    producer = {v.name: i for i, n in enumerate(nodes) for v in n.outputs}
+    ctx = context(graph)
+    fused: dict[int, Node] = {}
+    removed: set[int] = set()
+    for i, n in enumerate(nodes):
+        if n.op != "mul" or n.attrs or len(n.inputs) != 2:
+            continue
+        for act, other in ((n.inputs[0], n.inputs[1]), (n.inputs[1], n.inputs[0])):
+            s = producer.get(act.name)
+            if s is None or nodes[s].op != "silu" or uses[act.name] != 1:
+                continue
+            g = producer.get(nodes[s].inputs[0].name)
+            if g is None or g in fused or g in removed:
+                continue
+            group = nodes[g]
+            if group.op != LinearGroup.name or group.attr("count") != 2 or group.attr("epilogue"):
+                continue
+            gate_out = nodes[s].inputs[0].name
+            outs = [v.name for v in group.outputs]
+            if sorted(outs) != sorted((gate_out, other.name)) or gate_out == other.name:
+                continue
+            if not (
+                uses[outs[0]] == 1
+                and uses[outs[1]] == 1
+                and same_type(ctx, group.outputs[0].type, group.outputs[1].type)
+                and same_type(ctx, n.output.type, group.outputs[0].type)
+            ):
+                continue
+            inputs = group.inputs
+            if outs[1] == gate_out:  # (up, gate): the gate's operands first
+                per = (len(inputs) - 1) // 2
+                inputs = (inputs[0], *inputs[1 + per :], *inputs[1 : 1 + per])
+            fused[g] = group.replace(
+                inputs=inputs, outputs=(n.output,), attrs=(*group.attrs, ("epilogue", "silu_mul"))
+            )
+            removed.update((s, i))
+            break
+    if not fused:
+        return graph
+    kept = tuple(fused.get(i, n) for i, n in enumerate(nodes) if i not in removed)
+    return graph.replace(nodes=kept)

@@ -208,6 +208,11 @@ GRAPH_PASSES: Pipeline[Graph] = Pipeline(
         ),
         Pass("epilogues", epilogues.rewrite, "GEMM/convolution epilogues fused, BatchNorm folded"),
         Pass("shared_input_linears", shared_input_linears.rewrite, "linears of one input as one call"),
+        Pass(
+            "silu_gate",
+            shared_input_linears.fuse_silu_gate,
+            "a gated MLP's silu(gate) * up into its linear group's call",
+        ),
     ],
     verify_graph,
 )

@@ -63,3 +63,11 @@ static inline __attribute__((always_inline)) vf vexp(vf x) {
     const vi scaled = (vi)y + (__builtin_convertvector(n, vi) << 23);
     return select(nan, nan_in, (vf)(scaled & ~under));
 }
+
+static inline __attribute__((always_inline)) vf vabs(vf v) { return (vf)((vi)v & 0x7fffffff); }
+
+/* silu(v) = v sigmoid(v), e = exp(-|v|): sigmoid is 1 / (1 + e) for v >= 0, e / (1 + e) below */
+static inline __attribute__((always_inline)) vf vsilu(vf v) {
+    const vf e = vexp(-vabs(v));
+    return v * select(v < splat(0.0f), e, splat(1.0f)) / (splat(1.0f) + e);
+}

@@ -97,8 +97,12 @@ class Extern(Op):
         refs = list(inputs)
         if mutates is not None and not (in_place and in_place_allowed()):
             refs[mutates] = refs[mutates].clone()
-        with autocast_entered(autocast):
-            out = resolve(target)(*materialize(args, refs), **materialize(kwargs, refs))
+        fn = resolve(target)
+        if autocast:
+            with autocast_entered(autocast):
+                out = fn(*materialize(args, refs), **materialize(kwargs, refs))
+        else:  # (no context manager: a decode step runs dozens of these)
+            out = fn(*materialize(args, refs), **materialize(kwargs, refs))
         if mutates is not None:
             return refs[mutates]
         if isinstance(out, torch.Tensor):
