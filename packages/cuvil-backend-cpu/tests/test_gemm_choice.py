@@ -137,3 +137,40 @@ def test_a_damaged_or_foreign_record_is_ignored(private_cache, damage) -> None:
         torch.testing.assert_close(f(x), m(x), rtol=1e-4, atol=1e-5)
     assert gemm_choice._choices is not None
     assert len(gemm_choice._choices) == 2  # measured anew, both shapes
+
+
+@pytest.mark.parametrize("winner", ["onednn", "mkl", "packed"])
+def test_the_losers_packed_copies_are_dropped(private_cache, monkeypatch, winner) -> None:
+    """Once a shape's GEMM is chosen, the copies of the weight that the other candidates
+    packed are not kept (a float32 model kept oneDNN's and our packing of every weight);
+    the winner's is, and a second shape that picks another GEMM repacks, with eager's
+    results throughout."""
+    from cuvil_backend_cpu import packed_gemm
+    from cuvil_backend_cpu.kernel_cache import KernelCache
+
+    cache = KernelCache()
+    ours = packed_gemm.f32_linear(cache)
+    run = externs.linear_with_ours(None, ours)  # type: ignore[arg-type]
+    w = torch.randn(96, 64)
+    b = torch.randn(96)
+
+    def holds() -> set[str]:
+        held = set()
+        hit = externs._LINEAR_PACKED.get(id(w))
+        if hit is not None and hit[0]() is w:
+            held.add("onednn")
+        if any((id(w), kn) in packed_gemm.kernel(cache)._packed for kn in (False, True)):
+            held.add("packed")
+        return held
+
+    monkeypatch.setenv(gemm_choice.GEMM_ENV, winner)
+    x = torch.randn(40, 64)
+    torch.testing.assert_close(run(x, w, b, has_bias=True), torch.nn.functional.linear(x, w, b))
+    assert holds() == ({winner} & {"onednn", "packed"})
+    # the same weight at another row count, where another GEMM wins: the first winner's copy
+    # goes, the new one's is made
+    other = {"onednn": "packed", "mkl": "onednn", "packed": "mkl"}[winner]
+    monkeypatch.setenv(gemm_choice.GEMM_ENV, other)
+    x = torch.randn(300, 64)
+    torch.testing.assert_close(run(x, w, b, has_bias=True), torch.nn.functional.linear(x, w, b))
+    assert holds() == ({other} & {"onednn", "packed"})

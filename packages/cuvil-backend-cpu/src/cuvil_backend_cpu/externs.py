@@ -153,6 +153,21 @@ def _packed_linear_weight(w: torch.Tensor, rows: int) -> torch.Tensor:
     return packed
 
 
+def _release_losers(w: torch.Tensor, choice: str, packed: Any) -> None:
+    """After the GEMM choice measured (or looked up) a shape, drop the copies of ``w`` that
+    the candidates it did not pick packed: a float32 model otherwise kept oneDNN's and our
+    packing of every weight beside the weight itself, about three times its weights' memory.
+    A weight whose other shapes pick one of them packs it again there, once (the choice of a
+    shape is made once)."""
+    if choice != "onednn":
+        hit = _LINEAR_PACKED.get(id(w))
+        if hit is not None and hit[0]() is w:
+            _LINEAR_PACKED.pop(id(w), None)
+    release = getattr(packed, "release", None)
+    if choice != "packed" and release is not None:
+        release(w)
+
+
 def linear(x: torch.Tensor, w: torch.Tensor, *bias: torch.Tensor, has_bias: bool) -> torch.Tensor:
     """``F.linear`` on float32 through the faster of oneDNN (packed weight) and MKL
     (torch's default) for this shape on this host, measured at its first call
@@ -202,6 +217,7 @@ def _linear(
         if offer_packed and packed(xc, w, b) is not None:  # (the first call packs the weight)
             run["packed"] = lambda: packed(xc, w, b)  # type: ignore[misc]
         choice = gemm_choice.choose(gemm_choice.key(rows, w.shape[1], w.shape[0], has_bias), run, fast)
+        _release_losers(w, choice, packed)
     if choice == "gemv" and gemv is not None:
         out = gemv(x, w, b)
         if out is not None:
@@ -291,6 +307,7 @@ def _linear_epilogue(
             epilogue = f"{act}{'+r' if has_other else ''}"
             shape_key = gemm_choice.key(rows, w.shape[1], w.shape[0], has_bias, epilogue=epilogue)
             choice = gemm_choice.choose(shape_key, run, fast)
+            _release_losers(w, choice, packed)
         if choice == "packed":
             out = packed(x, w, b, other, act)
             if out is not None:

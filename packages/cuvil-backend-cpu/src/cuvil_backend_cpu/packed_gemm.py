@@ -85,6 +85,15 @@ class PackedGemmKernel:
             cache[key] = (weakref.ref(w, forget), w._version, w.data_ptr(), p)
         return p
 
+    def release(self, w: torch.Tensor) -> None:
+        """Drop ``w``'s packings (the GEMM choice picked another GEMM for it: no copy of the
+        weight is kept for nothing; a later call that needs one packs it again)."""
+        with self._lock:
+            for kn in (False, True):
+                hit = self._packed.get((id(w), kn))
+                if hit is not None and hit[0]() is w:
+                    del self._packed[(id(w), kn)]
+
     def linear_into(
         self,
         out: torch.Tensor,
@@ -205,14 +214,18 @@ def f32_matmul(cache: KernelCache) -> Callable[..., torch.Tensor | None]:
     return run
 
 
-def f32_linear(cache: KernelCache) -> Callable[..., torch.Tensor | None]:
+class F32Linear:
     """A float32 linear by the packed GEMM (``act(F.linear(x, w, b) (+ other))``), or ``None``
     where it does not apply (:func:`applies`, an ``other`` not of the result's shape): the
     ``packed`` candidate of the cpu target's GEMM choice, for plain linears and fused epilogues.
     The kernel is built at the first call (a target that never runs a float32 linear builds
-    nothing)."""
+    nothing). :meth:`release` drops a weight's packing when another GEMM won its shape."""
 
-    def run(
+    def __init__(self, cache: KernelCache) -> None:
+        self.cache = cache
+
+    def __call__(
+        self,
         x: torch.Tensor,
         w: torch.Tensor,
         b: torch.Tensor | None,
@@ -223,9 +236,24 @@ def f32_linear(cache: KernelCache) -> Callable[..., torch.Tensor | None]:
             return None
         if other is not None and (other.dtype != torch.float32 or other.shape != (*x.shape[:-1], w.shape[0])):
             return None
-        return linear(kernel(cache), x, w, b, other, act)
+        return linear(kernel(self.cache), x, w, b, other, act)
 
-    return run
+    def release(self, w: torch.Tensor) -> None:
+        kernel(self.cache).release(w)
 
 
-__all__ = ["ACTIVATIONS", "PackedGemmKernel", "applies", "f32_linear", "f32_matmul", "kernel", "linear"]
+def f32_linear(cache: KernelCache) -> F32Linear:
+    """The packed GEMM as a float32 linear (:class:`F32Linear`)."""
+    return F32Linear(cache)
+
+
+__all__ = [
+    "ACTIVATIONS",
+    "F32Linear",
+    "PackedGemmKernel",
+    "applies",
+    "f32_linear",
+    "f32_matmul",
+    "kernel",
+    "linear",
+]
