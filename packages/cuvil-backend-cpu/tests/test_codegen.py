@@ -290,3 +290,25 @@ def test_kernel_cache_is_reused_by_a_fresh_process(tmp_path):
     # the second process also skipped lowering and C generation (the program cache)
     assert (first["program_cache_hit"], second["program_cache_hit"]) == (False, True)
     assert len(list((tmp_path / "cache").rglob("*.so"))) == first["kernels"]
+
+
+def test_a_value_two_externs_read_is_computed_once():
+    """A computed value that two extern calls take (a decoder's cache positions, written into
+    its key and its value cache) is realized by one kernel, which both read; an extern that
+    writes its operand in place still gets a value no one else reads afterwards."""
+
+    def two_writes(k_cache, v_cache, start, k, v):  # type: ignore[no-untyped-def]
+        pos = torch.arange(k.shape[0]) + start  # one elementwise value, two extern consumers
+        return k_cache.index_copy(0, pos, k), v_cache.index_copy(0, pos, v)
+
+    f = cu.compile(two_writes, target="cpu", fallback="error")
+    args = (torch.zeros(8, 4), torch.zeros(8, 4), torch.tensor(3), torch.randn(2, 4), torch.randn(2, 4))
+    for got, want in zip(f(*args), two_writes(*args)):
+        assert got.dtype == want.dtype
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    text = executable(f).program.text
+    externs = [line for line in text.splitlines() if "index_copy" in line]
+    assert len(externs) == 2, text
+    pos = {line.split("(")[1].split(",")[1].strip() for line in externs}  # the position operand
+    assert len(pos) == 1, text  # both read one buffer
+    assert sum(f"{next(iter(pos))}[" in line for line in text.splitlines() if "kernel" in line) == 1, text

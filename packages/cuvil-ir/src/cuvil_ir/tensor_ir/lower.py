@@ -387,6 +387,21 @@ class Lowering:
 
     def lower_extern(self, n: Node, ins: list[Val]) -> None:
         cl = n.op in self.policy.channels_last_ops
+        mutated = n.attr("mutates")
+        for k, (v, val) in enumerate(zip(n.inputs, ins)):
+            # A computed value that this extern needs in a buffer and others read too: realized
+            # once, here, and read from that buffer by the rest (each extern realized it anew:
+            # a decoder layer computed its cache positions twice, once per cache write). Not an
+            # operand the extern writes, nor one it wants in another layout.
+            if (
+                isinstance(val, Lazy)
+                and k != mutated
+                and not (cl and k == 0 and val.rank == 4)
+                and self.uses[v.name] > 1
+                and self.env.get(v.name) is val
+                and strided_view(val) is None
+            ):
+                ins[k] = self.env[v.name] = self.realize(val)
         operands = tuple(
             self.operand(v, CHANNELS_LAST if cl and k == 0 and isinstance(v, Lazy) and v.rank == 4 else None)
             for k, v in enumerate(ins)
