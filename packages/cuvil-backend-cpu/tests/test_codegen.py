@@ -294,8 +294,8 @@ def test_kernel_cache_is_reused_by_a_fresh_process(tmp_path):
 
 def test_a_value_two_externs_read_is_computed_once():
     """A computed value that two extern calls take (a decoder's cache positions, written into
-    its key and its value cache) is realized by one kernel, which both read; an extern that
-    writes its operand in place still gets a value no one else reads afterwards."""
+    its key and its value cache) is realized by one kernel, which both read, with eager's
+    results."""
 
     def two_writes(k_cache, v_cache, start, k, v):  # type: ignore[no-untyped-def]
         pos = torch.arange(k.shape[0]) + start  # one elementwise value, two extern consumers

@@ -156,7 +156,7 @@ def _packed_linear_weight(w: torch.Tensor, rows: int) -> torch.Tensor:
 def _release_losers(w: torch.Tensor, choice: str, packed: Any) -> None:
     """After the GEMM choice measured (or looked up) a shape, drop the copies of ``w`` that
     the candidates it did not pick packed: a float32 model otherwise kept oneDNN's and our
-    packing of every weight beside the weight itself, about three times its weights' memory.
+    packing of every weight whose shape was measured, beside the weight itself.
     A weight whose other shapes pick one of them packs it again there, once (the choice of a
     shape is made once)."""
     if choice != "onednn":

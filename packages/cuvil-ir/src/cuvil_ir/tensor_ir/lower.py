@@ -67,6 +67,8 @@ class Lowering:
         self.steps: list[Step] = []
         self.env: dict[str, Val] = {}
         self.uses: Counter[str] = Counter()
+        #: values some node writes in place (an extern's ``mutates`` operand)
+        self.written: set[str] = set()
         self.seeds: list[str] = []
         self._count: Counter[str] = Counter()
         self._reduce_count = 0
@@ -280,6 +282,9 @@ class Lowering:
         for n in nodes:
             for v in n.inputs:
                 self.uses[v.name] += 1
+            mutated = n.attr("mutates")
+            if isinstance(mutated, int) and 0 <= mutated < len(n.inputs):
+                self.written.add(n.inputs[mutated].name)
             for v in _region_free_values(n):
                 self.uses[v.name] += 1
         for v in results:
@@ -387,15 +392,15 @@ class Lowering:
 
     def lower_extern(self, n: Node, ins: list[Val]) -> None:
         cl = n.op in self.policy.channels_last_ops
-        mutated = n.attr("mutates")
         for k, (v, val) in enumerate(zip(n.inputs, ins)):
             # A computed value that this extern needs in a buffer and others read too: realized
             # once, here, and read from that buffer by the rest (each extern realized it anew:
-            # a decoder layer computed its cache positions twice, once per cache write). Not an
-            # operand the extern writes, nor one it wants in another layout.
+            # a decoder layer computed its cache positions twice, once per cache write). Not a
+            # value any extern writes in place (each of its readers keeps a buffer of its own,
+            # as before), nor one this extern wants in another layout.
             if (
                 isinstance(val, Lazy)
-                and k != mutated
+                and v.name not in self.written
                 and not (cl and k == 0 and val.rank == 4)
                 and self.uses[v.name] > 1
                 and self.env.get(v.name) is val
