@@ -196,7 +196,8 @@ def run(args: argparse.Namespace) -> str:
                     continue
                 if make() is None:
                     continue  # (this torch lacks the aten kernel)
-                nbytes[name] = ws[name.split()[0]][1]
+                fmt = name.split()[0]
+                nbytes[name] = ws["int4" if fmt == "int4-a8" else fmt][1]  # (int4's weights)
                 fns[name] = rotating(make, nbytes[name], ws_bytes)  # type: ignore[arg-type]
             times = interleaved(fns, args.repeats, args.inner)
             rate = mv_bytes / times["mv stream"]

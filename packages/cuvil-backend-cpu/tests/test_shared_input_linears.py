@@ -13,11 +13,13 @@ import torch
 import torch.nn.functional as F
 
 import cuvil as cu
+import cuvil.api
 from cuvil_backend_cpu import quant_linear, shared_input_linears
 from cuvil_backend_cpu.kernel_cache import KernelCache
 from cuvil_backend_cpu.quant_linear import QuantLinearKernel
-from cuvil_backend_cpu.testing import Weight, executable_of
+from cuvil_backend_cpu.testing import Weight, executable_of, native_runs_used
 from cuvil_ir.graph_ir.ops.quant import round_activations, weight_only_linear
+from cuvil_runtime.cache import CompileCache
 
 
 @pytest.fixture(scope="module", params=[None, 16, 4], ids=["host", "lanes16", "lanes4"])
@@ -108,8 +110,9 @@ def test_the_rewrite_groups_linears_of_one_input() -> None:
     assert "cpu_linear_group" not in executable_of(e).program.graph.text
 
 
+@pytest.mark.parametrize("native", [True, False], ids=["native-runs", "python-steps"])
 @pytest.mark.parametrize("fmt", ["f32", "bf16", "int8", "int4"])
-def test_compiled_groups_match_eager_on_both_paths(fmt, monkeypatch) -> None:
+def test_compiled_groups_match_eager_on_both_paths(fmt, native, monkeypatch) -> None:
     ws = _weights(fmt, (32, 8, 8), 64, 32)
 
     def three(x, *flat):  # type: ignore[no-untyped-def]
@@ -132,6 +135,8 @@ def test_compiled_groups_match_eager_on_both_paths(fmt, monkeypatch) -> None:
         return torch.cat(out, -1)
 
     flat = (*(w.weight for w in ws), *(torch.randn(w.weight.shape[0]) for w in ws))
+    monkeypatch.setenv("CUVIL_NATIVE_RUNS", "1" if native else "0")
+    monkeypatch.setattr(cuvil.api, "_EXECUTABLES", CompileCache())  # (a wrapper made under the setting)
     f = cu.compile(three, target="cpu", fallback="error")
     grouped: list[int] = []
     real = QuantLinearKernel.group_into
@@ -154,8 +159,15 @@ def test_compiled_groups_match_eager_on_both_paths(fmt, monkeypatch) -> None:
         if fmt == "f32"
         else quant_linear.kernel(KernelCache()).gemv_max_rows
     )
-    # rows of x: 2, 6, 80; the grouped kernel runs up to the limit, members one at a time beyond
-    assert grouped == [1 for rows in (2, 6, 80) if rows <= limit], grouped
+    # rows of x: 2, 6, 80; the grouped kernel runs up to the limit, members one at a time beyond;
+    # with native runs the step runner calls the grouped kernel (no Python call of it)
+    used = native_runs_used(f)
+    if native:
+        assert grouped == [], grouped
+        assert sorted(used.values()) == sorted([[rows <= limit] for rows in (2, 6, 80)]), used
+    else:
+        assert grouped == [1 for rows in (2, 6, 80) if rows <= limit], grouped
+        assert used == {}, used
 
 
 def test_a_quantized_decoder_generates_as_eager() -> None:
@@ -268,8 +280,9 @@ def test_the_rewrite_fuses_a_gated_mlp() -> None:
         assert ('epilogue = "silu_mul"' in text) == fused and ("silu(" not in text) == fused, text
 
 
+@pytest.mark.parametrize("native", [True, False], ids=["native-runs", "python-steps"])
 @pytest.mark.parametrize("fmt", ["int4", "int4-a8", "int8"])
-def test_a_fused_quantized_mlp_matches_eager_on_both_paths(fmt, monkeypatch) -> None:
+def test_a_fused_quantized_mlp_matches_eager_on_both_paths(fmt, native, monkeypatch) -> None:
     """A quantized gated MLP: the grouped kernel's epilogue for few rows, the members one at a
     time and the epilogue after them for more rows (the prefill's), equal to eager."""
     torch.manual_seed(0)
@@ -287,6 +300,8 @@ def test_a_fused_quantized_mlp_matches_eager_on_both_paths(fmt, monkeypatch) -> 
             return self.down(F.silu(self.gate(x)) * self.up(x))
 
     model = cu.quantize(MLP().eval(), fmt, group_size=32)
+    monkeypatch.setenv("CUVIL_NATIVE_RUNS", "1" if native else "0")
+    monkeypatch.setattr(cuvil.api, "_EXECUTABLES", CompileCache())  # (a wrapper made under the setting)
     f = cu.compile(model, target="cpu", fallback="error")
     calls: list[str] = []
     real = QuantLinearKernel.group_into
@@ -303,5 +318,9 @@ def test_a_fused_quantized_mlp_matches_eager_on_both_paths(fmt, monkeypatch) -> 
             x = torch.randn(rows, 64)
             got, want = f(x), model(x)
             torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-5)
-    assert calls == ["silu_mul:1", "silu_mul:1"], calls  # the third: more rows than the GEMV takes
+    if native:  # the step runner calls the grouped kernel and the down projection's GEMV
+        assert calls == [], calls
+        assert sorted(native_runs_used(f).values()) == [[False], [True], [True]]
+    else:
+        assert calls == ["silu_mul:1", "silu_mul:1"], calls  # the third: more rows than the GEMV takes
     assert 'epilogue = "silu_mul"' in executable_of(f).program.graph.text

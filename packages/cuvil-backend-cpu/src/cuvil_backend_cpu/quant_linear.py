@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import struct
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -24,8 +24,10 @@ import torch
 from cuvil_backend_cpu.c_prelude import build_facts, kernel_source
 from cuvil_backend_cpu.emulation import EmulatedLibrary
 from cuvil_backend_cpu.kernel_cache import KernelCache, per_cache
+from cuvil_backend_cpu.step_runner import address
 from cuvil_backend_cpu.toolchain import ToolchainError
 from cuvil_ir.graph_ir.ops import quant
+from cuvil_runtime.target import NativeArg, NativeExtern, NativeOperand
 
 #: the kernel's source, the vector prelude in place (:mod:`cuvil_backend_cpu.c_prelude`)
 SOURCE = kernel_source("quant_linear.c")
@@ -299,6 +301,69 @@ def f32_gemv(cache: KernelCache) -> Callable[..., torch.Tensor | None]:
     return run
 
 
+def rows_of(x: NativeOperand) -> tuple[int, int] | None:
+    """``(rows, row stride)`` of a native operand read as the 2-d ``x.reshape(-1, K)`` the
+    out-variant makes, where that is a view with unit stride along ``K``; else ``None``."""
+    if not x.shape:
+        return None
+    k = x.shape[-1]
+    if k > 1 and x.strides[-1] != 1:
+        return None
+    lead = [(d, s) for d, s in zip(x.shape[:-1], x.strides[:-1]) if d != 1]
+    for (_, s0), (d1, s1) in zip(lead, lead[1:]):
+        if s0 != s1 * d1:
+            return None
+    m = 1
+    for d in x.shape[:-1]:
+        m *= d
+    return m, (lead[-1][1] if lead else k)
+
+
+def native(ql: QuantLinearKernel) -> NativeExtern | None:
+    """The GEMV as a step of a native run ([Note: native runs] in cuvil_runtime.native_runs):
+    what :func:`out_variant` runs for float32 activations of at most
+    :attr:`QuantLinearKernel.gemv_max_rows` rows, called with the same arguments; other
+    bindings (prefill's rows, layouts it would copy) run :func:`out_variant`."""
+    if ql._tensors:
+        return None
+
+    def prepare(ops: Sequence[NativeOperand], attrs: Mapping[str, Any]) -> list[NativeArg] | None:
+        fmt, has_bias = attrs["fmt"], attrs["has_bias"]
+        out, x, weight, *rest = ops
+        rows = rows_of(x)
+        if fmt not in _FORMATS or rows is None or x.dtype != torch.float32 or not out.is_contiguous():
+            return None
+        (m, ldx), k, n = rows, x.shape[-1], out.shape[-1]
+        if not 0 < m <= ql.gemv_max_rows or k == 0 or n == 0:
+            return None
+        if not all(t.is_contiguous() for t in (weight, *rest)):
+            return None
+        n_params = len(rest) - int(has_bias)
+        scales = ("ptr", 3) if n_params > 0 else ("int", 0)
+        zeros = ("ptr", 4) if n_params > 1 else ("int", 0)
+        bias = ("ptr", 3 + n_params) if has_bias else ("int", 0)
+        block = (m, n, k, ldx, n, attrs["group_size"])
+        params = (*(("int", v) for v in block), ("threads",), ("int", int(has_bias)))
+        return [
+            ("int", _FORMATS[fmt]),
+            ("ptr", 1),
+            ("ptr", 2),
+            scales,
+            zeros,
+            bias,
+            ("ptr", 0),
+            ("block", params),
+        ]
+
+    def error(rc: int, attrs: Mapping[str, Any]) -> Exception:
+        fmt = attrs["fmt"]
+        if rc == 2:
+            return MemoryError(f"quant_linear: {fmt}: out of memory")
+        return ValueError(f"quant_linear: the kernel refused {fmt} (group {attrs['group_size']})")
+
+    return NativeExtern(address(ql._linear), prepare, error)
+
+
 def kernel(cache: KernelCache) -> QuantLinearKernel:
     """The kernels built and loaded from ``cache``, once per cache."""
     return per_cache(QuantLinearKernel, cache)
@@ -355,5 +420,7 @@ __all__ = [
     "QuantLinearKernel",
     "f32_gemv",
     "kernel",
+    "native",
     "out_variant",
+    "rows_of",
 ]

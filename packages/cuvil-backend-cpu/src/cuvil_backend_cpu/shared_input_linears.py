@@ -25,7 +25,7 @@ decode step's MLP is one call (docs/cpu-backend.md, "Linears of one input").
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import sympy
@@ -34,6 +34,8 @@ import torch
 from cuvil_backend_cpu import quant_linear
 from cuvil_backend_cpu.epilogues import context, is_f32, same_type
 from cuvil_backend_cpu.kernel_cache import KernelCache
+from cuvil_backend_cpu.quant_linear import QuantLinearKernel
+from cuvil_backend_cpu.step_runner import address
 from cuvil_ir import REGISTRY
 from cuvil_ir.graph_ir.nodes import Graph, Node
 from cuvil_ir.graph_ir.ops import quant
@@ -41,6 +43,7 @@ from cuvil_ir.graph_ir.ops._rules import LIBRARY_KERNEL, ShapeError
 from cuvil_ir.graph_ir.registry import Op
 from cuvil_ir.graph_ir.types import TensorType, Type
 from cuvil_ir.symbolic import ShapeContext
+from cuvil_runtime.target import NativeArg, NativeExtern, NativeOperand
 
 #: the most weights one group holds (quant_linear.c's QL_GROUP_MAX)
 MAX_MEMBERS = 8
@@ -244,12 +247,77 @@ def out_variant(
     return run
 
 
+def native(ql: QuantLinearKernel) -> NativeExtern | None:
+    """The grouped GEMV as a step of a native run ([Note: native runs] in
+    cuvil_runtime.native_runs): what :func:`out_variant` runs for float32 activations of few
+    rows (``QuantLinearKernel.group_into``'s call, the same arguments); other bindings run
+    :func:`out_variant`."""
+    if ql._group is None:
+        return None
+
+    def prepare(ops: Sequence[NativeOperand], attrs: Mapping[str, Any]) -> list[NativeArg] | None:
+        count, fmt, has_bias = attrs["count"], attrs["fmt"], attrs["has_bias"]
+        epilogue = attrs.get("epilogue", "")
+        n_out = 1 if epilogue else count
+        outs, x = ops[:n_out], ops[n_out]
+        rows = quant_linear.rows_of(x)
+        per = _operands(fmt, has_bias)
+        if rows is None or len(ops) != n_out + 1 + count * per or not 1 <= count <= MAX_MEMBERS:
+            return None
+        (m, ldx), k = rows, x.shape[-1]
+        limit = F32_GROUP_ROWS if fmt == "f32" else ql.gemv_max_rows
+        if not 0 < m <= limit or k == 0 or x.dtype != torch.float32:
+            return None
+        if epilogue and (epilogue not in quant_linear._EPILOGUES or count != 2):
+            return None
+        if not all(o.dtype == torch.float32 and o.is_contiguous() for o in outs):
+            return None
+        n_params = 0 if fmt == "f32" else len(quant._PARAMS[fmt])
+        addr: list[NativeArg] = []
+        for i in range(count):
+            first = n_out + 1 + i * per
+            member = ops[first : first + per]
+            if not all(t.is_contiguous() for t in member):
+                return None
+            if fmt == "f32" and member[0].dtype != torch.float32:
+                return None
+            if has_bias and member[-1].dtype != torch.float32:
+                return None
+            n = member[0].shape[0]
+            scales = ("ptr", first + 1) if n_params > 0 else ("int", 0)
+            zeros = ("ptr", first + 2) if n_params > 1 else ("int", 0)
+            bias = ("ptr", first + per - 1) if has_bias else ("int", 0)
+            out = ("ptr", i) if i < n_out else ("int", 0)  # (the epilogue's second: the kernel's own)
+            addr += [("ptr", first), scales, zeros, bias, out, ("int", n), ("int", n)]
+        code = quant_linear._EPILOGUES.get(epilogue, 0)
+        params = (*(("int", v) for v in (m, 0, k, ldx, 0, attrs["group_size"])), ("threads",), ("int", code))
+        return [
+            ("int", quant_linear._FORMATS[fmt]),
+            ("ptr", n_out),
+            ("int", count),
+            ("block", tuple(addr)),
+            ("block", params),
+        ]
+
+    def error(rc: int, attrs: Mapping[str, Any]) -> Exception:
+        if rc == 2:
+            return MemoryError(
+                f"quant_linear: a group of {attrs['count']} {attrs['fmt']} weights: out of memory"
+            )
+        return ValueError(
+            f"quant_linear: the kernel refused a group of {attrs['count']} {attrs['fmt']} weights"
+        )
+
+    return NativeExtern(address(ql._group), prepare, error)
+
+
 __all__ = [
     "EPILOGUES",
     "F32_GROUP_ROWS",
     "MAX_MEMBERS",
     "LinearGroup",
     "fuse_silu_gate",
+    "native",
     "out_variant",
     "rewrite",
 ]

@@ -31,6 +31,7 @@ from cuvil_backend_cpu import (
     repeated_heads,
     shared_input_linears,
     small_matmul,
+    step_runner,
 )
 from cuvil_backend_cpu.codegen import C_TYPES, CKernel, generate_c
 from cuvil_backend_cpu.declared import CAPABILITIES, STAGES
@@ -39,7 +40,7 @@ from cuvil_backend_cpu.kernel_cache import KernelCache, Library
 from cuvil_backend_cpu.loop_ir.nodes import Accumulate, Let, Loop, LoopFunc, Param, Store
 from cuvil_backend_cpu.loop_ir.schedule import schedule_kernel
 from cuvil_backend_cpu.policy import FUSION, FUSION_NO_HALF, schedule_policy
-from cuvil_backend_cpu.toolchain import export_cpu_flags, export_toolchain
+from cuvil_backend_cpu.toolchain import ToolchainError, export_cpu_flags, export_toolchain
 from cuvil_ir import REGISTRY
 from cuvil_ir.graph_ir.nodes import Graph
 from cuvil_ir.graph_ir.verifier import verify as verify_graph
@@ -47,7 +48,7 @@ from cuvil_ir.passes import Pass, Pipeline
 from cuvil_ir.tensor_ir.fusion_policy import FusionPolicy
 from cuvil_ir.tensor_ir.program import Kernel, TensorProgram
 from cuvil_runtime.pipeline import ProgramExecutable, compile_program, export_program, package_hash
-from cuvil_runtime.target import CompileOptions, Exported, Launch
+from cuvil_runtime.target import CompileOptions, Exported, Launch, NativeExtern
 
 _CTYPES = {
     "float": ctypes.c_float,
@@ -91,6 +92,27 @@ class CpuHooks:
 
     def _f32_linear(self) -> Callable[..., Any]:
         return self.extern("linear", REGISTRY.get("linear").reference, False)
+
+    # -- native runs ([Note: native runs] in cuvil_runtime.native_runs) ----------------------
+    def _kernels(self) -> KernelCache | None:
+        """The kernel cache the step runner and the hand-written kernels come from (a loaded
+        artifact: this host's, where it has a C compiler)."""
+        return _host_cache()
+
+    def step_runner(self) -> Callable[[int], int] | None:
+        cache = self._kernels()
+        return None if cache is None else step_runner.runner(cache)
+
+    def native_extern(self, op: str) -> NativeExtern | None:
+        """The C forms of the weight-only linears' GEMV (alone and grouped)."""
+        cache = self._kernels()
+        if cache is None:
+            return None
+        if op == quant_linear.OP:
+            return quant_linear.native(quant_linear.kernel(cache))
+        if op == shared_input_linears.LinearGroup.name:
+            return shared_input_linears.native(quant_linear.kernel(cache))
+        return None
 
 
 class CpuTarget(CpuHooks):
@@ -149,6 +171,9 @@ class CpuTarget(CpuHooks):
                 self.cache, self._f32_linear(), quant_linear.out_variant(self.cache)
             )
         return super().out_variant(op)
+
+    def _kernels(self) -> KernelCache | None:
+        return self.cache
 
     def fusion_policy(self, options: CompileOptions) -> FusionPolicy:
         return FUSION if self.cache.toolchain.half else FUSION_NO_HALF
@@ -227,6 +252,15 @@ def rewrite(graph: Graph, options: CompileOptions) -> Graph:
 
 
 @functools.cache
+def _host_cache() -> KernelCache | None:
+    """This host's kernel cache, once per process (``None``: no C compiler here)."""
+    try:
+        return KernelCache()
+    except ToolchainError:
+        return None
+
+
+@functools.cache
 def _hash(code: str, toolchain: str) -> str:
     return hashlib.sha256(f"{code}\n{toolchain}".encode()).hexdigest()
 
@@ -251,6 +285,7 @@ def launch(lib: Library, ck: CKernel) -> Launch:
         scalars=tuple(ck.func.args),
         may_fail=ck.may_fail,
         tensors=isinstance(lib, EmulatedLibrary),
+        address=None if isinstance(lib, EmulatedLibrary) else step_runner.address(fn),
     )
 
 

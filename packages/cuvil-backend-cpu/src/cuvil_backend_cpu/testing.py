@@ -20,6 +20,15 @@ def executable_of(compiled: Any) -> ProgramExecutable:
     return ex
 
 
+def native_runs_used(compiled: Any) -> dict[tuple[int, ...], list[bool]]:
+    """Per size binding the latest artifact ran on this thread: for each native run of its
+    wrapper, whether the binding ran it natively (tables made) or from Python (refused)
+    ([Note: native runs] in cuvil_runtime.native_runs)."""
+    runner = executable_of(compiled)._runner
+    plans = getattr(runner._local, "plans", {})
+    return {key: [t is not None for t in p.native] for key, p in plans.items() if p.native is not None}
+
+
 class Weight:
     """A random weight of ``fmt``: the stored tensors and the float64 matrix they stand for,
     computed here from the codes (not by the library's dequantize). ``"int4-a8"`` stores

@@ -36,6 +36,7 @@ from cuvil_ir.symbolic import EXACT_NAMESPACE, exact_code, symbol
 from cuvil_ir.tensor_ir import expr as E
 from cuvil_ir.tensor_ir.memory import data_sizes
 from cuvil_ir.tensor_ir.program import Control, Extern, Kernel, ScalarRef, TensorProgram, View
+from cuvil_runtime import native_runs
 from cuvil_runtime.executor import evaluate_attr
 from cuvil_runtime.size_plan import PlanMaker, SizePlan, add_symbols, is_late, kernel_value, program_symbols
 from cuvil_runtime.target import Launch, ProgramHooks
@@ -97,6 +98,8 @@ class ProgramRunner:
         self.aliases = _aliases(program)
         #: the plans' numbers from one generated function ([Note: compiled size plans])
         self._plans = PlanMaker(program, self.kernels, self.late, self._alloc_in_plan, self.symbols)
+        #: the wrapper's native runs ([Note: native runs] in cuvil_runtime.native_runs)
+        self.runs: list[native_runs.Run] = []
         self.source, self._run = self._generate()
 
     def __call__(self, *inputs: Any) -> tuple[Any, ...]:
@@ -136,6 +139,70 @@ class ProgramRunner:
     def _is_late(self, x: Any) -> bool:
         """``x`` (an expression or attribute tree) uses a size computed from tensor data."""
         return is_late(x, self.late)
+
+    def native_plan(self, p: SizePlan, key: tuple[int, ...]) -> list[Any]:
+        """The native runs' tables for the plan ``p`` of the binding ``key``, made once."""
+        b = dict(zip(self.symbols, key))
+        made = [native_runs.make_tables(run, self.program, p, b) for run in self.runs]
+        p.native = made
+        return made
+
+    @staticmethod
+    def native_failed(tables: native_runs.Tables, failed: int) -> None:
+        native_runs.failure(tables, failed, zero_division)
+
+    def _native_steps(self) -> dict[int, native_runs.Step]:
+        """The steps that may be in a native run, by index ([Note: native runs])."""
+        prog = self.program
+        native_extern = getattr(self.backend, "native_extern", None)
+        found: dict[int, native_runs.Step] = {}
+        planned = prog.plan.slot_of
+
+        def placed(name: str) -> bool:  # (an input, an output or an arena buffer: not sized by data)
+            kind = prog.buffers[name].kind
+            return kind in ("input", "output") or name in planned
+
+        for i, step in enumerate(prog.steps):
+            if isinstance(step, Kernel):
+                launch = self.kernels[step.name]
+                late = self._is_late((*launch.sizes, *(e for e, _ in launch.derived)))
+                late = late or self._is_late(tuple(prog.buffers[step.buf].shape))
+                if placed(step.buf) and native_runs.kernel_native(launch, late):
+                    found[i] = native_runs.Step(step.name, launch=launch)
+            elif isinstance(step, Extern) and step.into and native_extern is not None:
+                ne = native_extern(step.node.op)
+                if (
+                    ne is None
+                    # (an input may be any earlier result: each is bound in its buffer's layout)
+                    or not all(isinstance(o, View) for o in step.inputs)
+                    or not all(placed(o) for o in step.outputs)
+                    or self._is_late(step.node.attrs)
+                    or self._is_late(tuple((*o.shape, *o.strides, o.offset) for o in step.inputs))  # type: ignore[union-attr]
+                    or self._is_late(tuple(tuple(prog.buffers[o].shape) for o in step.outputs))
+                ):
+                    continue
+                found[i] = native_runs.Step(step.name, extern=step, native=ne)
+        return found
+
+    def _native_runs(self) -> list[list[int]]:
+        """Consecutive steps of :meth:`_native_steps` (runs of two steps or more, or with an
+        extern: a run of one kernel is one call either way)."""
+        runner = getattr(self.backend, "step_runner", None)
+        if runner is None or not native_runs.enabled():
+            return []
+        steps = self._native_steps()
+        runs: list[list[int]] = []
+        for i in range(len(self.program.steps)):
+            if i not in steps:
+                continue
+            if runs and runs[-1][-1] == i - 1:
+                runs[-1].append(i)
+            else:
+                runs.append([i])
+        self._native_candidates = steps
+        runs = [r for r in runs if len(r) >= 2 or steps[r[0]].extern is not None]
+        # (the step runner is built, once per kernel cache, only for a program that has a run)
+        return runs if runs and runner() is not None else []
 
     # -- code generation ----------------------------------------------------------------
     def _generate(self) -> tuple[str, Callable[..., Any]]:
@@ -263,12 +330,23 @@ class ProgramRunner:
             st = "(" + "".join(f"{self._size_code(d)}, " for d in o.strides) + ")"
             return f"_as_strided({base}, {shp}, {st}, {base}.storage_offset() + {self._size_code(o.offset)})"
 
-        for step in prog.steps:
+        run_of = {r[0]: r for r in self._native_runs()}
+        hoisted: set[str] = set()  # outputs a native run allocated before its steps
+        run_end = -1
+        run_code: tuple[int, list[str]] | None = None  # (where the run's Python steps start, its lines)
+        for at, step in enumerate(prog.steps):
+            if at in run_of:
+                steps = run_of[at]
+                self._native_run_head(steps, body, ns, tensor, ptr, hoisted, empty_code, dev, key)
+                run_end = steps[-1]
+                run_code = (len(body), [])
             if isinstance(step, Kernel):
                 launch = self.kernels[step.name]
                 ns[f"_k_{step.name}"] = launch.fn
                 buf = prog.buffers[step.buf]
-                if buf.kind == "output":
+                if step.buf in hoisted:
+                    pass
+                elif buf.kind == "output":
                     body.append(f"v_{step.buf} = {empty_code(step.buf, dev)}")
                     tensor[step.buf] = f"v_{step.buf}"
                     ptr[step.buf] = f"v_{step.buf}.data_ptr()"
@@ -297,7 +375,7 @@ class ProgramRunner:
                 outs_code = []
                 for o in step.outputs:
                     buf = prog.buffers[o]
-                    if buf.kind == "output" or o not in tensor:
+                    if o not in hoisted and (buf.kind == "output" or o not in tensor):
                         body.append(f"v_{o} = {empty_code(o, dev)}")
                         tensor[o] = f"v_{o}"
                         ptr[o] = f"v_{o}.data_ptr()"
@@ -331,6 +409,11 @@ class ProgramRunner:
                 self._bind_results(
                     body, step.outputs, step.node.outputs, tensor, ptr, "_r", tuple_result=True
                 )
+            if at == run_end and run_code is not None:  # the run's steps from Python: the else branch
+                python = body[run_code[0] :]
+                del body[run_code[0] :]
+                body.extend("    " + line for line in python)
+                run_code = None
         outs: list[str] = []
         for ref in prog.outputs:
             if isinstance(ref, str):
@@ -348,6 +431,61 @@ class ProgramRunner:
         source = "\n".join(lines) + "\n"
         exec(compile(source, f"<cuvil {self.backend.name} wrapper {prog.name}>", "exec"), ns)
         return source, ns["run"]
+
+    def _native_run_head(
+        self,
+        steps: list[int],
+        body: list[str],
+        ns: dict[str, Any],
+        tensor: dict[str, str],
+        ptr: dict[str, str],
+        hoisted: set[str],
+        empty_code: Callable[[str, str], str],
+        dev: str,
+        key: str,
+    ) -> None:
+        """The code before a native run's steps: their outputs allocated, then the run's call
+        where this binding has tables, else (the caller indents the steps' Python code under
+        the ``else``) each step from Python ([Note: native runs])."""
+        prog = self.program
+        members = [self._native_candidates[i] for i in steps]
+        for i in steps:
+            step = prog.steps[i]
+            outs = [step.buf] if isinstance(step, Kernel) else list(step.outputs)  # type: ignore[union-attr]
+            for o in outs:
+                if o in hoisted or (prog.buffers[o].kind != "output" and o in tensor):
+                    continue
+                body.append(f"v_{o} = {empty_code(o, dev)}")
+                tensor[o] = f"v_{o}"
+                ptr[o] = f"v_{o}.data_ptr()"
+                hoisted.add(o)
+        run = native_runs.Run(len(self.runs), members, [], {})
+        for m in members:
+            names = list(m.launch.buffers) if m.launch is not None else []
+            if m.extern is not None:
+                names += [*m.extern.outputs, *(o.buf for o in m.extern.inputs)]  # type: ignore[union-attr]
+                if run.threads is None:
+                    run.threads = run.call_slot("_threads()").index
+            for n in names:
+                if n not in run.bases:
+                    run.bases[n] = (
+                        native_runs.Source("ptr", n) if n in prog.plan.slot_of else run.call_slot(ptr[n])
+                    )
+        self.runs.append(run)
+        j = run.index
+        ns["_step_runner"] = self.backend.step_runner()  # type: ignore[attr-defined]
+        ns["_threads"] = torch.get_num_threads
+        ns[f"_pk{j}"] = native_runs.packer(run)
+        tup = f"({key}{',' if len(self.symbols) == 1 else ''})"
+        body.append("_n = _p.native")
+        body.append(f"if _n is None: _n = _self.native_plan(_p, {tup})")
+        body.append(f"_t = _n[{j}]")
+        body.append("if _t is not None:")
+        if run.calls:
+            body.append(f"    _pk{j}(_t.slots, 0, {', '.join(run.calls)})")
+        body.append("    _f = _step_runner(_t.address)")
+        body.append("    if _f: _self.native_failed(_t, _f)")
+        body.append("else:")
 
     def _alias_outputs(
         self, body: list[str], ns: dict[str, Any], computed: list[str], originals: list[str], known: list[Any]

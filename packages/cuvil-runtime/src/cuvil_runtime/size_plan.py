@@ -38,6 +38,9 @@ class SizePlan:
     attrs: dict[str, dict[str, Any]]
     #: outputs whose sizes or strides are expressions: (shape, strides) per buffer
     alloc: dict[str, tuple[tuple[int, ...], tuple[int, ...]]]
+    #: the native runs' tables for this binding, made at its first call (``None`` before;
+    #: [Note: native runs] in :mod:`cuvil_runtime.native_runs`)
+    native: list[Any] | None = None
 
 
 def make_plan(

@@ -143,6 +143,49 @@ class Launch:
     may_fail: bool = False
     #: pass the buffers as tensors (arena views, inputs, outputs), not data pointers
     tensors: bool = False
+    #: the kernel's C function's address, where it takes only integer-class arguments
+    #: (pointers, int64) and a native run may call it ([Note: native runs] in
+    #: :mod:`cuvil_runtime.native_runs`); ``None``: called from Python only
+    address: int | None = None
+
+
+#: an argument of a native call (:class:`NativeExtern`): ``("ptr", i)`` the address of
+#: operand ``i`` (outputs first, then inputs), ``("int", v)`` a number, ``("threads",)`` the
+#: caller's ``torch.get_num_threads()`` at the call, ``("block", (arg, ...))`` the address of
+#: an int64 array holding those arguments (no block inside a block)
+NativeArg = tuple[Any, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class NativeOperand:
+    """What :meth:`NativeExtern.prepare` knows of one operand for a size binding."""
+
+    dtype: Any  # torch.dtype
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+
+    def is_contiguous(self) -> bool:
+        expect = 1
+        for d, s in zip(reversed(self.shape), reversed(self.strides)):
+            if d != 1 and s != expect:
+                return False
+            expect *= d
+        return True
+
+
+@dataclass(frozen=True)
+class NativeExtern:
+    """The C form of an extern written into its planned buffer (an out-variant op), for the
+    native runs: ``address`` is a C function taking only integer-class arguments and
+    returning ``int`` (0: done)."""
+
+    address: int
+    #: ``prepare(operands, attrs)``: the call's arguments for one size binding (the operands:
+    #: the outputs, then the inputs), or ``None`` where this binding's call must run the
+    #: out-variant (operands the C function does not take, sizes its path is not for)
+    prepare: Callable[[Sequence[NativeOperand], Mapping[str, Any]], Sequence[NativeArg] | None]
+    #: ``error(code, attrs)``: the exception for a nonzero return (the out-variant's own)
+    error: Callable[[int, Mapping[str, Any]], Exception]
 
 
 class ProgramHooks(Protocol):
@@ -174,6 +217,21 @@ class ProgramHooks(Protocol):
     def out_variant(self, op: str) -> Callable[..., Any]:
         """``fn(out, *inputs, **attrs)`` for an extern lowered to write into its planned
         buffer (the ops in ``fusion_policy(...).out_variants``)."""
+        ...
+
+
+class NativeHooks(Protocol):
+    """What a backend adds to :class:`ProgramHooks` for native runs (optional: the runner
+    looks the methods up, [Note: native runs] in :mod:`cuvil_runtime.native_runs`)."""
+
+    def step_runner(self) -> Callable[..., int] | None:
+        """``run(n, steps, args, ents, slots, rc)``: runs ``n`` steps of the tables (the
+        contract of ``cuvil_run_steps`` in the cpu target's ``step_runner.c``), or ``None``
+        where this process has none."""
+        ...
+
+    def native_extern(self, op: str) -> NativeExtern | None:
+        """The C form of the out-variant of ``op``, or ``None``."""
         ...
 
 
