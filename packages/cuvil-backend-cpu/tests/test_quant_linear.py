@@ -14,12 +14,14 @@ import pytest
 import torch
 
 import cuvil as cu
+import cuvil.api
 from cuvil_backend_cpu import quant_linear
 from cuvil_backend_cpu.kernel_cache import KernelCache
 from cuvil_backend_cpu.quant_linear import QuantLinearKernel
-from cuvil_backend_cpu.testing import Weight
+from cuvil_backend_cpu.testing import Weight, native_runs_used
 from cuvil_ir.graph_ir.ops import quant
 from cuvil_ir.graph_ir.ops.quant import QuantFormatError, weight_only_linear
+from cuvil_runtime.cache import CompileCache
 
 
 @pytest.fixture(scope="module", params=[None, 16, 8, 4], ids=["host", "lanes16", "lanes8", "lanes4"])
@@ -161,20 +163,33 @@ class _Spy:
         monkeypatch.setattr(QuantLinearKernel, "gemv", gemv)
 
 
+def _native(native: bool, monkeypatch: Any) -> None:
+    """Wrappers made from now on with native runs on or off ([Note: native runs])."""
+    monkeypatch.setenv("CUVIL_NATIVE_RUNS", "1" if native else "0")
+    monkeypatch.setattr(cuvil.api, "_EXECUTABLES", CompileCache())
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native-runs", "python-steps"])
 @pytest.mark.parametrize("fmt", ["bf16", "int8", "int4", "int4-a8"])
 @torch.no_grad()
-def test_compiled_model_runs_the_kernel(fmt: str, monkeypatch: Any) -> None:
+def test_compiled_model_runs_the_kernel(fmt: str, native: bool, monkeypatch: Any) -> None:
     torch.manual_seed(0)
     model = torch.nn.Sequential(
         torch.nn.Linear(96, 64), torch.nn.SiLU(), torch.nn.Linear(64, 40, bias=False), torch.nn.ReLU()
     ).eval()
     cu.quantize(model, fmt, group_size=32)
     spy = _Spy(monkeypatch)
+    _native(native, monkeypatch)
     f = cu.compile(model, target="cpu", fallback="error")
+    used = []
     for shape in ((1, 96), (3, 7, 96), (17, 96)):
         x = torch.randn(*shape)
         torch.testing.assert_close(f(x), model(x), rtol=1e-5, atol=1e-5)
-    assert spy.calls == 6, "the cpu target did not run its kernel"
+        used += [v for vs in native_runs_used(f).values() for v in vs]
+    if native:  # the step runner called the GEMV, at every binding (at most 21 rows)
+        assert spy.calls == 0 and used and all(used), (spy.calls, used)
+    else:
+        assert spy.calls == 6 and not used, "the cpu target did not run its kernel"
     assert f.stats.compiles == 2 and f.stats.fallbacks == 0, f.stats.recompile_reasons  # 2-d and 3-d
     text = f.artifacts[-1].executable.stages["tensor_ir"]
     assert "weight_only_linear(" in text and f'fmt = "{fmt}"' in text
@@ -189,11 +204,16 @@ def test_saved_and_loaded_model_keeps_its_quantized_weights(tmp_path: Any, monke
     cu.quantize(model, "int4", group_size=32)
     x = torch.randn(2, 64)
     path = cu.save(model, tmp_path / "q.cuvil", x)
-    loaded = cu.load(path)
     spy = _Spy(monkeypatch)
-    torch.testing.assert_close(loaded(x), model(x), rtol=1e-5, atol=1e-5)
-    assert spy.calls == 2
-    torch.testing.assert_close(loaded(torch.randn(5, 64)).shape, torch.Size([5, 8]))
+    for native in (True, False):
+        _native(native, monkeypatch)
+        loaded = cu.load(path)
+        torch.testing.assert_close(loaded(x), model(x), rtol=1e-5, atol=1e-5)
+        if native:  # the step runner called both GEMVs
+            assert spy.calls == 0 and list(native_runs_used(loaded).values()) == [[True]]
+        else:
+            assert spy.calls == 2 and native_runs_used(loaded) == {}
+        torch.testing.assert_close(loaded(torch.randn(5, 64)).shape, torch.Size([5, 8]))
 
 
 _LOAD_WITHOUT_COMPILER = """

@@ -21,10 +21,12 @@ def executable_of(compiled: Any) -> ProgramExecutable:
 
 
 def native_runs_used(compiled: Any) -> dict[tuple[int, ...], list[bool]]:
-    """Per size binding the latest artifact ran on this thread: for each native run of its
-    wrapper, whether the binding ran it natively (tables made) or from Python (refused)
-    ([Note: native runs] in cuvil_runtime.native_runs)."""
-    runner = executable_of(compiled)._runner
+    """Per size binding that ran on this thread: for each native run of the wrapper, whether
+    the binding ran it natively (tables made) or from Python (refused) ([Note: native runs] in
+    cuvil_runtime.native_runs). ``compiled``: a ``cu.compile`` result (its latest artifact),
+    a ``cu.load`` result or a :class:`ProgramExecutable`."""
+    exe = compiled if isinstance(compiled, ProgramExecutable) else getattr(compiled, "executable", None)
+    runner = (exe if isinstance(exe, ProgramExecutable) else executable_of(compiled))._runner
     plans = getattr(runner._local, "plans", {})
     return {key: [t is not None for t in p.native] for key, p in plans.items() if p.native is not None}
 

@@ -39,7 +39,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import sympy
-import torch
 
 from cuvil_ir.symbolic import evaluate
 from cuvil_ir.tensor_ir.program import Extern, TensorProgram, View
@@ -229,12 +228,8 @@ def _operands(
                 tuple(int(evaluate(d, b)) for d in v.strides),
             )
         )
-        where.append((run.bases[v.buf], int(evaluate(v.offset, b)) * _itemsize(dtype)))
+        where.append((run.bases[v.buf], int(evaluate(v.offset, b)) * dtype.itemsize))
     return operands, where
-
-
-def _itemsize(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
 
 
 def failure(tables: Tables, failed: int, zero_division: Callable[[], None]) -> None:

@@ -476,9 +476,10 @@ class ProgramRunner:
         ns["_step_runner"] = self.backend.step_runner()  # type: ignore[attr-defined]
         ns["_threads"] = torch.get_num_threads
         ns[f"_pk{j}"] = native_runs.packer(run)
-        tup = f"({key}{',' if len(self.symbols) == 1 else ''})"
-        body.append("_n = _p.native")
-        body.append(f"if _n is None: _n = _self.native_plan(_p, {tup})")
+        if j == 0:  # (the runs are straight-line code: the first one's tables are every run's)
+            tup = f"({key}{',' if len(self.symbols) == 1 else ''})"
+            body.append("_n = _p.native")
+            body.append(f"if _n is None: _n = _self.native_plan(_p, {tup})")
         body.append(f"_t = _n[{j}]")
         body.append("if _t is not None:")
         if run.calls:
