@@ -55,13 +55,27 @@ def test_a_run_of_kernels_matches_python_steps_and_eager(monkeypatch: pytest.Mon
     python = compiled(softmax, False, monkeypatch, torch.randn(4, 8))
     for rows, cols in ((4, 8), (1, 33), (7, 5), (4, 8)):
         x = torch.randn(rows, cols)
-        a, b = native(x), python(x)
-        assert a.dtype == b.dtype == torch.float32
-        assert torch.equal(a, b)
-        torch.testing.assert_close(a, softmax(x))
+        b = python(x)
+        for _ in range(2):  # a binding's first call runs the steps from Python, the second natively
+            a = native(x)
+            assert a.dtype == b.dtype == torch.float32
+            assert torch.equal(a, b)
+            torch.testing.assert_close(a, softmax(x))
     assert runs(native) == [2] and runs(python) == []
     assert native.stats.compiles == 1
     assert sorted(native_runs_used(native).values()) == [[True]] * 3  # three bindings, each made its tables
+
+
+def test_a_binding_called_once_makes_no_tables(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its first call runs each step from Python (a dynamic cache's decode steps are each a new
+    binding: making tables would cost them more than a native run saves)."""
+    f = compiled(softmax, True, monkeypatch, torch.randn(4, 8))
+    for cols in range(3, 9):
+        x = torch.randn(2, cols)
+        torch.testing.assert_close(f(x), softmax(x))
+    assert native_runs_used(f) == {}
+    f(x)
+    assert list(native_runs_used(f).values()) == [[True]]
 
 
 def test_a_kernel_failing_in_a_run_raises_as_from_python(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -71,8 +85,10 @@ def test_a_kernel_failing_in_a_run_raises_as_from_python(monkeypatch: pytest.Mon
         assert runs(f) == ([2] if native else [])
         zero = y.clone()
         zero[2, 3] = 0
-        with pytest.raises(ZeroDivisionError, match="integer division or modulo by zero"):
-            f(x, zero)
+        for _ in range(2):  # from Python, then natively
+            with pytest.raises(ZeroDivisionError, match="integer division or modulo by zero"):
+                f(x, zero)
+        assert list(native_runs_used(f).values()) == ([[True]] if native else [])
         q, s = f(x, y)  # the next call runs again
         assert torch.equal(q, x // y)
         torch.testing.assert_close(s, torch.exp((x // y).float()).sum(-1))
@@ -83,7 +99,9 @@ def test_steps_of_many_operands(monkeypatch: pytest.MonkeyPatch) -> None:
     native = compiled(many, True, monkeypatch, *xs)
     python = compiled(many, False, monkeypatch, *xs)
     assert runs(native), executable_of(native).stages["wrapper"]
+    native(*xs)
     assert torch.equal(native(*xs), python(*xs))
+    assert all(all(v) for v in native_runs_used(native).values())
     torch.testing.assert_close(native(*xs), many(*xs))
 
 
@@ -97,9 +115,11 @@ def test_a_quantized_linear_runs_natively_for_few_rows(fmt: str, monkeypatch: py
     with torch.no_grad():
         for rows in (1, 3, 200, 1):
             x = torch.randn(rows, 64)
-            a, b = native(x), python(x)
-            assert torch.equal(a, b)
-            torch.testing.assert_close(a, model(x), rtol=2e-5, atol=2e-5)
+            b = python(x)
+            for _ in range(2):  # from Python, then natively
+                a = native(x)
+                assert torch.equal(a, b)
+                torch.testing.assert_close(a, model(x), rtol=2e-5, atol=2e-5)
     assert runs(native) and not runs(python)
     used = native_runs_used(native)
     # few rows: the GEMV from the step runner; 200 rows: more than the GEMV takes, from Python

@@ -12,11 +12,13 @@
 # call is made by ctypes, so the GIL is released from the run's first step to its last.
 #
 # What a run computes is what its steps compute from Python: the same functions, the same
-# arguments. The tables are made once per size binding (at the binding's first call, kept
-# on its SizePlan, so per thread as plans are): addresses of arena buffers, sizes, derived
-# kernel arguments and each extern's parameter blocks are numbers there; what changes per
-# call (the addresses of inputs and outputs, the thread count) is written into the first
-# slots by one ``struct.pack_into`` before the run. An extern's ``prepare`` sees the
+# arguments. The tables are made once per size binding, at the binding's second call (kept
+# on its SizePlan, so per thread as plans are; making them costs a few milliseconds of
+# Python, more than a call saves: a binding called once, such as each decode step of a
+# dynamic cache, runs from Python and pays nothing): addresses of arena buffers, sizes,
+# derived kernel arguments and each extern's parameter blocks are numbers there; what
+# changes per call (the addresses of inputs and outputs, the thread count) is written into
+# the first slots by one ``struct.pack_into`` before the run. An extern's ``prepare`` sees the
 # operands' dtypes, shapes and strides for the binding and may refuse it (``None``: a
 # prefill's many rows, which its out-variant runs through a GEMM); a binding any step of a
 # run refuses runs that run's steps from Python, as before (the wrapper has both). A
@@ -34,14 +36,14 @@ from __future__ import annotations
 import ctypes
 import os
 import struct
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import sympy
 
-from cuvil_ir.symbolic import evaluate
 from cuvil_ir.tensor_ir.program import Extern, TensorProgram, View
+from cuvil_runtime.size_plan import numbers_function
 from cuvil_runtime.target import Launch, NativeExtern, NativeOperand
 
 #: arguments a step may take (the step runner's limit)
@@ -86,6 +88,8 @@ class Run:
     #: per buffer the run reads or writes: where its address comes from
     bases: dict[str, Source]
     threads: int | None = None  # the per-call slot of the thread count, if any step takes it
+    #: the extern operands' sizes for a binding (made at the first one: :func:`make_tables`)
+    numbers: Callable[..., tuple[Any, ...]] | None = None
 
     def call_slot(self, expr: str) -> Source:
         if expr not in self.calls:
@@ -129,10 +133,17 @@ def make_tables(
     run: Run,
     program: TensorProgram,
     plan: Any,
-    b: Mapping[sympy.Symbol, int],
+    symbols: Sequence[sympy.Symbol],
+    key: Sequence[int],
 ) -> Tables | None:
-    """The run's tables for the binding ``b`` (plan: its :class:`SizePlan`), or ``None``
-    where an extern's ``prepare`` refuses this binding."""
+    """The run's tables for the binding of ``symbols`` to ``key`` (plan: its
+    :class:`SizePlan`), or ``None`` where an extern's ``prepare`` refuses this binding. Made
+    at each new binding's first call: the operands' sizes come from one function printed
+    once per run (a decode step with a dynamic cache is a new binding every token)."""
+    b = dict(zip(symbols, key))
+    if run.numbers is None:
+        run.numbers = numbers_function(_extern_exprs(run, program), symbols, f"native run {run.index}")
+    values = iter(run.numbers(b, *key))
     slots: list[int] = [0] * len(run.calls)
     steps: list[int] = []
     args: list[int] = []
@@ -181,7 +192,7 @@ def make_tables(
             continue
         assert step.extern is not None and step.native is not None
         ext = step.extern
-        operands, where = _operands(run, program, ext, b)
+        operands, where = _operands(run, program, ext, values)
         made = step.native.prepare(operands, plan.attrs[ext.name])
         if made is None or len(made) > MAX_ARGS:
             return None
@@ -201,34 +212,44 @@ def make_tables(
     return Tables(run, steps, args, ents, slots)
 
 
+def _extern_exprs(run: Run, program: TensorProgram) -> list[Any]:
+    """The size expressions of the run's extern operands, in :func:`_operands`' order."""
+    exprs: list[Any] = []
+    for step in run.steps:
+        if step.extern is None:
+            continue
+        for o in step.extern.outputs:
+            buf = program.buffers[o]
+            exprs += [*buf.shape, *buf.strides]
+        for v in step.extern.inputs:
+            assert isinstance(v, View)
+            exprs += [*v.shape, *v.strides, v.offset]
+    return exprs
+
+
 def _operands(
-    run: Run, program: TensorProgram, ext: Extern, b: Mapping[sympy.Symbol, int]
+    run: Run, program: TensorProgram, ext: Extern, values: Iterator[Any]
 ) -> tuple[list[NativeOperand], list[tuple[Source, int]]]:
-    """The extern's operands (outputs, then inputs) for the binding, and where each one's
-    address comes from (a source and a byte offset)."""
+    """The extern's operands (outputs, then inputs) for the binding whose size values
+    ``values`` yields (:func:`_extern_exprs`' order), and where each one's address comes
+    from (a source and a byte offset)."""
     operands: list[NativeOperand] = []
     where: list[tuple[Source, int]] = []
+
+    def ints(n: int) -> tuple[int, ...]:
+        return tuple(int(next(values)) for _ in range(n))
+
     for o in ext.outputs:
         buf = program.buffers[o]
-        operands.append(
-            NativeOperand(
-                buf.dtype.torch,
-                tuple(int(evaluate(d, b)) for d in buf.shape),
-                tuple(int(evaluate(d, b)) for d in buf.strides),
-            )
-        )
+        rank = len(buf.shape)
+        operands.append(NativeOperand(buf.dtype.torch, ints(rank), ints(rank)))
         where.append((run.bases[o], 0))
     for v in ext.inputs:
         assert isinstance(v, View)
         dtype = program.buffers[v.buf].dtype.torch
-        operands.append(
-            NativeOperand(
-                dtype,
-                tuple(int(evaluate(d, b)) for d in v.shape),
-                tuple(int(evaluate(d, b)) for d in v.strides),
-            )
-        )
-        where.append((run.bases[v.buf], int(evaluate(v.offset, b)) * dtype.itemsize))
+        rank = len(v.shape)
+        operands.append(NativeOperand(dtype, ints(rank), ints(rank)))
+        where.append((run.bases[v.buf], int(next(values)) * dtype.itemsize))
     return operands, where
 
 

@@ -141,9 +141,12 @@ class ProgramRunner:
         return is_late(x, self.late)
 
     def native_plan(self, p: SizePlan, key: tuple[int, ...]) -> list[Any]:
-        """The native runs' tables for the plan ``p`` of the binding ``key``, made once."""
-        b = dict(zip(self.symbols, key))
-        made = [native_runs.make_tables(run, self.program, p, b) for run in self.runs]
+        """The native runs' tables for the plan ``p`` of the binding ``key``: none at its first
+        call (each step from Python), made at its second and kept ([Note: native runs])."""
+        if not p.native_seen:
+            p.native_seen = True
+            return [None] * len(self.runs)
+        made = [native_runs.make_tables(run, self.program, p, self.symbols, key) for run in self.runs]
         p.native = made
         return made
 

@@ -38,9 +38,11 @@ class SizePlan:
     attrs: dict[str, dict[str, Any]]
     #: outputs whose sizes or strides are expressions: (shape, strides) per buffer
     alloc: dict[str, tuple[tuple[int, ...], tuple[int, ...]]]
-    #: the native runs' tables for this binding, made at its first call (``None`` before;
+    #: the native runs' tables for this binding, made at its second call (``None`` before;
     #: [Note: native runs] in :mod:`cuvil_runtime.native_runs`)
     native: list[Any] | None = None
+    #: whether the binding had its first call (which runs every step from Python)
+    native_seen: bool = False
 
 
 def make_plan(
@@ -188,15 +190,7 @@ class PlanMaker:
         prog = self.program
         names = {s: f"s{i}" for i, s in enumerate(self.symbols)}
         fallback: list[Any] = []
-
-        def code(e: Any) -> str:
-            if isinstance(e, int):
-                return str(e)
-            try:
-                return f"_num({exact_code(e, names)})"
-            except Exception:  # noqa: BLE001 -- not printable exactly (or an unbound symbol)
-                fallback.append(e)
-                return f"_ev(_E[{len(fallback) - 1}], _b)"
+        code = _printer(names, fallback)
 
         def tup(parts: Sequence[str]) -> str:
             return "(" + "".join(f"{p}, " for p in parts) + ")"
@@ -245,6 +239,38 @@ class PlanMaker:
         }
         exec(compile(source, f"<cuvil size plan {prog.name}>", "exec"), ns)  # our own printed code
         return _PlanCode(ns["numbers"], temps, derived_names, attrs, source)
+
+
+def _printer(names: dict[sympy.Symbol, str], fallback: list[Any]) -> Callable[[Any], str]:
+    """Prints an expression as exact Python of the size arguments ``names``; one it cannot
+    print is appended to ``fallback`` and evaluated by evaluate() from the bindings ``_b``."""
+
+    def code(e: Any) -> str:
+        if isinstance(e, int):
+            return str(e)
+        try:
+            return f"_num({exact_code(e, names)})"
+        except Exception:  # noqa: BLE001 -- not printable exactly (or an unbound symbol)
+            fallback.append(e)
+            return f"_ev(_E[{len(fallback) - 1}], _b)"
+
+    return code
+
+
+def numbers_function(
+    exprs: Sequence[Any], symbols: Sequence[sympy.Symbol], label: str
+) -> Callable[..., tuple[Any, ...]]:
+    """``f(_b, *sizes)``: the values of ``exprs`` for the bindings ``_b`` (the values of
+    ``symbols`` also passed in order), printed once as one function ([Note: compiled size
+    plans]), as :func:`evaluate` gives them."""
+    names = {s: f"s{i}" for i, s in enumerate(symbols)}
+    fallback: list[Any] = []
+    code = _printer(names, fallback)
+    parts = "".join(f"{code(e)}, " for e in exprs)
+    source = f"def numbers(_b{''.join(f', {names[s]}' for s in symbols)}):\n    return ({parts})\n"
+    ns: dict[str, Any] = {**EXACT_NAMESPACE, "_num": _num, "_ev": evaluate, "_E": tuple(fallback)}
+    exec(compile(source, f"<cuvil {label}>", "exec"), ns)  # our own printed code
+    return ns["numbers"]  # type: ignore[no-any-return]
 
 
 def _attr(key: str, value: Any) -> tuple[str, Any, bool]:
