@@ -20,6 +20,14 @@ def executable_of(compiled: Any) -> ProgramExecutable:
     return ex
 
 
+def native_runs_here() -> bool:
+    """Whether programs compiled here get native runs: this host's kernels are not emulated
+    (``$CUVIL_CPU_EMULATE``: another ISA's kernels take tensors, run from Python)."""
+    from cuvil_backend_cpu.kernel_cache import KernelCache
+
+    return not KernelCache().toolchain.emulator
+
+
 def native_runs_used(compiled: Any) -> dict[tuple[int, ...], list[bool]]:
     """Per size binding that ran on this thread: for each native run of the wrapper, whether
     the binding ran it natively (tables made) or from Python (refused) ([Note: native runs] in
