@@ -15,6 +15,7 @@ from typing import Any
 
 from cuvil_backend_cpu.emulation import EmulatedLibrary
 from cuvil_backend_cpu.kernel_cache import KernelCache, per_cache
+from cuvil_runtime.native_runs import MAX_ARGS
 
 #: the runner's source (no vector prelude: it only calls functions)
 SOURCE = (Path(__file__).parent / "step_runner.c").read_text()
@@ -27,6 +28,10 @@ class StepRunner:
         lib = cache.load(cache.build(SOURCE, name="step_runner"), SOURCE, name="step_runner")
         self.fn: Callable[[int], int] | None = None
         if not isinstance(lib, EmulatedLibrary):
+            limit = lib.cuvil_run_steps_max_args
+            limit.restype = ctypes.c_int64
+            if limit() != MAX_ARGS:  # (the planner's limit and the runner's switch must agree)
+                raise RuntimeError(f"step_runner.c takes {limit()} arguments a step, the planner {MAX_ARGS}")
             fn = lib.cuvil_run_steps
             fn.argtypes = [ctypes.c_void_p]
             fn.restype = ctypes.c_int64

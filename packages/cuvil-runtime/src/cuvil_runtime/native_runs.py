@@ -46,7 +46,7 @@ from cuvil_ir.tensor_ir.program import Extern, TensorProgram, View
 from cuvil_runtime.size_plan import numbers_function
 from cuvil_runtime.target import Launch, NativeExtern, NativeOperand
 
-#: arguments a step may take (the step runner's limit)
+#: arguments a step may take (the step runner's limit: its loader checks the two agree)
 MAX_ARGS = 32
 
 
@@ -88,7 +88,7 @@ class Run:
     #: per buffer the run reads or writes: where its address comes from
     bases: dict[str, Source]
     threads: int | None = None  # the per-call slot of the thread count, if any step takes it
-    #: the extern operands' sizes for a binding (made at the first one: :func:`make_tables`)
+    #: the extern operands' sizes for a binding (printed at the first tables: :func:`make_tables`)
     numbers: Callable[..., tuple[Any, ...]] | None = None
 
     def call_slot(self, expr: str) -> Source:
@@ -138,8 +138,8 @@ def make_tables(
 ) -> Tables | None:
     """The run's tables for the binding of ``symbols`` to ``key`` (plan: its
     :class:`SizePlan`), or ``None`` where an extern's ``prepare`` refuses this binding. Made
-    at each new binding's first call: the operands' sizes come from one function printed
-    once per run (a decode step with a dynamic cache is a new binding every token)."""
+    at a binding's second call; the operands' sizes come from one function printed once per
+    run."""
     b = dict(zip(symbols, key))
     if run.numbers is None:
         run.numbers = numbers_function(_extern_exprs(run, program), symbols, f"native run {run.index}")

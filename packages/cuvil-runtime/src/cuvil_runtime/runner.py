@@ -187,9 +187,9 @@ class ProgramRunner:
                 found[i] = native_runs.Step(step.name, extern=step, native=ne)
         return found
 
-    def _native_runs(self) -> list[list[int]]:
-        """Consecutive steps of :meth:`_native_steps` (runs of two steps or more, or with an
-        extern: a run of one kernel is one call either way)."""
+    def _native_runs(self) -> list[list[tuple[int, native_runs.Step]]]:
+        """Consecutive steps of :meth:`_native_steps`, with their indices (runs of two steps
+        or more, or with an extern: a run of one kernel is one call either way)."""
         runner = getattr(self.backend, "step_runner", None)
         if runner is None or not native_runs.enabled():
             return []
@@ -202,10 +202,9 @@ class ProgramRunner:
                 runs[-1].append(i)
             else:
                 runs.append([i])
-        self._native_candidates = steps
-        runs = [r for r in runs if len(r) >= 2 or steps[r[0]].extern is not None]
+        kept = [[(i, steps[i]) for i in r] for r in runs if len(r) >= 2 or steps[r[0]].extern is not None]
         # (the step runner is built, once per kernel cache, only for a program that has a run)
-        return runs if runs and runner() is not None else []
+        return kept if kept and runner() is not None else []
 
     # -- code generation ----------------------------------------------------------------
     def _generate(self) -> tuple[str, Callable[..., Any]]:
@@ -333,16 +332,16 @@ class ProgramRunner:
             st = "(" + "".join(f"{self._size_code(d)}, " for d in o.strides) + ")"
             return f"_as_strided({base}, {shp}, {st}, {base}.storage_offset() + {self._size_code(o.offset)})"
 
-        run_of = {r[0]: r for r in self._native_runs()}
+        run_of = {r[0][0]: r for r in self._native_runs()}
         hoisted: set[str] = set()  # outputs a native run allocated before its steps
         run_end = -1
-        run_code: tuple[int, list[str]] | None = None  # (where the run's Python steps start, its lines)
+        run_code: int | None = None  # where the run's Python steps start in body
         for at, step in enumerate(prog.steps):
             if at in run_of:
-                steps = run_of[at]
-                self._native_run_head(steps, body, ns, tensor, ptr, hoisted, empty_code, dev, key)
-                run_end = steps[-1]
-                run_code = (len(body), [])
+                members = run_of[at]
+                self._native_run_head(members, body, ns, tensor, ptr, hoisted, empty_code, dev, key)
+                run_end = members[-1][0]
+                run_code = len(body)
             if isinstance(step, Kernel):
                 launch = self.kernels[step.name]
                 ns[f"_k_{step.name}"] = launch.fn
@@ -413,8 +412,8 @@ class ProgramRunner:
                     body, step.outputs, step.node.outputs, tensor, ptr, "_r", tuple_result=True
                 )
             if at == run_end and run_code is not None:  # the run's steps from Python: the else branch
-                python = body[run_code[0] :]
-                del body[run_code[0] :]
+                python = body[run_code:]
+                del body[run_code:]
                 body.extend("    " + line for line in python)
                 run_code = None
         outs: list[str] = []
@@ -437,7 +436,7 @@ class ProgramRunner:
 
     def _native_run_head(
         self,
-        steps: list[int],
+        members: list[tuple[int, native_runs.Step]],
         body: list[str],
         ns: dict[str, Any],
         tensor: dict[str, str],
@@ -451,8 +450,7 @@ class ProgramRunner:
         where this binding has tables, else (the caller indents the steps' Python code under
         the ``else``) each step from Python ([Note: native runs])."""
         prog = self.program
-        members = [self._native_candidates[i] for i in steps]
-        for i in steps:
+        for i, _ in members:
             step = prog.steps[i]
             outs = [step.buf] if isinstance(step, Kernel) else list(step.outputs)  # type: ignore[union-attr]
             for o in outs:
@@ -462,8 +460,8 @@ class ProgramRunner:
                 tensor[o] = f"v_{o}"
                 ptr[o] = f"v_{o}.data_ptr()"
                 hoisted.add(o)
-        run = native_runs.Run(len(self.runs), members, [], {})
-        for m in members:
+        run = native_runs.Run(len(self.runs), [m for _, m in members], [], {})
+        for m in run.steps:
             names = list(m.launch.buffers) if m.launch is not None else []
             if m.extern is not None:
                 names += [*m.extern.outputs, *(o.buf for o in m.extern.inputs)]  # type: ignore[union-attr]
