@@ -44,7 +44,7 @@ from typing import Any
 import torch
 
 from benchmarks.ort import build_ort
-from benchmarks.workloads import WORKLOADS
+from benchmarks.workloads import DTYPE_ENV, WORKLOADS
 
 KINDS = ("gemm", "attention", "softmax", "norm", "elementwise", "layout", "other")
 
@@ -220,14 +220,17 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--calls", type=int, default=30, help="calls per measurement")
     p.add_argument("--out", help="also write the table to this file")
+    p.add_argument("--dtype", choices=("bfloat16", "float16"), help="models and float inputs in this dtype")
     a = p.parse_args(argv)
+    if a.dtype is not None:
+        os.environ[DTYPE_ENV] = a.dtype  # the workloads read it when built
     torch.set_num_threads(a.threads)
     from cuvil_backend_cpu import toolchain
 
     isa = toolchain.find_toolchain().isa
     lines = [
         f"host: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, cpu target ISA {isa}, "
-        f"{a.threads} threads, batch {a.batch}, torch {torch.__version__}; ms per call, medians of {a.calls}",
+        f"{a.threads} threads, batch {a.batch}, {a.dtype or 'float32'}, torch {torch.__version__}; ms per call, medians of {a.calls}",
         "",
         "| model | impl | call ms | " + " | ".join(KINDS) + " | per call | largest parts (ms) |",
         "|---|---|---:|" + "---:|" * (len(KINDS) + 1) + "---|",

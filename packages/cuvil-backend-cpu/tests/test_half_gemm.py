@@ -91,6 +91,30 @@ def test_a_float32_copy_of_a_weight_goes_when_the_half_gemm_wins(private_cache, 
     assert not [k for k in half_gemm._PREPARED if k[0] == id(w)]
 
 
+def test_a_shape_is_measured_once_on_either_call_path(private_cache, monkeypatch) -> None:
+    """The functional linear (with oneDNN's candidates) and the ``out=`` one (without them)
+    keep their answers apart: calling both for one shape, over and over, measures each once
+    (they once shared a key, and each call re-measured what the other had answered)."""
+    measured: list[tuple[str, ...]] = []
+    real = gemm_choice._measure
+
+    def counting(run):
+        measured.append(tuple(sorted(run)))
+        return real(run)
+
+    monkeypatch.setattr(gemm_choice, "_measure", counting)
+    w = torch.randn(24, 48).to(torch.bfloat16)
+    b = torch.randn(24).to(torch.bfloat16)
+    x = torch.randn(3, 48).to(torch.bfloat16)
+    want = torch.nn.functional.linear(x, w, b)
+    for _ in range(4):
+        _close(half_gemm.linear(x, w, b, onednn=externs._ONEDNN), want)
+        out = torch.empty_like(want)
+        externs.linear_into(out, x, w, b, has_bias=True)
+        _close(out, want)
+    assert len(measured) == (2 if externs._ONEDNN else 1), measured
+
+
 @pytest.mark.parametrize("dtype", HALVES, ids=str)
 @pytest.mark.parametrize("forced", ["eager", "f32"])
 def test_half_sdpa_matches_eager(private_cache, monkeypatch, forced, dtype) -> None:

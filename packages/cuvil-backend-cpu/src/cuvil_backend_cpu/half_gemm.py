@@ -76,39 +76,62 @@ def applies(*tensors: torch.Tensor | None) -> bool:
 
 
 def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, onednn: bool) -> torch.Tensor:
-    """``F.linear`` of half tensors by the fastest candidate for this shape (see the module)."""
+    """``F.linear`` of half tensors by the fastest candidate for this shape (see the module).
+    A shape's later calls look its answer up (:func:`gemm_choice.known`) and call it: no
+    candidate is built per call."""
     rows = x.numel() // max(x.shape[-1], 1)
     if rows == 0 or w.numel() == 0:
         return torch.nn.functional.linear(x, w, b)
-    xc = x.contiguous()
-    run: dict[str, Callable[[], torch.Tensor]] = {"eager": lambda: torch.nn.functional.linear(x, w, b)}
+    fast, choice = gemm_choice.known(rows, w.shape[1], w.shape[0], b is not None, (x.dtype, onednn))
+    if choice is None:
+        choice = _choose_linear(x, w, b, rows, onednn, fast)
+    if choice == "onednn":
+        packed = _prepared(w, "half", lambda t: torch.ops.mkldnn._reorder_linear_weight(t, rows))
+        return torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed, b, "none", [], "")
+    if choice == "f32":
+        return _widened_linear(x, w, b, rows, onednn)
+    return torch.nn.functional.linear(x, w, b)
+
+
+def _widened_linear(
+    x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, rows: int, onednn: bool
+) -> torch.Tensor:
+    """The ``f32`` candidate: widened operands, a float32 GEMM (oneDNN's on a packed weight
+    where ``onednn``), the result rounded to the half type once."""
+    wide_b = b.float() if b is not None else None
     if onednn:
-        wide_b = b.float() if b is not None else None
-
-        def widened() -> torch.Tensor:
-            packed = _prepared(w, "f32", lambda t: torch.ops.mkldnn._reorder_linear_weight(t.float(), rows))
-            out = torch.ops.mkldnn._linear_pointwise(xc.float(), packed, wide_b, "none", [], "")
-            return out.to(x.dtype)
-
-        run["f32"] = widened
-        if _onednn_takes(x.dtype):
-
-            def packed_half() -> torch.Tensor:
-                packed = _prepared(w, "half", lambda t: torch.ops.mkldnn._reorder_linear_weight(t, rows))
-                return torch.ops.mkldnn._linear_pointwise(xc, packed, b, "none", [], "")
-
-            run["onednn"] = packed_half
+        packed = _prepared(w, "f32", lambda t: torch.ops.mkldnn._reorder_linear_weight(t.float(), rows))
+        out = torch.ops.mkldnn._linear_pointwise(x.contiguous().float(), packed, wide_b, "none", [], "")
     else:
-        wide = _prepared(w, "f32-plain", lambda t: t.float())
-        run["f32"] = lambda: torch.nn.functional.linear(
-            x.float(), wide, b.float() if b is not None else None
-        ).to(x.dtype)
-    shape = gemm_choice.key(rows, w.shape[1], w.shape[0], b is not None, dtype=x.dtype)
-    choice = gemm_choice.choose(shape, run)
+        out = torch.nn.functional.linear(x.float(), _prepared(w, "f32-plain", lambda t: t.float()), wide_b)
+    return out.to(x.dtype)
+
+
+def _choose_linear(
+    x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, rows: int, onednn: bool, fast: tuple[Any, ...]
+) -> str:
+    """Measure (or look up) this shape's candidates once ([Note: GEMM choice])."""
+    xc = x.contiguous()
+    run: dict[str, Callable[[], torch.Tensor]] = {
+        "eager": lambda: torch.nn.functional.linear(x, w, b),
+        "f32": lambda: _widened_linear(xc, w, b, rows, onednn),
+    }
+    if onednn and _onednn_takes(x.dtype):
+
+        def packed_half() -> torch.Tensor:
+            packed = _prepared(w, "half", lambda t: torch.ops.mkldnn._reorder_linear_weight(t, rows))
+            return torch.ops.mkldnn._linear_pointwise(xc, packed, b, "none", [], "")
+
+        run["onednn"] = packed_half
+    # the two call paths offer different candidates: their answers are kept apart
+    shape = gemm_choice.key(
+        rows, w.shape[1], w.shape[0], b is not None, dtype=x.dtype, epilogue=None if onednn else "plain"
+    )
+    choice = gemm_choice.choose(shape, run, fast)
     if choice != "f32":  # measured and lost: no float32 copy of the weight stays for it
         for form in ("f32", "f32-plain"):
             _PREPARED.pop((id(w), form), None)
-    return run[choice]()
+    return choice
 
 
 def matmul_into(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
