@@ -33,23 +33,32 @@ static inline float cu_rand(int64_t seed, int64_t counter) {
   return (float)(c0 >> 8) * (1.0f / 16777216.0f);
 }
 /* float erf as a rational function (coefficients and accuracy: erf_fit.py): a
-   dozen FMAs and a divide that vectorise in place, 2.5x faster than a call. */
+   dozen FMAs and a divide that vectorise in place, 2.5x faster than a call. The FMAs
+   are written out: kernels build with -std=c11, which keeps a * b + c two roundings
+   (as eager's elementwise ops round), so Horner steps would be twice the operations
+   (GELU over 2^18 floats, AVX-512, one thread: 0.14 ms, 0.10 with fmaf). Without
+   hardware FMA, fmaf is a library call that stops vectorization: there a * b + c. */
+#ifdef __FP_FAST_FMAF
+#define CU_FMAF(a, b, c) fmaf(a, b, c)
+#else
+#define CU_FMAF(a, b, c) ((a) * (b) + (c))
+#endif
 static inline float cu_erff(float x) {
   const float a = x > 3.92f ? 3.92f : (x < -3.92f ? -3.92f : x);
   const float t = a * a;
   float p = -1.2658604831017328e-08f;
-  p = p * t + 4.5838205551262945e-06f;
-  p = p * t + 0.00037578423507511616f;
-  p = p * t + 0.0038333649281412363f;
-  p = p * t + 0.054214395582675934f;
-  p = p * t + 0.1850714385509491f;
-  p = p * t + 1.128379225730896f;
+  p = CU_FMAF(p, t, 4.5838205551262945e-06f);
+  p = CU_FMAF(p, t, 0.00037578423507511616f);
+  p = CU_FMAF(p, t, 0.0038333649281412363f);
+  p = CU_FMAF(p, t, 0.054214395582675934f);
+  p = CU_FMAF(p, t, 0.1850714385509491f);
+  p = CU_FMAF(p, t, 1.128379225730896f);
   float q = 6.21620929450728e-05f;
-  q = q * t + 0.0012991661205887794f;
-  q = q * t + 0.01541600190103054f;
-  q = q * t + 0.11382868140935898f;
-  q = q * t + 0.49734869599342346f;
-  q = q * t + 1.0f;
+  q = CU_FMAF(q, t, 0.0012991661205887794f);
+  q = CU_FMAF(q, t, 0.01541600190103054f);
+  q = CU_FMAF(q, t, 0.11382868140935898f);
+  q = CU_FMAF(q, t, 0.49734869599342346f);
+  q = CU_FMAF(q, t, 1.0f);
   const float r = a * p / q;
   return r > 1.0f ? 1.0f : (r < -1.0f ? -1.0f : r);
 }
