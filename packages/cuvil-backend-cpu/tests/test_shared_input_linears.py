@@ -332,3 +332,53 @@ def test_a_fused_quantized_mlp_matches_eager_on_both_paths(fmt, native, monkeypa
     else:
         assert calls == ["silu_mul:1"] * 4, calls
     assert 'epilogue = "silu_mul"' in executable_of(f).program.graph.text
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("forced", ["grouped", "members", None], ids=["grouped", "members", "measured"])
+def test_half_linears_of_one_input_group_at_any_rows(dtype, forced, monkeypatch) -> None:
+    """Half-precision projections of an encoder's (batch, sequence) rows are one group
+    ([Note: grouped GEMMs] in half_gemm.py): one oneDNN GEMM on the weights packed together
+    where this CPU's oneDNN takes the type, or the members; each matches eager, with a bias,
+    a gated MLP's fused ``silu(gate) * up``, and after a weight changes in place."""
+    from cuvil_backend_cpu import gemm_choice, half_gemm
+
+    if forced is not None:
+        monkeypatch.setenv(gemm_choice.GEMM_ENV, forced)
+    torch.manual_seed(0)
+    lin = [torch.nn.Linear(48, n).to(dtype) for n in (32, 16, 16)]
+    gate, up = torch.nn.Linear(48, 40, bias=False).to(dtype), torch.nn.Linear(48, 40, bias=False).to(dtype)
+
+    def layer(x):  # type: ignore[no-untyped-def]
+        q, k, v = (m(x) for m in lin)
+        return torch.cat([q, k, v], -1), F.silu(gate(x)) * up(x)
+
+    f = cu.compile(layer, target="cpu", fallback="error")
+    ran: list[str] = []
+    real = half_gemm.group_into
+
+    def spy(*a, **kw):  # type: ignore[no-untyped-def]
+        ran.append("group")
+        return real(*a, **kw)
+
+    monkeypatch.setattr(half_gemm, "group_into", spy)
+    with torch.no_grad():
+        for step in range(3):
+            if step == 2:
+                lin[1].weight.mul_(-0.5)  # a packed group weight is rebuilt for the new version
+            x = torch.randn(2, 9, 48).to(dtype)
+            for got, want in zip(f(x), layer(x)):
+                assert got.dtype == want.dtype and got.shape == want.shape
+                torch.testing.assert_close(got.float(), want.float(), rtol=2**-6, atol=2**-6)
+    text = executable_of(f).program.graph.text
+    assert text.count("cpu_linear_group") == 2 and 'epilogue = "silu_mul"' in text, text
+    assert "= linear(" not in text, text
+    assert len(ran) == 6  # two groups a call
+    assert f.stats.compiles == 1
+    from cuvil_backend_cpu import externs
+
+    packed_together = [k for k in half_gemm._GROUPS if id(lin[0].weight) in k or id(gate.weight) in k]
+    if forced == "grouped" and externs._ONEDNN and half_gemm._onednn_takes(dtype):
+        assert len(packed_together) == 2  # (the projections' and the MLP's; the first version's gone)
+    elif forced == "members":
+        assert not packed_together

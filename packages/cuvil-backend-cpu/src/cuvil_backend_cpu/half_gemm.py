@@ -134,6 +134,95 @@ def _choose_linear(
     return choice
 
 
+#: (ids of a group's weights, then biases) -> (weak references to them, their versions when
+#: packed, the weights packed together, the biases concatenated)
+_GROUPS: dict[
+    tuple[int, ...],
+    tuple[tuple[weakref.ref[torch.Tensor], ...], tuple[int, ...], torch.Tensor, torch.Tensor | None],
+] = {}
+
+
+def _group_weight(
+    ws: list[torch.Tensor], bs: list[torch.Tensor], rows: int
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The group's weights concatenated and packed for oneDNN (and its biases concatenated),
+    kept until one of them changes (its version moves) or is dropped."""
+    parts = (*ws, *bs)
+    key = tuple(id(t) for t in parts)
+    versions = tuple(t._version for t in parts)
+    hit = _GROUPS.get(key)
+    if hit is not None and hit[1] == versions and all(r() is t for r, t in zip(hit[0], parts)):
+        return hit[2], hit[3]
+    packed = torch.ops.mkldnn._reorder_linear_weight(torch.cat(ws), rows)
+    bias = torch.cat(bs) if bs else None
+
+    def forget(_: object, key: tuple[int, ...] = key) -> None:
+        _GROUPS.pop(key, None)
+
+    _GROUPS[key] = (tuple(weakref.ref(t, forget) for t in parts), versions, packed, bias)
+    return packed, bias
+
+
+def group_into(
+    outs: tuple[torch.Tensor, ...],
+    x: torch.Tensor,
+    members: list[tuple[torch.Tensor, ...]],
+    has_bias: bool,
+    linear: Callable[..., torch.Tensor],
+    onednn: bool,
+) -> None:
+    """Half linears of one input ``x`` (``members``: each ``(w,)`` or ``(w, b)``) into
+    ``outs``: one oneDNN GEMM on their weights packed together, its result split into
+    ``outs``, or each member through ``linear`` (its own choice), whichever measured faster
+    for the shape.
+
+    [Note: grouped GEMMs] An encoder layer's query, key and value projections (and a gated
+    MLP's gate and up) read one input. Three bfloat16 calls of 128 x 256 @ 256 x 256 took
+    245 us on a Xeon with AMX, one 128 x 256 @ 256 x 768 call plus the three copies of its
+    column blocks 126 (2 threads; float32 gains 3-5%, so float32 groups stay decode-only:
+    ``shared_input_linears._few_rows``). The packed group weight replaces the members'
+    packed ones (the members keep theirs only where they win), so weight memory is as
+    before; the copies into each member's buffer are the price, which the measurement
+    weighs. Results equal the members' up to the GEMM's summation order (float32
+    accumulation, one rounding)."""
+    ws = [m[0] for m in members]
+    bs = [m[-1] for m in members] if has_bias else []
+    k = x.shape[-1]
+    rows = x.numel() // max(k, 1)
+
+    def each() -> None:
+        for out, m in zip(outs, members):
+            out.copy_(linear(x, *m, has_bias=has_bias))
+
+    if rows == 0 or not onednn or not _onednn_takes(x.dtype) or any(w.numel() == 0 for w in ws):
+        each()
+        return
+    x2 = x.reshape(rows, k).contiguous()
+
+    def grouped() -> None:
+        packed, bias = _group_weight(ws, bs, rows)
+        y = torch.ops.mkldnn._linear_pointwise(x2, packed, bias, "none", [], "")
+        start = 0
+        for out, w in zip(outs, ws):
+            n = w.shape[0]
+            out.copy_(y[:, start : start + n].unflatten(0, out.shape[:-1]))
+            start += n
+
+    n_total = sum(w.shape[0] for w in ws)
+    fast, choice = gemm_choice.known(rows, k, n_total, has_bias, ("group", len(ws), x.dtype))
+    if choice is None:
+        each()  # the members' own choices first, outside the choice's lock
+        shape = gemm_choice.key(rows, k, n_total, has_bias, dtype=x.dtype, epilogue=f"group{len(ws)}")
+        choice = gemm_choice.choose(shape, {"members": each, "grouped": grouped}, fast)
+        if choice != "grouped":  # measured and lost: the packed group weight goes
+            _GROUPS.pop(tuple(id(t) for t in (*ws, *bs)), None)
+        else:  # and where it won, what the members prepared for themselves
+            for w in ws:
+                for form in ("half", "f32", "f32-plain"):
+                    _PREPARED.pop((id(w), form), None)
+    (grouped if choice == "grouped" else each)()
+
+
 def matmul_into(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
     """``torch.matmul(a, b, out=out)`` of half tensors (both at least 2-d): in the half
     type or widened to float32, the faster for this shape (see the module)."""
@@ -150,4 +239,4 @@ def matmul_into(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
     run[gemm_choice.choose(shape, run)]()
 
 
-__all__ = ["HALF_DTYPES", "applies", "linear", "matmul_into"]
+__all__ = ["HALF_DTYPES", "applies", "group_into", "linear", "matmul_into"]

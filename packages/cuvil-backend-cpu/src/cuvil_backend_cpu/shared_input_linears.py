@@ -31,8 +31,9 @@ from typing import Any
 import sympy
 import torch
 
-from cuvil_backend_cpu import quant_linear
+from cuvil_backend_cpu import half_gemm, quant_linear
 from cuvil_backend_cpu.epilogues import context, is_f32, same_type
+from cuvil_backend_cpu.externs import _ONEDNN
 from cuvil_backend_cpu.kernel_cache import KernelCache
 from cuvil_backend_cpu.quant_linear import QuantLinearKernel
 from cuvil_backend_cpu.step_runner import address
@@ -41,7 +42,7 @@ from cuvil_ir.graph_ir.nodes import Graph, Node
 from cuvil_ir.graph_ir.ops import quant
 from cuvil_ir.graph_ir.ops._rules import LIBRARY_KERNEL, ShapeError
 from cuvil_ir.graph_ir.registry import Op
-from cuvil_ir.graph_ir.types import TensorType, Type
+from cuvil_ir.graph_ir.types import DType, TensorType, Type
 from cuvil_ir.symbolic import ShapeContext
 from cuvil_runtime.target import NativeArg, NativeExtern, NativeOperand
 
@@ -57,9 +58,14 @@ _INTERNAL = (
 )
 
 
+#: formats whose members are plain linears (``linear``'s weight and bias): float32, and
+#: float16/bfloat16 weights of activations of their own type
+PLAIN = ("f32", "half")
+
+
 def _operands(fmt: str, has_bias: bool) -> int:
     """Operands per member after ``x``: the weight, the format's parameters, the bias."""
-    params = 0 if fmt == "f32" else len(quant._PARAMS[fmt])
+    params = 0 if fmt in PLAIN else len(quant._PARAMS[fmt])
     return 1 + params + int(has_bias)
 
 
@@ -72,7 +78,7 @@ def _members(rest: tuple[Any, ...], count: int, fmt: str, has_bias: bool) -> lis
 
 class LinearGroup(Op):
     """``count`` linears of one input: inputs ``x``, then per weight ``w`` (float32 for
-    ``fmt = "f32"``, else a ``weight_only_linear`` weight and its format's parameters) and,
+    ``fmt = "f32"``, float16/bfloat16 of ``x``'s type for ``fmt = "half"``, else a ``weight_only_linear`` weight and its format's parameters) and,
     with ``has_bias``, its bias; one result per weight. ``epilogue = "silu_mul"`` (two
     weights of one output size): the one result ``silu(y_0) * y_1`` instead, a gated MLP's
     gate and up projections (:func:`fuse_silu_gate`)."""
@@ -95,7 +101,7 @@ class LinearGroup(Op):
     ) -> tuple[Type, ...]:
         out = []
         for member in _members(rest, count, fmt, has_bias):
-            if fmt == "f32":
+            if fmt in PLAIN:
                 out.append(REGISTRY.get("linear").infer(ctx, x, *member, has_bias=has_bias))
             else:
                 op = REGISTRY.get(quant.WeightOnlyLinear.name)
@@ -120,7 +126,7 @@ class LinearGroup(Op):
     ) -> Any:
         out = []
         for member in _members(rest, count, fmt, has_bias):
-            if fmt == "f32":
+            if fmt in PLAIN:
                 out.append(torch.nn.functional.linear(x, member[0], member[-1] if has_bias else None))
             else:
                 out.append(quant.reference(x, *member, fmt=fmt, group_size=group_size, has_bias=has_bias))
@@ -141,11 +147,23 @@ def _kind(n: Node, pinned: dict[Any, int]) -> tuple[Any, ...] | None:
     """What must match for ``n`` to share a group (``None``: ``n`` is no candidate)."""
     if n.op == quant.WeightOnlyLinear.name and is_f32(n.inputs[0]) and is_f32(n.output):
         return (str(n.attr("fmt")), int(n.attr("group_size") or 0), bool(n.attr("has_bias")))  # type: ignore[arg-type]
-    if n.op == "linear" and len(n.inputs) >= 2 and all(is_f32(v) for v in n.inputs) and is_f32(n.output):
-        w, x = n.inputs[1].type, n.inputs[0].type
-        if isinstance(w, TensorType) and w.rank == 2 and isinstance(x, TensorType) and _few_rows(x, pinned):
-            return ("f32", 0, bool(n.attr("has_bias")))
+    if n.op != "linear" or len(n.inputs) < 2:
+        return None
+    w, x = n.inputs[1].type, n.inputs[0].type
+    if not (isinstance(w, TensorType) and w.rank == 2 and isinstance(x, TensorType)):
+        return None
+    if all(is_f32(v) for v in n.inputs) and is_f32(n.output) and _few_rows(x, pinned):
+        return ("f32", 0, bool(n.attr("has_bias")))
+    if x.dtype in (DType.bf16, DType.f16) and all(_same_half(v, x) for v in (*n.inputs, n.output)):
+        # any rows: the group's GEMM (one oneDNN call on the weights packed together) or
+        # its members, whichever measured faster ([Note: grouped GEMMs])
+        return ("half", 0, bool(n.attr("has_bias")), x.dtype)
     return None
+
+
+def _same_half(v: Any, x: TensorType) -> bool:
+    t = v.type
+    return isinstance(t, TensorType) and t.dtype == x.dtype and t.device == "cpu"
 
 
 def _pinned(graph: Graph) -> dict[Any, int]:
@@ -192,7 +210,7 @@ def rewrite(graph: Graph) -> Graph:
             groups.setdefault((n.inputs[0].name, *kind), []).append(i)
     replaced: dict[int, Node] = {}
     removed: set[int] = set()
-    for (_, fmt, group_size, has_bias), members in groups.items():
+    for (_, fmt, group_size, has_bias, *_), members in groups.items():
         for start in range(0, len(members), MAX_MEMBERS):
             chunk = members[start : start + MAX_MEMBERS]
             first = chunk[0]
@@ -230,21 +248,39 @@ def out_variant(
         limit = F32_GROUP_ROWS if fmt == "f32" else (ql.gemv_max_rows if ql is not None else 0)
         if (
             ql is not None
+            and fmt != "half"
             and 0 < rows <= limit
             and ql.group_into(outs, x.reshape(rows, k), members, fmt, group_size, epilogue)
         ):
             return
         if epilogue:  # (each member into a buffer of its own, then the epilogue into the result)
             outs = tuple(torch.empty_like(outs[0]) for _ in members)
-        for out, member in zip(outs, members):
-            if fmt == "f32":
-                out.copy_(linear(x, *member, has_bias=has_bias))
-            else:
-                wol(out, x, *member, fmt=fmt, group_size=group_size, has_bias=has_bias)
+        if fmt == "half":  # one GEMM or the members: [Note: grouped GEMMs]
+            half_gemm.group_into(outs, x, members, has_bias, linear, _ONEDNN)
+        else:
+            _each(outs, x, members, fmt, group_size, has_bias, linear, wol)
         if epilogue:
             args[0].copy_(EPILOGUES[epilogue](outs[0], outs[1]))
 
     return run
+
+
+def _each(
+    outs: tuple[torch.Tensor, ...],
+    x: torch.Tensor,
+    members: list[tuple[Any, ...]],
+    fmt: str,
+    group_size: int,
+    has_bias: bool,
+    linear: Callable[..., torch.Tensor],
+    wol: Callable[..., None],
+) -> None:
+    """The members one at a time, each into its buffer."""
+    for out, member in zip(outs, members):
+        if fmt == "f32":
+            out.copy_(linear(x, *member, has_bias=has_bias))
+        else:
+            wol(out, x, *member, fmt=fmt, group_size=group_size, has_bias=has_bias)
 
 
 def native(ql: QuantLinearKernel) -> NativeExtern | None:
