@@ -340,7 +340,8 @@ def test_half_linears_of_one_input_group_at_any_rows(dtype, forced, monkeypatch)
     """Half-precision projections of an encoder's (batch, sequence) rows are one group
     ([Note: grouped GEMMs] in half_gemm.py): one oneDNN GEMM on the weights packed together
     where this CPU's oneDNN takes the type, or the members; each matches eager, with a bias,
-    a gated MLP's fused ``silu(gate) * up``, and after a weight changes in place."""
+    a gated MLP's gate and up (its ``silu(gate) * up`` stays a fused kernel: no grouped GEMV
+    runs half groups), and after a weight changes in place."""
     from cuvil_backend_cpu import gemm_choice, half_gemm
 
     if forced is not None:
@@ -371,7 +372,7 @@ def test_half_linears_of_one_input_group_at_any_rows(dtype, forced, monkeypatch)
                 assert got.dtype == want.dtype and got.shape == want.shape
                 torch.testing.assert_close(got.float(), want.float(), rtol=2**-6, atol=2**-6)
     text = executable_of(f).program.graph.text
-    assert text.count("cpu_linear_group") == 2 and 'epilogue = "silu_mul"' in text, text
+    assert text.count("cpu_linear_group") == 2 and "silu_mul" not in text, text
     assert "= linear(" not in text, text
     assert len(ran) == 6  # two groups a call
     assert f.stats.compiles == 1
