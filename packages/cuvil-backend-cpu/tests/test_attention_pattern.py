@@ -256,3 +256,70 @@ def test_kernel_empty_rows_zero_or_nan(lanes: int | None) -> None:
     assert zeros is not None and nans is not None
     assert (zeros[:, :, 5] == 0).all() and nans[:, :, 5].isnan().all()
     torch.testing.assert_close(zeros[:, :, :5], nans[:, :, :5], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("forced", ["sdpa", "eager", None], ids=["sdpa", "composition", "measured"])
+def test_half_attention_forms(
+    dtype: torch.dtype, forced: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In a half type the chain is rewritten too and runs torch's attention in the type or
+    the composition (``attention._half_pattern``), forced or measured: every mask spelling
+    within half tolerance of eager, and queries that see no key NaN as in eager (such calls
+    run the composition: torch's attention gives zeros there)."""
+    from cuvil_backend_cpu import gemm_choice
+
+    if forced is not None:
+        monkeypatch.setenv(gemm_choice.GEMM_ENV, forced)
+    ran: list[str] = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(*a: Any, **kw: Any) -> Any:
+        ran.append("sdpa")
+        return sdpa(*a, **kw)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+
+    def close(got: torch.Tensor, want: torch.Tensor) -> None:
+        assert got.dtype == want.dtype == dtype and got.shape == want.shape
+        torch.testing.assert_close(got.float(), want.float(), rtol=2**-5, atol=2**-5, equal_nan=True)
+
+    def half(*ts: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return tuple(t.to(dtype) if t.is_floating_point() else t for t in ts)
+
+    tril = torch.tril(torch.ones(64, 64, dtype=torch.bool))
+
+    def padded(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pad: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(0.25 * (q @ k.transpose(-1, -2)) + pad, -1) @ v
+
+    def hidden_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        return torch.softmax((q @ k.transpose(-1, -2)).masked_fill(hidden, NEG), -1) @ v
+
+    pad = torch.zeros(2, 1, 1, 19)
+    pad[0, ..., 15:] = NEG
+    hidden = torch.zeros(20, 19, dtype=torch.bool)
+    hidden[3] = True  # query 3 sees nothing: NaN, as eager
+    cases = [
+        (bert, half(*qkv(2, 3, 40, 40, 16)), True),
+        (gpt2, (*half(*qkv(2, 4, 33, 33, 24)), tril), True),
+        (padded, half(*qkv(2, 3, 16, 19, 16), pad), True),
+        (hidden_rows, (*half(*qkv(1, 2, 20, 19, 8)), hidden), False),
+    ]
+    for fn, args, sdpa_may_run in cases:
+        f = compiled(fn)
+        ran.clear()
+        want = fn(*args)
+        ran.clear()
+        close(f(*args), want)
+        assert "cpu_attention" in lowered(f) and "softmax" not in lowered(f)
+        if not sdpa_may_run or forced == "eager":
+            assert not ran, fn.__name__
+        elif forced == "sdpa":
+            assert ran, fn.__name__
+    pad[1] = NEG  # a whole batch hidden: the composition, NaN as eager
+    args = half(*qkv(2, 3, 16, 19, 16), pad)
+    want = padded(*args)
+    assert want[1].isnan().all()
+    ran.clear()
+    close(compiled(padded)(*args), want)
+    assert not ran

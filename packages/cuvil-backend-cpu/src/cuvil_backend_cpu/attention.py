@@ -257,6 +257,9 @@ def pattern_extern(cache: KernelCache, reference: Callable[..., Any]) -> Callabl
         factor: float,
         mask_kind: str,
     ) -> torch.Tensor:
+        if q.dtype in _HALF:
+            kw = {"key_transposed": key_transposed, "scale": scale, "factor": factor, "mask_kind": mask_kind}
+            return _half_pattern(reference, q, k, v, *mask, **kw)
         if q.dim() >= 2 and q.shape[-2] >= attention_pattern.MIN_QUERIES:
             m = mask[0] if mask else None
             if mask_kind == "drop" and m is not None and m.dtype == torch.bool:
@@ -280,3 +283,42 @@ def pattern_extern(cache: KernelCache, reference: Callable[..., Any]) -> Callabl
         )
 
     return attend
+
+
+def _half_pattern(
+    reference: Callable[..., Any],
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *mask: torch.Tensor,
+    **kw: Any,
+) -> torch.Tensor:
+    """A half-precision ``cpu_attention``: torch's attention in the half type (its CPU flash
+    kernel, bfloat16 on the AMX/AVX512-BF16 units where the CPU has them) or the composition
+    op for op (eager's own roundings), the faster for this shape, measured at its first call
+    as GEMMs are. Torch's computes the scores and probabilities in float32 and rounds once
+    (the composition rounds the scores, the scaled scores and the probabilities to the half
+    type): results differ within half-precision tolerance. A query that sees no key is NaN
+    in the composition and zeros in torch's attention: a call with one runs the composition.
+    Batch dimensions that broadcast (grouped-query heads of one) run the composition too."""
+    m = mask[0] if mask else None
+    key = k.transpose(-1, -2) if kw["key_transposed"] else k
+    if m is not None and kw["mask_kind"] == "drop":
+        m = ~m
+    usable = q.dim() >= 3 and q.shape[:-2] == key.shape[:-2] == v.shape[:-2] and q.shape[-2] > 0
+    if usable and m is not None:
+        sees_none = ~m.any(-1) if m.dtype == torch.bool else torch.isneginf(m).all(-1)
+        usable = not bool(sees_none.any())
+    if not usable:
+        return reference(q, k, v, *mask, **kw)
+    factor = attention_pattern.kernel_scale(kw["scale"], kw["factor"])
+
+    def theirs() -> torch.Tensor:
+        return torch.nn.functional.scaled_dot_product_attention(q, key, v, attn_mask=m, scale=factor)
+
+    run = {"eager": lambda: reference(q, k, v, *mask, **kw), "sdpa": theirs}
+    heads = q.numel() // max(q.shape[-1] * q.shape[-2], 1)
+    shape = gemm_choice.key(
+        heads * q.shape[-2], q.shape[-1], key.shape[-2], m is not None, dtype=q.dtype, batch=heads
+    )
+    return run[gemm_choice.choose(f"pattern-{kw['mask_kind']}:{shape}", run)]()

@@ -8,11 +8,14 @@ The chain :func:`rewrite` replaces, every link a value with exactly one user::
     s = div(s, c) | mul(s, c) | mul(c, s)  optional; c a constant number
     s = where(m, -inf, s)                  optional; m bool (masked_fill(m, -inf)), or
         m = bitwise_not(keep)              its keep mask when m is only read here
-    s = add(s, a) | add(a, s)              optional; a float32, broadcast into s
+    s = add(s, a) | add(a, s)              optional; a float mask, broadcast into s
     p = softmax(s, dim=-1)
     o = matmul(p, v)
 
-becomes one ``cpu_attention(q, k, v[, mask])`` node at the last matmul's place.
+becomes one ``cpu_attention(q, k, v[, mask])`` node at the last matmul's place. Every
+float operand and result is float32, or every one the same half type (float16/bfloat16:
+:func:`cuvil_backend_cpu.attention.pattern_extern` runs those by torch's attention in the
+type or the composition, measured per shape).
 
 Its reference is that composition, op for op, so anything the kernel does not take
 (other batch broadcasting, a short query: :data:`MIN_QUERIES`) runs exactly what eager
@@ -29,7 +32,7 @@ from typing import Any
 
 import torch
 
-from cuvil_backend_cpu.epilogues import context, is_f32, same_type, uses
+from cuvil_backend_cpu.epilogues import context, same_type, uses
 from cuvil_ir import REGISTRY
 from cuvil_ir.graph_ir.nodes import Graph, Node, Value
 from cuvil_ir.graph_ir.ops._rules import LIBRARY_KERNEL
@@ -111,6 +114,20 @@ def kernel_scale(scale: str, factor: float) -> float:
 # -- the rewrite --------------------------------------------------------------------------------
 
 
+def _dtype(v: Value) -> DType | None:
+    """``v``'s dtype where it is a CPU tensor of float32 or a half type, else ``None``."""
+    t = v.type
+    if isinstance(t, TensorType) and t.device == "cpu" and t.dtype in (DType.f32, DType.bf16, DType.f16):
+        return t.dtype
+    return None
+
+
+def _same(v: Value, like: Value) -> bool:
+    """``v`` a CPU float tensor of ``like``'s dtype (float32 or a half type)."""
+    d = _dtype(v)
+    return d is not None and d == _dtype(like)
+
+
 def _number(n: Node | None) -> float | None:
     """The value of a ``const`` node holding a finite, nonzero number."""
     if n is None or n.op != "const" or n.inputs:
@@ -154,10 +171,10 @@ def rewrite(graph: Graph) -> Graph:
         return count[v.name] == 1 and readers.get(v.name) == [j]
 
     for pi, p in enumerate(nodes):
-        if p.op != "softmax" or pi in removed or not is_f32(p.output) or not is_f32(p.inputs[0]):
+        if p.op != "softmax" or pi in removed or _dtype(p.output) is None or not _same(p.inputs[0], p.output):
             continue
         rank = p.output.type.rank  # type: ignore[union-attr]
-        if p.attr("dim") not in (rank - 1, -1) or p.attr("dtype") not in (None, "none", DType.f32):
+        if p.attr("dim") not in (rank - 1, -1) or p.attr("dtype") not in (None, "none", _dtype(p.output)):
             continue
         found = _match(p, pi, nodes, ctx, made_by, only_read_by, readers)
         if found is None:
@@ -178,7 +195,12 @@ def _match(
         return None
     oi = readers[p.output.name][0]
     out = nodes[oi]
-    if out.op != "matmul" or out.inputs[0] != p.output or out.inputs[1] == p.output or not is_f32(out.output):
+    if (
+        out.op != "matmul"
+        or out.inputs[0] != p.output
+        or out.inputs[1] == p.output
+        or not _same(out.output, p.output)
+    ):
         return None
     chain = [pi, oi]
     mask: list[Value] = []
@@ -205,7 +227,9 @@ def _match(
             return None
         s, m, prev = scores_side[0]
         # (the mask may broadcast into the scores, as a (B, 1, 1, S) padding mask does)
-        if not (is_f32(m) and m.type.rank <= s.type.rank and same_type(ctx, link[1].output.type, s.type)):  # type: ignore[union-attr]
+        if not (
+            _same(m, p.output) and m.type.rank <= s.type.rank and same_type(ctx, link[1].output.type, s.type)
+        ):  # type: ignore[union-attr]
             return None
         chain.append(link[0])
         mask, mask_kind = [m], "add"
@@ -254,7 +278,7 @@ def _match(
         return None
     q, kt = s_node.inputs
     v = out.inputs[1]
-    if not all(is_f32(t) for t in (q, kt, v)) or not all(t.type.rank >= 2 for t in (q, kt, v)):  # type: ignore[union-attr]
+    if not all(_same(t, p.output) for t in (q, kt, v)) or not all(t.type.rank >= 2 for t in (q, kt, v)):  # type: ignore[union-attr]
         return None
     chain.append(link[0])
     key, key_transposed = kt, True
