@@ -136,3 +136,33 @@ def test_half_sdpa_matches_eager(private_cache, monkeypatch, forced, dtype) -> N
     f = cu.compile(attend, target="cpu", fallback="error")
     for got, want in zip(f(q, k, v, keep, bias), attend(q, k, v, keep, bias)):
         _close(got, want)
+
+
+@pytest.mark.parametrize("dtype", HALVES, ids=str)
+def test_half_convolutions_run_on_a_packed_weight(dtype) -> None:
+    """A half convolution runs oneDNN's on its weight packed once per version where this
+    CPU's oneDNN convolves the type (eager reorders the weight every call), else eager's;
+    either matches eager, and an in-place weight update repacks."""
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(
+        torch.nn.Conv2d(8, 16, 3, padding=1),
+        torch.nn.BatchNorm2d(16),
+        torch.nn.ReLU(),
+        torch.nn.Conv2d(16, 4, 1),
+    )
+    m = m.eval().to(dtype)
+    f = cu.compile(m, target="cpu", fallback="error")
+    packed_before = set(externs._FOLDED)
+    with torch.no_grad():
+        for step in range(3):
+            if step == 2:
+                m[0].weight.mul_(-1.0)
+            x = torch.randn(2, 8, 10, 10).to(dtype)
+            got, want = f(x), m(x)
+            assert got.dtype == want.dtype and got.shape == want.shape
+            torch.testing.assert_close(got.float(), want.float(), rtol=2**-5, atol=2**-5)
+    packed = {k for k in externs._FOLDED if k not in packed_before}
+    if externs._ONEDNN and externs._onednn_conv_takes(dtype):
+        assert {id(m[0].weight), id(m[3].weight)} <= packed
+    else:
+        assert not packed

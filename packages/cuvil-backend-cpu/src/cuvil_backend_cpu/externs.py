@@ -389,6 +389,25 @@ def packed_conv(
     return wp, bf
 
 
+#: half dtypes this CPU's oneDNN packs convolution weights of (decided by trying once)
+_CONV_TAKES: dict[torch.dtype, bool] = {}
+
+
+def _onednn_conv_takes(dtype: torch.dtype) -> bool:
+    """Whether oneDNN convolves ``dtype`` here (bfloat16 with AVX512-BF16 or AMX: the packed
+    weight saves eager's per-call reorder of it, as for float32)."""
+    if dtype not in half_gemm.HALF_DTYPES:
+        return False
+    if dtype not in _CONV_TAKES:
+        try:
+            w = torch.zeros(16, 16, 3, 3, dtype=dtype)
+            torch.ops.mkldnn._reorder_convolution_weight(w, [1, 1], [1, 1], [1, 1], 1, [1, 16, 8, 8])
+            _CONV_TAKES[dtype] = half_gemm._onednn_takes(dtype)
+        except RuntimeError:
+            _CONV_TAKES[dtype] = False
+    return _CONV_TAKES[dtype]
+
+
 def _conv_shape(
     x: torch.Tensor, w: torch.Tensor, stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int]
 ) -> tuple[int, ...]:
@@ -433,11 +452,16 @@ def conv_epilogue(
         act=act,
     )
     tensors = (x, w, *rest)
+    # float32; or a half type this CPU's oneDNN convolves, for a plain convolution (a half
+    # epilogue would skip the rounding eager does between the convolution and it)
+    plain = not (bn or has_other or act != "none")
+    dtype = x.dtype if x.dtype == torch.float32 or (plain and _onednn_conv_takes(x.dtype)) else None
     if not (
         _ONEDNN
+        and dtype is not None
         and x.dim() == 4
         and x.numel() > 0  # (an empty batch: nothing to pack the weight for)
-        and all(t.dtype == torch.float32 and t.device.type == "cpu" for t in tensors)
+        and all(t.dtype == dtype and t.device.type == "cpu" for t in tensors)
     ):
         return epilogues.ConvEpilogue.reference(x, w, *rest, **kw)
     if has_other and rest[-1].shape != _conv_shape(x, w, stride, padding, dilation):
