@@ -138,6 +138,54 @@ def test_declines_what_it_does_not_run(flash: FlashAttention) -> None:
     assert flash(q, k[:1].expand(3, 2, 5, 8), v) is None  # batch dims that broadcast: eager's
 
 
+# -- bfloat16 ----------------------------------------------------------------------------
+
+
+def _check_bf16(flash: FlashAttention, q: Any, k: Any, v: Any, mask: Any = None, **kw: Any) -> None:
+    """The kernel on bfloat16 tensors against float64 attention of the same (rounded) values:
+    within the one rounding of the result (and float32 arithmetic before it)."""
+    q, k, v = (t.to(torch.bfloat16) for t in (q, k, v))
+    if mask is not None and mask.is_floating_point():
+        mask = mask.to(torch.bfloat16)
+    wide = None if mask is None or not mask.is_floating_point() else mask.double()
+    want = F.scaled_dot_product_attention(
+        q.double(), k.double(), v.double(), attn_mask=mask if wide is None else wide, **kw
+    )
+    got = flash(q, k, v, mask, **kw)
+    assert got is not None, "the kernel declined a case it should run"
+    assert got.dtype == torch.bfloat16 and got.shape == want.shape
+    torch.testing.assert_close(got.double(), want, rtol=2**-7, atol=2**-7)
+
+
+@pytest.mark.parametrize("lq,s,e,ev", [(1, 1, 1, 1), (5, 7, 4, 6), (47, 129, 63, 63), (49, 130, 64, 80)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_bf16_sizes(flash: FlashAttention, lq: int, s: int, e: int, ev: int, causal: bool) -> None:
+    _check_bf16(flash, *_qkv(2, 3, 3, lq, s, e, ev), is_causal=causal)
+
+
+def test_bf16_masks_heads_and_views(flash: FlashAttention) -> None:
+    q, k, v = _qkv(2, 4, 2, 20, 33, 16, 16)
+    _check_bf16(flash, q, k, v, torch.randn(20, 33), enable_gqa=True)  # (a bfloat16 float mask)
+    _check_bf16(flash, q, k, v, torch.rand(2, 1, 1, 33) > 0.3, enable_gqa=True)
+    x = torch.randn(2, 20, 3 * 64).to(torch.bfloat16)  # heads as views of one projection
+    qs, ks, vs = (x[..., i * 64 : (i + 1) * 64].view(2, 20, 4, 16).transpose(1, 2) for i in range(3))
+    _check_bf16(flash, qs, ks, vs, scale=0.3)
+    hidden = torch.ones(20, 33, dtype=torch.bool)
+    hidden[4] = False  # query 4 sees no key: zeros, or NaN with empty_nan
+    out = flash(*(t.to(torch.bfloat16) for t in (q, k, v)), hidden, enable_gqa=True)
+    nan = flash(*(t.to(torch.bfloat16) for t in (q, k, v)), hidden, enable_gqa=True, empty_nan=True)
+    assert out is not None and nan is not None
+    assert (out[:, :, 4] == 0).all() and nan[:, :, 4].isnan().all() and not out.isnan().any()
+
+
+def test_bf16_rounds_once_as_torch_does(flash: FlashAttention) -> None:
+    """One key: the output is v itself, exactly, whatever the scores (the result rounded once
+    from float32 values that are bfloat16 values already)."""
+    q, k, v = (t.to(torch.bfloat16) for t in _qkv(1, 2, 2, 9, 1, 8, 24))
+    got = flash(q, k, v)
+    assert got is not None and torch.equal(got, v.expand(1, 2, 9, 24))
+
+
 # -- through cu.compile -----------------------------------------------------------------
 
 

@@ -14,6 +14,9 @@
  * transposed so that both products read k and v in place, rows along e (transformers passes them as
  * transposes of linear outputs: rows strided, e contiguous), and so that the softmax runs down the
  * columns with queries in the vector lanes: no horizontal reductions, no packing of k or v.
+ * bfloat16 q, k, v and out (P_BF16) are widened as they are read: q into its transposed block, each
+ * block of k and v into float rows of the thread's own (kf, vf), and the output rounded to nearest
+ * even once, at its store; everything between is float32, as for float32 tensors.
  * Both products are register tiles of outer products (up to MR rows x NR columns) over GCC vector
  * types, so one source serves SSE, AVX2, AVX-512 and NEON; the multiply-adds are explicit FMAs
  * where the ISA has them, because kernels build with -std=c11, where the compiler does not
@@ -123,25 +126,50 @@ void cuvil_attention_tile(int64_t *mr, int64_t *nr) {
 }
 
 enum { P_B, P_HQ, P_HK, P_L, P_S, P_E, P_EV, P_QB, P_QH, P_QL, P_KB, P_KH, P_KL, P_VB, P_VH, P_VL,
-       P_MB, P_MH, P_ML, P_MASK, P_CAUSAL, P_BQ, P_BK, P_THREADS, P_EMPTY_NAN,
-       P_COUNT /* 25: attention.py packs that many */ };
+       P_MB, P_MH, P_ML, P_MASK, P_CAUSAL, P_BQ, P_BK, P_THREADS, P_EMPTY_NAN, P_BF16,
+       P_COUNT /* 26: attention.py packs that many */ };
+
+/* bfloat16 is the top half of a float: widening is a shift; rounding adds 0x7FFF plus the lowest
+ * kept bit (ties to even), NaN stays a quiet NaN */
+static inline float ld_bf16(uint16_t h) {
+    const uint32_t u = (uint32_t)h << 16;
+    float x;
+    memcpy(&x, &u, 4);
+    return x;
+}
+static inline uint16_t st_bf16(float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    return (uint16_t)(x != x ? 0x7FC0u : (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
 
 /* What one thread works in: the block's queries transposed, its scores (then probabilities)
  * transposed, its output accumulator, the running max and sum per query, and the last columns of v
  * padded to a whole tile when Ev is not a multiple of NR. */
 typedef struct {
-    float *qt, *st, *o, *m, *l, *alpha, *vtail;
+    float *qt, *st, *o, *m, *l, *alpha, *vtail, *kf, *vf; /* kf, vf: a bfloat16 block widened */
 } Scratch;
 
 /* Queries i0 .. i0+bq (bqp of them with the padding to NR) against keys j0 .. j0+w. */
-static void attend_block(const int64_t *P, const float *restrict k, const float *restrict v,
-                         const void *mask, int64_t i0, int64_t bq, int64_t bqp, int64_t j0, int64_t w,
-                         const Scratch *t) {
+static void attend_block(const int64_t *P, const void *kp, const void *vp, const void *mask, int64_t i0,
+                         int64_t bq, int64_t bqp, int64_t j0, int64_t w, const Scratch *t) {
     const int64_t E = P[P_E], Ev = P[P_EV], evp = round_up(Ev, NR);
+    const float *k = kp, *v = vp;
+    int64_t ldk = P[P_KL], ldv = P[P_VL];
+    if (P[P_BF16]) { /* the block's k and v widened into rows of their own (v's padded to whole tiles) */
+        const uint16_t *kh = kp, *vh = vp;
+        for (int64_t j = 0; j < w; ++j) {
+#pragma omp simd
+            for (int64_t e = 0; e < E; ++e) t->kf[j * E + e] = ld_bf16(kh[j * P[P_KL] + e]);
+#pragma omp simd
+            for (int64_t c = 0; c < evp; ++c) t->vf[j * evp + c] = c < Ev ? ld_bf16(vh[j * P[P_VL] + c]) : 0.0f;
+        }
+        k = t->kf, v = t->vf, ldk = E, ldv = evp;
+    }
     float *restrict st = t->st;
     for (int64_t j = 0; j < w; j += MR)
         for (int64_t i = 0; i < bqp; i += NR)
-            tile_qk((int)min64(MR, w - j), k + j * P[P_KL], P[P_KL], E, t->qt + i, bqp, st + j * bqp + i, bqp);
+            tile_qk((int)min64(MR, w - j), k + j * ldk, ldk, E, t->qt + i, bqp, st + j * bqp + i, bqp);
     if (P[P_MASK]) {
         const int64_t ml = P[P_ML];
         for (int64_t j = 0; j < w; ++j) {
@@ -186,24 +214,25 @@ static void attend_block(const int64_t *P, const float *restrict k, const float 
         vstore(t->l + i, vload(t->l + i) * alpha + sum);
         vstore(t->m + i, mnew);
     }
-    const int64_t whole = Ev / NR * NR; /* value columns read in place; the rest from vtail */
+    /* value columns read in place; the rest from vtail (a widened block is padded already) */
+    const int64_t whole = P[P_BF16] ? evp : Ev / NR * NR;
     if (whole < evp)
         for (int64_t j = 0; j < w; ++j)
             for (int64_t c = 0; c < NR; ++c)
-                t->vtail[j * NR + c] = whole + c < Ev ? v[j * P[P_VL] + whole + c] : 0.0f;
+                t->vtail[j * NR + c] = whole + c < Ev ? v[j * ldv + whole + c] : 0.0f;
     for (int64_t i = 0; i < bq; i += MR)
         for (int64_t c = 0; c < evp; c += NR) {
             const float *vc = c < whole ? v + c : t->vtail;
-            tile_pv((int)min64(MR, bq - i), st + i, bqp, w, vc, c < whole ? P[P_VL] : NR, t->o + i * evp + c,
-                    evp, t->alpha + i);
+            tile_pv((int)min64(MR, bq - i), st + i, bqp, w, vc, c < whole ? ldv : NR, t->o + i * evp + c, evp,
+                    t->alpha + i);
         }
 }
 
 /* Attention over q (B,Hq,L,E), k (B,Hk,S,E), v (B,Hk,S,Ev), each with its last stride 1 and the
- * others in P, into the contiguous out (B,Hq,L,Ev). P is laid out as the enum above; P_MASK is 0
- * (none), 1 (float, additive) or 2 (bool as bytes), its strides P_MB.. for (B,Hq,L,S) with S's 1.
- * Returns 0, or 1 when memory ran out. */
-int cuvil_attention(const float *q, const float *k, const float *v, const void *mask, float *out,
+ * others in P, into the contiguous out (B,Hq,L,Ev); all four float32, or all four bfloat16 with
+ * P_BF16. P is laid out as the enum above; P_MASK is 0 (none), 1 (float32, additive) or 2 (bool as
+ * bytes), its strides P_MB.. for (B,Hq,L,S) with S's 1. Returns 0, or 1 when memory ran out. */
+int cuvil_attention(const void *q, const void *k, const void *v, const void *mask, void *out,
                     const int64_t *P, float scale) {
     const int64_t Hq = P[P_HQ], L = P[P_L], S = P[P_S], E = P[P_E], Ev = P[P_EV], BQ = P[P_BQ],
                   BK = P[P_BK];
@@ -213,9 +242,11 @@ int cuvil_attention(const float *q, const float *k, const float *v, const void *
     int failed = 0;
 #pragma omp parallel num_threads(P[P_THREADS])
     {
+        const int half = P[P_BF16] != 0;
         Scratch t = {alloc_floats(E * bqmax), alloc_floats(BK * bqmax), alloc_floats(bqmax * evp),
-                     alloc_floats(3 * bqmax), NULL, NULL, alloc_floats(BK * NR)};
-        const int ok = t.qt && t.st && t.o && t.m && t.vtail;
+                     alloc_floats(3 * bqmax), NULL, NULL, alloc_floats(BK * NR),
+                     half ? alloc_floats(BK * E) : NULL, half ? alloc_floats(BK * evp) : NULL};
+        const int ok = t.qt && t.st && t.o && t.m && t.vtail && (!half || (t.kf && t.vf));
         if (!ok) {
 #pragma omp atomic write
             failed = 1;
@@ -229,26 +260,43 @@ int cuvil_attention(const float *q, const float *k, const float *v, const void *
             const int64_t bq = min64(BQ, L - i0), bqp = round_up(bq, NR), g = h / group;
             t.l = t.m + bqp;
             t.alpha = t.m + 2 * bqp;
-            const float *qb = q + b * P[P_QB] + h * P[P_QH] + i0 * P[P_QL];
-            for (int64_t e = 0; e < E; ++e)
-                for (int64_t i = 0; i < bqp; ++i) t.qt[e * bqp + i] = i < bq ? qb[i * P[P_QL] + e] * scale : 0.0f;
+            const int64_t qo = b * P[P_QB] + h * P[P_QH] + i0 * P[P_QL];
+            if (half) {
+                const uint16_t *qb = (const uint16_t *)q + qo;
+                for (int64_t e = 0; e < E; ++e)
+                    for (int64_t i = 0; i < bqp; ++i)
+                        t.qt[e * bqp + i] = i < bq ? ld_bf16(qb[i * P[P_QL] + e]) * scale : 0.0f;
+            } else {
+                const float *qb = (const float *)q + qo;
+                for (int64_t e = 0; e < E; ++e)
+                    for (int64_t i = 0; i < bqp; ++i)
+                        t.qt[e * bqp + i] = i < bq ? qb[i * P[P_QL] + e] * scale : 0.0f;
+            }
             for (int64_t i = 0; i < bqp; ++i) {
                 t.m[i] = -INFINITY;
                 t.l[i] = 0.0f;
             }
             memset(t.o, 0, (size_t)(bqp * evp) * sizeof(float));
-            const float *kb = k + b * P[P_KB] + g * P[P_KH], *vb = v + b * P[P_VB] + g * P[P_VH];
+            const int64_t size = half ? 2 : 4, ko = b * P[P_KB] + g * P[P_KH], vo = b * P[P_VB] + g * P[P_VH];
+            const char *kb = (const char *)k + ko * size, *vb = (const char *)v + vo * size;
             const void *mb = NULL;
             if (P[P_MASK] == 1) mb = (const float *)mask + b * P[P_MB] + h * P[P_MH];
             if (P[P_MASK] == 2) mb = (const uint8_t *)mask + b * P[P_MB] + h * P[P_MH];
             const int64_t kend = P[P_CAUSAL] ? min64(S, i0 + bq) : S;
             for (int64_t j0 = 0; j0 < kend; j0 += BK)
-                attend_block(P, kb + j0 * P[P_KL], vb + j0 * P[P_VL], mb, i0, bq, bqp, j0,
+                attend_block(P, kb + j0 * P[P_KL] * size, vb + j0 * P[P_VL] * size, mb, i0, bq, bqp, j0,
                              min64(BK, kend - j0), &t);
-            float *ob = out + (bh * L + i0) * Ev;
             for (int64_t i = 0; i < bq; ++i) {
                 const float inv = t.l[i] == 0.0f ? empty : 1.0f / t.l[i]; /* (NaN stays NaN) */
-                for (int64_t c = 0; c < Ev; ++c) ob[i * Ev + c] = t.o[i * evp + c] * inv;
+                const int64_t row = (bh * L + i0 + i) * Ev;
+                if (half) {
+                    uint16_t *ob = (uint16_t *)out + row;
+#pragma omp simd
+                    for (int64_t c = 0; c < Ev; ++c) ob[c] = st_bf16(t.o[i * evp + c] * inv);
+                } else {
+                    float *ob = (float *)out + row;
+                    for (int64_t c = 0; c < Ev; ++c) ob[c] = t.o[i * evp + c] * inv;
+                }
             }
         }
         free(t.qt);
@@ -256,6 +304,8 @@ int cuvil_attention(const float *q, const float *k, const float *v, const void *
         free(t.o);
         free(t.m);
         free(t.vtail);
+        free(t.kf);
+        free(t.vf);
     }
     return failed;
 }

@@ -83,26 +83,30 @@ class FlashAttention:
     ) -> torch.Tensor | None:
         """``F.scaled_dot_product_attention(q, k, v, mask, ...)``, or ``None`` where the
         kernel does not apply (the caller then runs eager's). A query that sees no key
-        gets zeros (sdpa's answer), or NaN with ``empty_nan`` (``softmax(s) @ v``'s)."""
-        if not _fits(q, k, v, mask, enable_gqa, is_causal):
+        gets zeros (sdpa's answer), or NaN with ``empty_nan`` (``softmax(s) @ v``'s).
+        Float32 tensors, or bfloat16 ones (read and written as such, float32 between)."""
+        if not _fits(q, k, v, mask, enable_gqa, is_causal, bf16=not self._tensors):
             return None
         lead, L, E, S, Ev = q.shape[:-2], q.shape[-2], q.shape[-1], k.shape[-2], v.shape[-1]
         q4, k4, v4 = _rank4(q), _rank4(k), _rank4(v)
         B, Hq, Hk = q4.shape[0], q4.shape[1], k4.shape[1]
-        out = torch.empty((B, Hq, L, Ev), dtype=torch.float32)
+        out = torch.empty((B, Hq, L, Ev), dtype=q.dtype)
         if out.numel() == 0:
             return out.view(*lead, L, Ev)
         ms: tuple[int, ...] = (0, 0, 0)
         kind, m4 = 0, None
         if mask is not None:
+            if mask.dtype == torch.bfloat16:  # (the kernel adds float32 masks)
+                mask = mask.float()
             # a broadcast mask is a view with zero strides: no copy, unless its keys do not
             # lie consecutively (a mask broadcast along the keys)
             m4 = _rank4(mask.expand(*lead, L, S))
             kind, ms = _MASK_KIND[mask.dtype], m4.stride()[:3]
         params = struct.pack(
-            "25q", B, Hq, Hk, L, S, E, Ev,
+            "26q", B, Hq, Hk, L, S, E, Ev,
             *q4.stride()[:3], *k4.stride()[:3], *v4.stride()[:3], *ms,
             kind, int(is_causal), self.block_q, self.block_k, torch.get_num_threads(), int(empty_nan),
+            int(q.dtype == torch.bfloat16),
         )  # fmt: skip
         tensors = (q4, k4, v4, m4, out)
         ptrs = tensors if self._tensors else tuple(None if t is None else t.data_ptr() for t in tensors)
@@ -118,8 +122,12 @@ def _fits(
     mask: torch.Tensor | None,
     enable_gqa: bool,
     is_causal: bool,
+    bf16: bool = False,
 ) -> bool:
-    if not (q.dtype == k.dtype == v.dtype == torch.float32) or not (
+    """Whether the kernel runs these (``bf16``: bfloat16 tensors too; an emulated kernel,
+    which takes tensors, runs float32 only)."""
+    dtypes = (torch.float32, torch.bfloat16) if bf16 else (torch.float32,)
+    if not (q.dtype == k.dtype == v.dtype and q.dtype in dtypes) or not (
         q.device.type == k.device.type == v.device.type == "cpu"
     ):
         return False
@@ -134,7 +142,7 @@ def _fits(
         if hq != hk and not (enable_gqa and hk > 0 and hq % hk == 0):
             return False
     if mask is not None:
-        if is_causal or mask.dtype not in _MASK_KIND or mask.dim() > q.dim():
+        if is_causal or (mask.dtype not in _MASK_KIND and mask.dtype != q.dtype) or mask.dim() > q.dim():
             return False
         target = (*q.shape[:-1], k.shape[-2])
         if any(m != 1 and m != t for m, t in zip(reversed(mask.shape), reversed(target))):
@@ -178,7 +186,16 @@ def extern(cache: KernelCache, reference: Callable[..., Any]) -> Callable[..., A
     ) -> torch.Tensor:
         if q.dtype in _HALF and q.dtype == k.dtype == v.dtype:
             return _half_sdpa(
-                sdpa, reference, q, k, v, *mask, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa
+                sdpa,
+                reference,
+                flash,
+                q,
+                k,
+                v,
+                *mask,
+                is_causal=is_causal,
+                scale=scale,
+                enable_gqa=enable_gqa,
             )
         if q.dim() == 4 and q.shape[-2] == 1 and not is_causal:  # a decode step over a cache
             e = q.shape[-1]
@@ -213,6 +230,7 @@ _HALF = (torch.float16, torch.bfloat16)
 def _half_sdpa(
     wide: Callable[..., torch.Tensor],
     reference: Callable[..., Any],
+    flash: FlashAttention,
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
@@ -223,8 +241,8 @@ def _half_sdpa(
 ) -> torch.Tensor:
     """Half-precision attention: torch's in the half type, or q, k, v (and a float mask)
     widened to float32, the float32 path (this kernel where it wins) and the result
-    rounded once, the faster for this shape, measured at its first call as GEMMs are
-    ([Note: half-precision GEMMs]). Measured 1 thread on an AVX512-BF16 EPYC: float16
+    rounded once, or (bfloat16) this kernel reading and writing bfloat16, the fastest for
+    this shape, measured at its first call as GEMMs are ([Note: half-precision GEMMs]). Measured 1 thread on an AVX512-BF16 EPYC: float16
     GPT-2-sized causal attention 2.2 ms in float16, 0.77 widened; a bfloat16 decode
     step (1 query, 512 keys) 1.0 vs 0.3; a Whisper-sized bfloat16 one 47 vs 48."""
     kw = {"is_causal": is_causal, "scale": scale, "enable_gqa": enable_gqa, "has_mask": bool(mask)}
@@ -234,6 +252,9 @@ def _half_sdpa(
         return wide(q.float(), k.float(), v.float(), *m, **kw).to(q.dtype)
 
     run = {"eager": lambda: reference(q, k, v, *mask, **kw), "f32": widened}
+    m = mask[0] if mask else None
+    if q.dtype == torch.bfloat16 and _fits(q, k, v, m, enable_gqa, is_causal, bf16=not flash._tensors):
+        run["flash"] = lambda: flash(q, k, v, m, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
     heads = q.numel() // max(q.shape[-1] * q.shape[-2], 1)
     shape = gemm_choice.key(
         heads * q.shape[-2], q.shape[-1], k.shape[-2], bool(mask), dtype=q.dtype, batch=heads
@@ -259,7 +280,7 @@ def pattern_extern(cache: KernelCache, reference: Callable[..., Any]) -> Callabl
     ) -> torch.Tensor:
         if q.dtype in _HALF:
             kw = {"key_transposed": key_transposed, "scale": scale, "factor": factor, "mask_kind": mask_kind}
-            return _half_pattern(reference, q, k, v, *mask, **kw)
+            return _half_pattern(reference, flash, q, k, v, *mask, **kw)
         if q.dim() >= 2 and q.shape[-2] >= attention_pattern.MIN_QUERIES:
             m = mask[0] if mask else None
             if mask_kind == "drop" and m is not None and m.dtype == torch.bool:
@@ -287,6 +308,7 @@ def pattern_extern(cache: KernelCache, reference: Callable[..., Any]) -> Callabl
 
 def _half_pattern(
     reference: Callable[..., Any],
+    flash: FlashAttention,
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
@@ -295,8 +317,8 @@ def _half_pattern(
 ) -> torch.Tensor:
     """A half-precision ``cpu_attention``: torch's attention in the half type (its CPU flash
     kernel, bfloat16 on the AMX/AVX512-BF16 units where the CPU has them) or the composition
-    op for op (eager's own roundings), the faster for this shape, measured at its first call
-    as GEMMs are. Torch's computes the scores and probabilities in float32 and rounds once
+    op for op (eager's own roundings), or (bfloat16) this kernel reading and writing
+    bfloat16, the fastest for this shape, measured at its first call as GEMMs are. Torch's computes the scores and probabilities in float32 and rounds once
     (the composition rounds the scores, the scaled scores and the probabilities to the half
     type): results differ within half-precision tolerance. A query that sees no key is NaN
     in the composition and zeros in torch's attention: a call with one runs the composition.
@@ -317,6 +339,8 @@ def _half_pattern(
         return torch.nn.functional.scaled_dot_product_attention(q, key, v, attn_mask=m, scale=factor)
 
     run = {"eager": lambda: reference(q, k, v, *mask, **kw), "sdpa": theirs}
+    if q.dtype == torch.bfloat16 and _fits(q, key, v, m, False, False, bf16=not flash._tensors):
+        run["flash"] = lambda: flash(q, key, v, m, scale=factor, empty_nan=True)  # type: ignore[assignment]
     heads = q.numel() // max(q.shape[-1] * q.shape[-2], 1)
     shape = gemm_choice.key(
         heads * q.shape[-2], q.shape[-1], key.shape[-2], m is not None, dtype=q.dtype, batch=heads

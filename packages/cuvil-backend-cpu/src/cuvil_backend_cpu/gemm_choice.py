@@ -59,7 +59,7 @@ GEMM_ENV = "CUVIL_CPU_GEMM"
 REPEATS = 5
 MAX_REPEATS = 41
 MEASURE_SECONDS = 0.004
-CANDIDATES = ("onednn", "mkl", "packed", "gemv", "eager", "f32", "grouped", "members", "sdpa")
+CANDIDATES = ("onednn", "mkl", "packed", "gemv", "eager", "f32", "grouped", "members", "sdpa", "flash")
 
 _lock = threading.Lock()
 _choices: dict[str, str] | None = None
