@@ -121,3 +121,77 @@ def test_model_compiles_whole_and_matches_eager(name: str) -> None:
         torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
     assert f.stats.compiles == 1, f.stats.recompile_reasons
     assert f.stats.fallbacks == 0
+
+
+class _TinyResNet(torch.nn.Module):
+    """ResNet-18's stem and one basic block per stage width (convolutions, batch norm,
+    ReLU, residual adds, max and average pooling, the classifier)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        nn = torch.nn
+        self.stem = nn.Sequential(
+            nn.Conv2d(3, 8, 7, 2, 3, bias=False), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(3, 2, 1)
+        )
+        self.blocks = nn.ModuleList()
+        for cin, cout, stride in ((8, 8, 1), (8, 16, 2)):
+            body = nn.Sequential(
+                nn.Conv2d(cin, cout, 3, stride, 1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(),
+                nn.Conv2d(cout, cout, 3, 1, 1, bias=False), nn.BatchNorm2d(cout),
+            )  # fmt: skip
+            down = (
+                nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+                if stride > 1
+                else nn.Identity()
+            )
+            self.blocks.append(nn.ModuleDict({"body": body, "down": down}))
+        self.fc = nn.Linear(16, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stem(x)
+        for b in self.blocks:
+            x = torch.relu(b["body"](x) + b["down"](x))
+        return self.fc(torch.flatten(torch.nn.functional.adaptive_avg_pool2d(x, 1), 1))
+
+
+HALF_ZOO = {
+    **{n: ZOO[n] for n in ZOO},
+    "resnet": (_TinyResNet, lambda b, s: {"x": torch.randn(b, 3, 4 * s, 4 * s)}),
+}
+
+
+@pytest.mark.parametrize("mode", ["bfloat16", "autocast"])
+@pytest.mark.parametrize(
+    "name", [n if n in (*FAST, "resnet") else pytest.param(n, marks=pytest.mark.slow) for n in HALF_ZOO]
+)
+@torch.no_grad()
+def test_model_in_half_precision_matches_eager(name: str, mode: str) -> None:
+    """The zoo and a ResNet in bfloat16 (``model.to(torch.bfloat16)``) and called under
+    ``torch.autocast("cpu", dtype=torch.bfloat16)``: one compile, eager's dtypes, values within
+    the half tolerances of the conformance kit (issue 30's models end to end)."""
+    import contextlib
+
+    from cuvil.testing.conformance import TOLERANCES
+
+    torch.manual_seed(0)
+    build, inputs = HALF_ZOO[name]
+    model = build().eval()
+    if mode == "bfloat16":
+        model = model.to(torch.bfloat16)
+    f = cu.compile(model, target=TARGET, fallback="error")
+    for b, s in ((2, 8), (3, 5)):
+        kwargs = inputs(b, s)
+        if mode == "bfloat16":
+            kwargs = {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in kwargs.items()}
+        region = (
+            torch.autocast("cpu", dtype=torch.bfloat16) if mode == "autocast" else contextlib.nullcontext()
+        )
+        with region:
+            got, want = f(**kwargs), model(**kwargs)
+        g = got if isinstance(got, torch.Tensor) else got.last_hidden_state
+        w = want if isinstance(want, torch.Tensor) else want.last_hidden_state
+        assert g.dtype == w.dtype and g.shape == w.shape  # (under autocast a norm's result is float32)
+        assert mode == "autocast" or g.dtype == torch.bfloat16
+        torch.testing.assert_close(g.float(), w.float(), **TOLERANCES[torch.bfloat16])
+    assert f.stats.compiles == 1, f.stats.recompile_reasons
+    assert f.stats.fallbacks == 0
