@@ -117,13 +117,18 @@ def test_a_quantized_linear_runs_natively_for_few_rows(fmt: str, monkeypatch: py
     native = compiled(model, True, monkeypatch, torch.randn(1, 64))
     python = compiled(model, False, monkeypatch, torch.randn(1, 64))
     with torch.no_grad():
+        # int4-a8 rounds the second linear's activations (SiLU's results) to int8 codes: a SiLU
+        # one ulp off eager's (our exp against torch's, which differs by host) can move a code
+        # by one, which moves that row's outputs by about d * |w| (1e-3 here). The two paths of
+        # one compiled model must agree bit for bit.
+        tol = 2e-3 if fmt == "int4-a8" else 2e-5
         for rows in (1, 3, 200, 1):
             x = torch.randn(rows, 64)
             b = python(x)
             for _ in range(2):  # from Python, then natively
                 a = native(x)
                 assert torch.equal(a, b)
-                torch.testing.assert_close(a, model(x), rtol=2e-5, atol=2e-5)
+                torch.testing.assert_close(a, model(x), rtol=tol, atol=tol)
     assert runs(native) and not runs(python)
     used = native_runs_used(native)
     # few rows: the GEMV from the step runner; 200 rows: more than the GEMV takes, from Python
