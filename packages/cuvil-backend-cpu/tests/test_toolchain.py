@@ -234,7 +234,10 @@ def test_avx512_kernels_are_built_for_512_bit_vectors(monkeypatch):
     """gcc's tuning for several AVX-512 CPUs (``-march=native`` on Sapphire Rapids, the generic
     ``x86-64-v4``) vectorizes at 256 bits unless told, while the Loop IR plans 64-byte vectors."""
     monkeypatch.setattr(platform, "machine", lambda: "x86_64")
-    spr = {"model name": "Intel Xeon", "flags": "fpu sse2 avx avx2 bmi1 bmi2 f16c fma abm movbe xsave avx512f"}
+    spr = {
+        "model name": "Intel Xeon",
+        "flags": "fpu sse2 avx avx2 bmi1 bmi2 f16c fma abm movbe xsave avx512f",
+    }
     wide = "-mprefer-vector-width=512"
     assert isa_flags("native", spr) == ("avx512", ("-march=native", wide))
     assert isa_flags("avx512", spr) == ("avx512", ("-march=native", wide))
