@@ -227,9 +227,14 @@ def _match(
             return None
         s, m, prev = scores_side[0]
         # (the mask may broadcast into the scores, as a (B, 1, 1, S) padding mask does)
+        mt, st = m.type, s.type
         if not (
-            _same(m, p.output) and m.type.rank <= s.type.rank and same_type(ctx, link[1].output.type, s.type)
-        ):  # type: ignore[union-attr]
+            _same(m, p.output)
+            and isinstance(mt, TensorType)
+            and isinstance(st, TensorType)
+            and mt.rank <= st.rank
+            and same_type(ctx, link[1].output.type, st)
+        ):
             return None
         chain.append(link[0])
         mask, mask_kind = [m], "add"
