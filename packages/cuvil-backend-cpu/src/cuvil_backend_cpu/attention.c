@@ -129,20 +129,6 @@ enum { P_B, P_HQ, P_HK, P_L, P_S, P_E, P_EV, P_QB, P_QH, P_QL, P_KB, P_KH, P_KL,
        P_MB, P_MH, P_ML, P_MASK, P_CAUSAL, P_BQ, P_BK, P_THREADS, P_EMPTY_NAN, P_BF16,
        P_COUNT /* 26: attention.py packs that many */ };
 
-/* bfloat16 is the top half of a float: widening is a shift; rounding adds 0x7FFF plus the lowest
- * kept bit (ties to even), NaN stays a quiet NaN */
-static inline float ld_bf16(uint16_t h) {
-    const uint32_t u = (uint32_t)h << 16;
-    float x;
-    memcpy(&x, &u, 4);
-    return x;
-}
-static inline uint16_t st_bf16(float x) {
-    uint32_t u;
-    memcpy(&u, &x, 4);
-    return (uint16_t)(x != x ? 0x7FC0u : (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
-}
-
 /* What one thread works in: the block's queries transposed, its scores (then probabilities)
  * transposed, its output accumulator, the running max and sum per query, and the last columns of v
  * padded to a whole tile when Ev is not a multiple of NR. */
@@ -160,9 +146,9 @@ static void attend_block(const int64_t *P, const void *kp, const void *vp, const
         const uint16_t *kh = kp, *vh = vp;
         for (int64_t j = 0; j < w; ++j) {
 #pragma omp simd
-            for (int64_t e = 0; e < E; ++e) t->kf[j * E + e] = ld_bf16(kh[j * P[P_KL] + e]);
+            for (int64_t e = 0; e < E; ++e) t->kf[j * E + e] = bf16_to_f32(kh[j * P[P_KL] + e]);
 #pragma omp simd
-            for (int64_t c = 0; c < evp; ++c) t->vf[j * evp + c] = c < Ev ? ld_bf16(vh[j * P[P_VL] + c]) : 0.0f;
+            for (int64_t c = 0; c < evp; ++c) t->vf[j * evp + c] = c < Ev ? bf16_to_f32(vh[j * P[P_VL] + c]) : 0.0f;
         }
         k = t->kf, v = t->vf, ldk = E, ldv = evp;
     }
@@ -265,7 +251,7 @@ int cuvil_attention(const void *q, const void *k, const void *v, const void *mas
                 const uint16_t *qb = (const uint16_t *)q + qo;
                 for (int64_t e = 0; e < E; ++e)
                     for (int64_t i = 0; i < bqp; ++i)
-                        t.qt[e * bqp + i] = i < bq ? ld_bf16(qb[i * P[P_QL] + e]) * scale : 0.0f;
+                        t.qt[e * bqp + i] = i < bq ? bf16_to_f32(qb[i * P[P_QL] + e]) * scale : 0.0f;
             } else {
                 const float *qb = (const float *)q + qo;
                 for (int64_t e = 0; e < E; ++e)
@@ -292,7 +278,7 @@ int cuvil_attention(const void *q, const void *k, const void *v, const void *mas
                 if (half) {
                     uint16_t *ob = (uint16_t *)out + row;
 #pragma omp simd
-                    for (int64_t c = 0; c < Ev; ++c) ob[c] = st_bf16(t.o[i * evp + c] * inv);
+                    for (int64_t c = 0; c < Ev; ++c) ob[c] = f32_to_bf16(t.o[i * evp + c] * inv);
                 } else {
                     float *ob = (float *)out + row;
                     for (int64_t c = 0; c < Ev; ++c) ob[c] = t.o[i * evp + c] * inv;

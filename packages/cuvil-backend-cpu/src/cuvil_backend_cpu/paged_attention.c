@@ -111,13 +111,6 @@ static void scale_add(float *restrict acc, float alpha, float p, const float *re
     for (; d < D; ++d) acc[d] = acc[d] * alpha + p * v[d];
 }
 
-INLINE float bf16_to_f32(uint16_t h) {
-    const uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
 INLINE float f16_to_f32(uint16_t h) {
     const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
     uint32_t u;

@@ -81,13 +81,6 @@ INLINE float hsum(vf v) {
     return s;
 }
 
-INLINE float bf16_scalar(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
 /* Widening loads. GCC 12 widens a vector of bytes to 32-bit lanes in one __builtin_convertvector by
    extracting lanes one by one, so x86 builds use the one-instruction widening intrinsics
    (vpmovsxbd, vpmovzxbd, vpmovzxwd); the generic path widens in two steps (8 -> 16 -> 32 bits), which
@@ -187,7 +180,7 @@ INLINE float int8_scalar(int8_t v) { return (float)v; }
     }
 
 DENSE_TILE(tile_f32, float, f32_load, f32_scalar)
-DENSE_TILE(tile_bf16, uint16_t, bf16_load, bf16_scalar)
+DENSE_TILE(tile_bf16, uint16_t, bf16_load, bf16_to_f32)
 DENSE_TILE(tile_int8, int8_t, int8_load, int8_scalar)
 
 #if !defined(CUVIL_VW) && !defined(CUVIL_QL_NO_TABLE) && defined(__AVX512F__)
@@ -796,7 +789,7 @@ int cuvil_ql_dequant(int fmt, const void *w, const float *scale, const float *ze
             memcpy(o, (const float *)w + n * K, (size_t)K * sizeof *o);
         } else if (fmt == QL_BF16) {
             const uint16_t *r = (const uint16_t *)w + n * K;
-            for (int64_t k = 0; k < K; k++) o[k] = bf16_scalar(r[k]);
+            for (int64_t k = 0; k < K; k++) o[k] = bf16_to_f32(r[k]);
         } else if (fmt == QL_INT8) {
             const int8_t *r = (const int8_t *)w + n * K;
             const float s = scale[n];

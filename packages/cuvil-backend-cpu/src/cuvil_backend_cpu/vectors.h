@@ -7,6 +7,7 @@
  * with -std=c11, where GCC does not contract a*b+c.
  */
 #include <stdint.h>
+#include <string.h>
 
 #if defined(CUVIL_VW)
 /* a forced width in plain vector arithmetic: tests run the AVX-512 (16) and SSE/NEON (4) widths on
@@ -70,4 +71,18 @@ static inline __attribute__((always_inline)) vf vabs(vf v) { return (vf)((vi)v &
 static inline __attribute__((always_inline)) vf vsilu(vf v) {
     const vf e = vexp(-vabs(v));
     return v * select(v < splat(0.0f), e, splat(1.0f)) / (splat(1.0f) + e);
+}
+
+/* bfloat16 is the top half of a float: widening is a shift; rounding to nearest even adds 0x7FFF
+ * plus the lowest kept bit, and NaN stays a quiet NaN (no __truncsfbf2: not in every libgcc) */
+static inline __attribute__((always_inline)) float bf16_to_f32(uint16_t h) {
+    const uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+static inline __attribute__((always_inline)) uint16_t f32_to_bf16(float x) {
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    return (uint16_t)(x != x ? 0x7FC0u : (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
 }
