@@ -367,7 +367,7 @@ def test_half_linears_of_one_input_group_at_any_rows(dtype, forced, monkeypatch)
         for step in range(3):
             if step == 2:
                 lin[1].weight.mul_(-0.5)  # a packed group weight is rebuilt for the new version
-            x = torch.randn(2, 9, 48).to(dtype)
+            x = torch.randn(2, 9 if step != 1 else 5, 48).to(dtype)  # (a symbolic sequence length)
             for got, want in zip(f(x), layer(x)):
                 assert got.dtype == want.dtype and got.shape == want.shape
                 torch.testing.assert_close(got.float(), want.float(), rtol=2**-6, atol=2**-6)

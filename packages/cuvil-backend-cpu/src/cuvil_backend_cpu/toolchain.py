@@ -97,12 +97,8 @@ ISA_CHOICES: tuple[str, ...] = ("native", "avx512", "avx2", "portable", *aarch64
 #: ``qemu``: lets ``$CUVIL_CPU_ISA`` name an AArch64 level on a machine that is not AArch64;
 #: kernels are then built by the cross compiler and run under qemu-aarch64 (tests: slow).
 EMULATE_ENV = "CUVIL_CPU_EMULATE"
-#: AVX-512 kernels are built for 512-bit vectors: the Loop IR plans them so (``_VECTOR_BYTES``),
-#: while gcc's tuning for many AVX-512 CPUs (Sapphire Rapids' ``-march=native``, the generic
-#: ``x86-64-v4``) vectorizes at 256 bits unless told. Measured with one thread on a Xeon with
-#: AVX-512 (262144 elements, eager / 256-bit / 512-bit): layer norm 0.085 / 0.084 / 0.075 ms,
-#: tanh-GELU 0.455 / 0.296 / 0.157, softmax 0.143 / 0.192 / 0.143, bfloat16 ``x*2+1`` 0.104 /
-#: 0.071 / 0.052.
+#: AVX-512 kernels are built for 512-bit vectors, as the Loop IR plans them (``_VECTOR_BYTES``):
+#: gcc's tuning for several AVX-512 CPUs vectorizes at 256 bits unless told (docs/cpu-backend.md).
 _WIDE = ("-mprefer-vector-width=512",)
 
 #: The ISA level ``cu.save`` builds kernels for, when it differs from ``$CUVIL_CPU_ISA``'s: an
