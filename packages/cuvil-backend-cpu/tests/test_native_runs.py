@@ -157,3 +157,152 @@ def test_threads_call_one_program_with_different_sizes_at_once(monkeypatch: pyte
         t.join()
     assert not errors, errors[0]
     assert runs(f) == [2] and f.stats.compiles == 1
+
+
+def cache_step(
+    cache_k: torch.Tensor, cache_v: torch.Tensor, pos: torch.Tensor, x: torch.Tensor
+) -> torch.Tensor:
+    """A static cache's step: two kernels, the two writes of the argument caches in place, then
+    two kernels reading the written caches (the writes sit inside one native run)."""
+    k = x * 2 + 1
+    v = torch.tanh(x)
+    cache_k.index_copy_(2, pos, k)
+    cache_v.index_copy_(2, pos, v)
+    return torch.exp(cache_k - cache_k.amax(-1, keepdim=True)).sum(-1) + cache_v.sum(-1)
+
+
+def _caches(seq: int = 9) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seq)
+    return torch.randn(2, 3, seq, 5, generator=g), torch.randn(2, 3, seq, 5, generator=g)
+
+
+def test_cache_writes_in_place_run_natively(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``index_copy_`` into an argument, marked to write it in place ([Note: updates in place]),
+    is a step of the run: the caller's caches as eager leaves them, results bit for bit those of
+    the steps from Python, at several positions and cache lengths."""
+    x = torch.randn(2, 3, 1, 5)
+    native = compiled(cache_step, True, monkeypatch, *_caches(), torch.tensor([0]), x)
+    python = compiled(cache_step, False, monkeypatch, *_caches(), torch.tensor([0]), x)
+    assert any(s.in_place for r in executable_of(native)._runner.runs for s in r.steps), executable_of(
+        native
+    ).stages["wrapper"]
+    for seq, at in ((9, 3), (9, 8), (9, 0), (12, 11), (12, 11)):
+        x = torch.randn(2, 3, 1, 5)
+        pos = torch.tensor([at])
+        ek, ev = _caches(seq)
+        expected = cache_step(ek, ev, pos, x)
+        pk, pv = _caches(seq)
+        b = python(pk, pv, pos, x)
+        for _ in range(2):  # from Python, then natively (the same writes again: same values)
+            nk, nv = _caches(seq)
+            a = native(nk, nv, pos, x)
+            assert torch.equal(a, b) and torch.equal(nk, pk) and torch.equal(nv, pv)
+            assert torch.equal(nk, ek)
+            torch.testing.assert_close(nv, ev)  # (our tanh, eager's: within rounding)
+            torch.testing.assert_close(a, expected)
+    assert native.stats.compiles == 1
+    used = native_runs_used(native)
+    assert used and all(all(v) for v in used.values()), used
+
+
+def test_a_run_that_writes_an_argument_needs_a_call_that_may(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The program run outside a call that checked its arguments' storage (the executable
+    called directly, as a loaded artifact's reference paths are) clones the cache: the caller's
+    tensors stay as they were, the results are the updated values."""
+    x, pos = torch.randn(2, 3, 1, 5), torch.tensor([4])
+    native = compiled(cache_step, True, monkeypatch, *_caches(), pos, x)
+    exe = executable_of(native)
+    for _ in range(3):  # (a binding's first call, then its tables)
+        ck, cv = _caches()
+        before = ck.clone(), cv.clone()
+        outs = exe(ck, cv, pos, x)
+        assert torch.equal(ck, before[0]) and torch.equal(cv, before[1])
+        ek, ev = _caches()
+        expected = cache_step(ek, ev, pos, x)
+        flat = [t for t in outs if isinstance(t, torch.Tensor)]
+        assert any(torch.equal(t, ek) for t in flat)
+        assert any(t.shape == ev.shape and torch.allclose(t, ev) for t in flat)
+        assert any(t.shape == expected.shape and torch.allclose(t, expected) for t in flat)
+
+
+def test_a_cache_write_out_of_range_raises_and_writes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    from cuvil_runtime import native_runs
+
+    failed: list[int] = []
+    real = native_runs.failure
+    monkeypatch.setattr(native_runs, "failure", lambda t, i, z: failed.append(i) or real(t, i, z))
+    x = torch.randn(2, 3, 1, 5)
+    for native in (True, False):
+        f = compiled(cache_step, native, monkeypatch, *_caches(), torch.tensor([0]), x)
+        for bad in (9, -1, 9):  # natively (the compiling call was the binding's first)
+            ck, cv = _caches()
+            before = ck.clone(), cv.clone()
+            with pytest.raises(IndexError, match="index_copy_"):
+                f(ck, cv, torch.tensor([bad]), x)
+            assert torch.equal(ck, before[0]) and torch.equal(cv, before[1])
+        assert len(failed) == (3 if native else 0)  # the step runner's failure, raised as torch's
+        failed.clear()
+        ck, cv = _caches()
+        ek, ev = _caches()
+        torch.testing.assert_close(f(ck, cv, torch.tensor([2]), x), cache_step(ek, ev, torch.tensor([2]), x))
+        assert torch.equal(ck, ek)
+        torch.testing.assert_close(cv, ev)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64, torch.bool])
+def test_the_native_index_copy_matches_torch(dtype: torch.dtype) -> None:
+    """``cuvil_index_copy`` (step_runner.c) against ``Tensor.index_copy_``: every rank up to 4,
+    every dim, strided sources, several and repeated-free indices, through the step's own
+    ``prepare``."""
+    import ctypes
+
+    from cuvil_backend_cpu import step_runner
+    from cuvil_backend_cpu.kernel_cache import KernelCache
+    from cuvil_ir.graph_ir.nodes import KV, Ref
+    from cuvil_runtime.target import NativeOperand
+
+    ne = step_runner.in_place_native(KernelCache())
+    assert ne is not None
+    fn = ctypes.CFUNCTYPE(ctypes.c_int, *[ctypes.c_void_p] * 4)(ne.address)
+    g = torch.Generator().manual_seed(0)
+
+    def op(t: torch.Tensor) -> NativeOperand:
+        return NativeOperand(t.dtype, tuple(t.shape), tuple(t.stride()))
+
+    for shape in ((7,), (3, 5), (2, 3, 4), (2, 1, 6, 3)):
+        for dim in range(len(shape)):
+            n = min(3, shape[dim])
+            index = torch.randperm(shape[dim], generator=g)[:n]
+            src_shape = list(shape)
+            src_shape[dim] = n
+            wide = torch.randn(*src_shape[:-1], src_shape[-1] * 2, generator=g)
+            for src in (wide[..., : src_shape[-1]], torch.randn(*src_shape, generator=g)):  # strided, dense
+                src = (src > 0) if dtype == torch.bool else (src * 100).to(dtype)
+                dst = torch.randn(*shape, generator=g)
+                dst = (dst > 0) if dtype == torch.bool else (dst * 100).to(dtype)
+                expected = dst.clone().index_copy_(dim, index, src)
+                attrs = {
+                    "target": step_runner.INDEX_COPY, "in_place": True, "mutates": 0, "kwargs": KV(()),
+                    "args": (Ref(0), dim - len(shape) if dim % 2 else dim, Ref(1), Ref(2)),
+                }  # fmt: skip
+                made = ne.prepare([op(dst), op(dst), op(index), op(src)], attrs)
+                assert made is not None and made[3][0] == "block"
+                block = (ctypes.c_int64 * len(made[3][1]))(*(v for _, v in made[3][1]))
+                assert fn(dst.data_ptr(), index.data_ptr(), src.data_ptr(), ctypes.addressof(block)) == 0
+                assert torch.equal(dst, expected), (shape, dim, src.stride())
+                bad = index.clone()
+                bad[-1] = shape[dim]
+                assert fn(dst.data_ptr(), bad.data_ptr(), src.data_ptr(), ctypes.addressof(block)) == 3
+                assert torch.equal(dst, expected)  # nothing written
+    # what it does not take runs torch's: another method, a converting source, an int32 index
+    d, s, i = torch.zeros(3, 4), torch.ones(3, 1), torch.tensor([1])
+    base = {"target": step_runner.INDEX_COPY, "in_place": True, "mutates": 0, "kwargs": KV(())}
+    args = (Ref(0), 1, Ref(1), Ref(2))
+    assert ne.prepare([op(d), op(d), op(i), op(s)], {**base, "args": args}) is not None
+    assert (
+        ne.prepare([op(d), op(d), op(i), op(s)], {**base, "args": args, "target": "torch.Tensor.index_add_"})
+        is None
+    )
+    assert ne.prepare([op(d), op(d), op(i), op(s.double())], {**base, "args": args}) is None
+    assert ne.prepare([op(d), op(d), op(i.int()), op(s)], {**base, "args": args}) is None
+    assert ne.prepare([op(d), op(d), op(i), op(s)], {**base, "args": args, "in_place": False}) is None

@@ -21,6 +21,7 @@
  * cuvil_run_steps takes a header of six int64: the step count and the addresses of steps, args,
  * ents, slots and rc. Returns 0, or 1 + the index of the step that failed, its return code in rc. */
 #include <stdint.h>
+#include <string.h>
 
 #define CUVIL_MAX_ARGS 32
 
@@ -145,3 +146,45 @@ int64_t cuvil_run_steps(const int64_t *head) {
 
 /* the most arguments a step may take (the planner's limit) */
 int64_t cuvil_run_steps_max_args(void) { return CUVIL_MAX_ARGS; }
+
+/* ``dst.index_copy_(dim, index, src)`` written in place: a decoder's static-cache writes as steps
+ * of a run ([Note: updates in place] in cuvil_ir/graph_ir/in_place.py; the planner makes a run
+ * with one only for a call that may write the argument, else the wrapper runs torch's).
+ * p: rank, dim, element bytes, index count, then dst's shape, dst's strides, src's strides
+ * (elements; src's shape is dst's with the index count along dim). Every index is checked before
+ * anything is written (eager's IndexError leaves dst as it was): returns 0, or 3 where one is out
+ * of range. Duplicate indices: the last wins (eager leaves the order unspecified). */
+#define CUVIL_INDEX_COPY_RANK 8
+int cuvil_index_copy(char *dst, const int64_t *index, const char *src, const int64_t *p) {
+    const int64_t rank = p[0], dim = p[1], size = p[2], n = p[3];
+    const int64_t *shape = p + 4, *dstr = p + 4 + rank, *sstr = p + 4 + 2 * rank;
+    if (rank < 1 || rank > CUVIL_INDEX_COPY_RANK || dim < 0 || dim >= rank) return 4;
+    for (int64_t j = 0; j < n; ++j)
+        if (index[j] < 0 || index[j] >= shape[dim]) return 3;
+    int64_t count = 1; /* elements of one slice (every dim but dim) */
+    for (int64_t d = 0; d < rank; ++d)
+        if (d != dim) count *= shape[d];
+    if (count == 0) return 0;
+    /* the innermost dim other than dim: rows copied whole where both sides are dense along it */
+    int64_t last = rank - 1 == dim ? rank - 2 : rank - 1;
+    const int64_t row = last >= 0 && dstr[last] == 1 && sstr[last] == 1 ? shape[last] : 1;
+    for (int64_t j = 0; j < n; ++j) {
+        int64_t at[CUVIL_INDEX_COPY_RANK] = {0};
+        for (int64_t done = 0; done < count; done += row) {
+            int64_t o = index[j] * dstr[dim], i = j * sstr[dim];
+            for (int64_t d = 0; d < rank; ++d)
+                if (d != dim) {
+                    o += at[d] * dstr[d];
+                    i += at[d] * sstr[d];
+                }
+            memcpy(dst + o * size, src + i * size, (size_t)(row * size));
+            /* the next slice position (an odometer over the dims but dim, rows as one step) */
+            for (int64_t d = row > 1 ? last - 1 : last; d >= 0; --d) {
+                if (d == dim) continue;
+                if (++at[d] < shape[d]) break;
+                at[d] = 0;
+            }
+        }
+    }
+    return 0;
+}

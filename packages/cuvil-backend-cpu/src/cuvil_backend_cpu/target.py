@@ -104,7 +104,8 @@ class CpuHooks:
         return None if cache is None else step_runner.runner(cache)
 
     def native_extern(self, op: str) -> NativeExtern | None:
-        """The C forms of the weight-only linears' GEMV (alone and grouped)."""
+        """The C forms of the weight-only linears' GEMV (alone and grouped) and of in-place
+        cache writes."""
         cache = self._kernels()
         if cache is None:
             return None
@@ -112,6 +113,8 @@ class CpuHooks:
             return quant_linear.native(quant_linear.kernel(cache))
         if op == shared_input_linears.LinearGroup.name:
             return shared_input_linears.native(quant_linear.kernel(cache))
+        if op == "extern":  # (its calls that overwrite an argument in place: index_copy_)
+            return step_runner.in_place_native(cache)
         return None
 
 

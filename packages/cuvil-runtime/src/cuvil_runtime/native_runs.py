@@ -25,10 +25,18 @@
 # nonzero return of a step stops the run there and raises what the Python call would
 # have raised (a kernel's integer division by zero, an extern's own error).
 #
+# A functional extern's result is a new tensor, so it is not in a run, with one exception: a
+# call marked to overwrite a whole argument of the program in place ([Note: updates in place]
+# in cuvil_ir/graph_ir/in_place.py: a static cache's ``index_copy_``), whose result *is* that
+# argument, with a C form (the cpu target's ``cuvil_index_copy``). Its result is bound to the
+# argument before the run, and a run holding one is taken only in a call that may write
+# arguments (``in_place.allowed()``, checked per call: the storage check of that note); any
+# other call runs the run's steps from Python, whose extern clones the argument as before.
+#
 # Not in a run: steps that take tensors (an emulated kernel), floats (a kernel's float
-# scalars), sizes computed from data, functional externs (their results are new tensors)
-# and control flow; runs of one kernel (one call either way). ``CUVIL_NATIVE_RUNS=0``
-# turns native runs off (the wrapper calls every step from Python).
+# scalars), sizes computed from data, other functional externs and control flow; runs of one
+# kernel (one call either way). ``CUVIL_NATIVE_RUNS=0`` turns native runs off (the wrapper
+# calls every step from Python).
 """
 
 from __future__ import annotations
@@ -75,6 +83,9 @@ class Step:
     launch: Launch | None = None
     extern: Extern | None = None
     native: NativeExtern | None = None
+    #: a functional extern that overwrites a whole input in place (its result is that input):
+    #: the run is taken only in a call that may write it ([Note: updates in place])
+    in_place: bool = False
 
 
 @dataclass

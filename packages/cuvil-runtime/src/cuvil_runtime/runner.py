@@ -29,6 +29,7 @@ from typing import Any
 import sympy
 import torch
 
+from cuvil_ir.graph_ir import in_place
 from cuvil_ir.graph_ir.aliases import output_aliases
 from cuvil_ir.graph_ir.registry import REGISTRY
 from cuvil_ir.graph_ir.types import DType, TensorType
@@ -185,7 +186,39 @@ class ProgramRunner:
                 ):
                     continue
                 found[i] = native_runs.Step(step.name, extern=step, native=ne)
+            elif isinstance(step, Extern) and native_extern is not None and self._writes_input(step):
+                # an overwrite of an argument in place: its result is that argument
+                ne = native_extern(step.node.op)
+                if ne is not None and not self._is_late(step.node.attrs):
+                    found[i] = native_runs.Step(step.name, extern=step, native=ne, in_place=True)
         return found
+
+    def _writes_input(self, step: Extern) -> bool:
+        """Whether ``step`` is a functional extern call marked to overwrite a whole input of the
+        program in place ([Note: updates in place]), its other operands views of sizes known
+        before it runs: the one kind of functional extern a native run may hold."""
+        prog = self.program
+        attrs = dict(step.node.attrs)
+        i = attrs.get("mutates")
+        if attrs.get("in_place") is not True or type(i) is not int or len(step.outputs) != 1:
+            return False
+        if not all(isinstance(o, View) for o in step.inputs) or not 0 <= i < len(step.inputs):
+            return False
+        target = step.inputs[i]
+        assert isinstance(target, View)
+        buf = prog.buffers[target.buf]
+        whole = (
+            buf.kind == "input"
+            and tuple(target.shape) == tuple(buf.shape)
+            and tuple(target.strides) == tuple(buf.strides)
+            and target.offset == 0
+        )
+        sizes = tuple((*o.shape, *o.strides, o.offset) for o in step.inputs)  # type: ignore[union-attr]
+        return (
+            whole
+            and not self._is_late(sizes)
+            and not self._is_late(tuple(prog.buffers[step.outputs[0]].shape))
+        )
 
     def _native_runs(self) -> list[list[tuple[int, native_runs.Step]]]:
         """Consecutive steps of :meth:`_native_steps`, with their indices (runs of two steps
@@ -450,9 +483,19 @@ class ProgramRunner:
         where this binding has tables, else (the caller indents the steps' Python code under
         the ``else``) each step from Python ([Note: native runs])."""
         prog = self.program
-        for i, _ in members:
+        for i, m in members:
             step = prog.steps[i]
             outs = [step.buf] if isinstance(step, Kernel) else list(step.outputs)  # type: ignore[union-attr]
+            if m.in_place:  # its result is the input it overwrites: no buffer of its own
+                assert isinstance(step, Extern)
+                which = step.node.attr("mutates")
+                assert isinstance(which, int)
+                target = step.inputs[which]
+                assert isinstance(target, View)
+                body.append(f"v_{outs[0]} = {tensor[target.buf]}")
+                tensor[outs[0]] = f"v_{outs[0]}"
+                ptr[outs[0]] = ptr[target.buf]
+                continue
             for o in outs:
                 if o in hoisted or (prog.buffers[o].kind != "output" and o in tensor):
                     continue
@@ -481,7 +524,13 @@ class ProgramRunner:
             tup = f"({key}{',' if len(self.symbols) == 1 else ''})"
             body.append("_n = _p.native")
             body.append(f"if _n is None: _n = _self.native_plan(_p, {tup})")
-        body.append(f"_t = _n[{j}]")
+        if any(m.in_place for m in run.steps):
+            # it writes an argument: only in a call that may ([Note: updates in place]), else the
+            # steps from Python, whose extern clones it
+            ns["_in_place"] = in_place.allowed
+            body.append(f"_t = _n[{j}] if _in_place() else None")
+        else:
+            body.append(f"_t = _n[{j}]")
         body.append("if _t is not None:")
         if run.calls:
             body.append(f"    _pk{j}(_t.slots, 0, {', '.join(run.calls)})")
