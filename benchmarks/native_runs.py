@@ -39,16 +39,15 @@ def _compiled(model: Any, native: bool) -> Any:
 
 
 def _decode_runs(compiled: Any) -> tuple[int, int, int]:
-    """(native runs, steps in them, steps in all) of the wrapper with the most steps (the decode step)."""
+    """(native runs, steps in them, steps in all) of the decode step's wrapper: the program
+    compiled last (the prompt's step, which also makes the static cache, compiles first)."""
     from cuvil_runtime.pipeline import ProgramExecutable
 
-    best = (0, 0, 0)
-    for art in compiled.artifacts:
-        if isinstance(art.executable, ProgramExecutable):
-            r = art.executable._runner
-            found = (len(r.runs), sum(len(x.steps) for x in r.runs), len(r.program.steps))
-            best = max(best, found, key=lambda t: t[2])
-    return best
+    programs = [a.executable for a in compiled.artifacts if isinstance(a.executable, ProgramExecutable)]
+    if not programs:
+        return (0, 0, 0)
+    r = programs[-1]._runner
+    return (len(r.runs), sum(len(x.steps) for x in r.runs), len(r.program.steps))
 
 
 def measure(precision: str, args: argparse.Namespace) -> dict[str, Any]:
