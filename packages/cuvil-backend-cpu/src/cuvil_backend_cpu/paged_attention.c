@@ -75,7 +75,7 @@ enum {
 };
 
 /* what cuvil_paged_attention returns (info[0]: the sequence, info[1]: its value) */
-enum { PA_OK = 0, PA_NOMEM = 1, PA_STARTS = 2, PA_LENS = 3, PA_TABLE = 4 };
+enum { PA_OK = 0, PA_NOMEM = 1, PA_STARTS = 2, PA_LENS = 3, PA_TABLE = 4, PA_SHAPE = 6 };
 
 #define INLINE static inline __attribute__((always_inline))
 
@@ -720,22 +720,79 @@ enum {
     D_COUNT
 };
 
+/* A decode step whose mask is not a prefix of allowed positions per sequence (a padded batch's
+ * holes, a window, biases; a sequence that sees no position): per sequence and query head directly,
+ * scores = scale q.k + the mask's value (bool: the position dropped where 0; float: added, dropped
+ * where -inf), a softmax over the positions not dropped, out = their weighted sum of v. As torch's
+ * CPU attention: a row with no position left is zeros, a NaN score makes the row NaN. */
+static int decode_any_mask(const float *q, const float *kc, const float *vc, const void *mask, float *out,
+                           const int64_t *d, float scale) {
+    const int64_t B = d[D_BATCH], H = d[D_HEADS], KVH = d[D_KV_HEADS], D = d[D_DIM], S = d[D_POSITIONS];
+    const int64_t G = H / KVH, threads = max64(1, min64(d[D_THREADS], B * H));
+    int failed = 0;
+#pragma omp parallel num_threads(threads) if (threads > 1)
+    {
+        float *sc = malloc((size_t)max64(S, 1) * sizeof *sc);
+        if (!sc) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp for schedule(static)
+        for (int64_t bh = 0; bh < B * H; ++bh) {
+            if (!sc) continue;
+            const int64_t b = bh / H, h = bh % H, kh = h / G;
+            const float *qv = q + b * d[D_Q_B] + h * d[D_Q_H];
+            const float *kb = kc + b * d[D_K_B] + kh * d[D_K_H], *vb = vc + b * d[D_V_B] + kh * d[D_V_H];
+            const uint8_t *mb = d[D_MASK] == 1 ? (const uint8_t *)mask + b * d[D_MASK_B] : NULL;
+            const float *mf = d[D_MASK] == 2 ? (const float *)mask + b * d[D_MASK_B] : NULL;
+            float M = -INFINITY;
+            int nan = 0;
+            for (int64_t p = 0; p < S; ++p) {
+                if ((mb && !mb[p]) || (mf && mf[p] == -INFINITY)) {
+                    sc[p] = -INFINITY;
+                    continue;
+                }
+                float dot = 0.0f;
+                for (int64_t e = 0; e < D; ++e) dot += qv[e] * kb[p * d[D_K_P] + e];
+                sc[p] = dot * scale + (mf ? mf[p] : 0.0f);
+                if (sc[p] != sc[p]) nan = 1;
+                else if (sc[p] > M) M = sc[p];
+            }
+            float *o = out + (b * H + h) * D;
+            for (int64_t e = 0; e < D; ++e) o[e] = nan ? NAN : 0.0f;
+            if (nan || M == -INFINITY) continue;
+            float L = 0.0f;
+            for (int64_t p = 0; p < S; ++p) {
+                if (sc[p] == -INFINITY) continue;
+                const float w = expf(sc[p] - M);
+                L += w;
+                for (int64_t e = 0; e < D; ++e) o[e] += w * vb[p * d[D_V_P] + e];
+            }
+            const float inv = 1.0f / L;
+            for (int64_t e = 0; e < D; ++e) o[e] *= inv;
+        }
+        free(sc);
+    }
+    return failed ? PA_NOMEM : PA_OK;
+}
+
 /* A decode step over a contiguous cache (cuvil_backend_cpu/decode_attention.py): one query per
  * sequence, k and v the whole cache, the sequence lengths read off the mask (a prefix of allowed
  * positions per sequence, see prefix_lengths); the cache is `batch` blocks of S positions behind the
- * identity block table. out: [B, H, D] contiguous. Returns cuvil_paged_attention's codes, or 5 when
- * the mask is not such a prefix (the caller then runs torch's attention). */
+ * identity block table. A mask that is not such a prefix runs decode_any_mask. out: [B, H, D]
+ * contiguous. Returns cuvil_paged_attention's codes. */
 int cuvil_decode_attention(const float *q, const void *kc, const void *vc, const void *mask, float *out,
                            const int64_t *d, float scale, float drop) {
     const int64_t B = d[D_BATCH], S = d[D_POSITIONS];
+    if (d[D_KV_HEADS] < 1 || d[D_HEADS] % d[D_KV_HEADS]) return PA_SHAPE;
     int32_t *buf = malloc((size_t)(3 * B + 1) * sizeof *buf);
     if (!buf) return PA_NOMEM;
     int32_t *tables = buf, *lens = buf + B, *starts = buf + 2 * B;
     for (int64_t b = 0; b <= B; ++b) starts[b] = (int32_t)b;
     for (int64_t b = 0; b < B; ++b) tables[b] = (int32_t)b, lens[b] = (int32_t)S;
-    if (d[D_MASK] && prefix_lengths(mask, d[D_MASK] == 2, B, S, d[D_MASK_B], drop, lens)) {
+    if (S < 1 || (d[D_MASK] && prefix_lengths(mask, d[D_MASK] == 2, B, S, d[D_MASK_B], drop, lens))) {
         free(buf);
-        return 5;
+        return decode_any_mask(q, (const float *)kc, (const float *)vc, mask, out, d, scale);
     }
     const int64_t P[P_COUNT] = {
         [P_TOKENS] = B, [P_HEADS] = d[D_HEADS], [P_KV_HEADS] = d[D_KV_HEADS], [P_DIM] = d[D_DIM],
@@ -749,6 +806,17 @@ int cuvil_decode_attention(const float *q, const void *kc, const void *vc, const
     const int rc = cuvil_paged_attention(q, kc, vc, tables, lens, starts, out, P, scale, info);
     free(buf);
     return rc;
+}
+
+/* cuvil_decode_attention as a step of a native run (cuvil_runtime/native_runs.py), whose steps
+ * take integers only: d holds its D_COUNT params, then the scale's and the drop value's float32 bits. */
+int cuvil_decode_attention_step(const float *q, const void *kc, const void *vc, const void *mask, float *out,
+                                const int64_t *d) {
+    union {
+        uint32_t u;
+        float f;
+    } scale = {(uint32_t)d[D_COUNT]}, drop = {(uint32_t)d[D_COUNT + 1]};
+    return cuvil_decode_attention(q, kc, vc, mask, out, d, scale.f, drop.f);
 }
 
 void cuvil_paged_attention_info(int64_t *vw, int64_t *pt) {

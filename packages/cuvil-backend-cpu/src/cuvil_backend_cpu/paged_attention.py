@@ -71,6 +71,10 @@ class PagedAttentionKernel:
         self._decode = lib.cuvil_decode_attention
         self._decode.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_char_p, ctypes.c_float, ctypes.c_float]
         self._decode.restype = ctypes.c_int
+        #: the same as a native run's step (integer arguments only), or None under emulation
+        self.decode_step: int | None = None
+        if not self._tensors:
+            self.decode_step = ctypes.cast(lib.cuvil_decode_attention_step, ctypes.c_void_p).value  # type: ignore[arg-type]
 
     def decode(
         self,
@@ -82,23 +86,25 @@ class PagedAttentionKernel:
         scale: float,
         drop: float,
         threads: int | None = None,
+        out: torch.Tensor | None = None,
     ) -> torch.Tensor | None:
         """A decode step's attention over a contiguous cache (``cuvil_decode_attention``):
         float32 ``q [B, H, 1, D]``, ``k, v [B, KVH, S, D]`` with a unit stride along ``D``,
         ``mask`` None or ``[B or 1, 1, 1, S]`` bool/float32 with a unit stride along ``S``
-        (:mod:`cuvil_backend_cpu.decode_attention` checks all this); ``None`` when the mask
-        allows anything but a prefix of positions per sequence (values at or below ``drop``
-        drop a position)."""
+        (:mod:`cuvil_backend_cpu.decode_attention` checks all this). A mask that allows a prefix
+        of positions per sequence (values at or below ``drop`` drop a position) runs the split
+        kernel, any other the direct form (torch's semantics: a row that sees nothing is zeros).
+        ``out``: a contiguous float32 ``[B, H, 1, D]`` to write (else a new one)."""
         batch, heads, _, dim = q.shape
-        kv_heads, positions = k.shape[1], k.shape[2]
-        out = torch.empty((batch, heads, 1, dim), dtype=torch.float32)
-        kind = 0 if mask is None else 1 if mask.dtype == torch.bool else 2
-        mask_b = 0 if mask is None or mask.shape[0] == 1 else mask.stride(0)
-        params = struct.pack(
-            "18q", batch, heads, kv_heads, dim, positions,
-            q.stride(0), q.stride(1), *k.stride()[:3], *v.stride()[:3], kind, mask_b,
-            max(1, torch.get_num_threads() if threads is None else threads), SPLIT_MIN, QUERY_TILE,
+        positions = k.shape[2]
+        if out is None:
+            out = torch.empty((batch, heads, 1, dim), dtype=torch.float32)
+        block = decode_params(
+            tuple(q.shape), tuple(q.stride()), tuple(k.shape), tuple(k.stride()), tuple(v.stride()),
+            None if mask is None else (mask.dtype, tuple(mask.shape), tuple(mask.stride())),
+            max(1, torch.get_num_threads() if threads is None else threads),
         )  # fmt: skip
+        params = struct.pack("18q", *block)
         tensors = (q, k, v, mask, out)
         ptrs = tensors if self._tensors else tuple(None if t is None else t.data_ptr() for t in tensors)
         rc = self._decode(*ptrs, params, float(scale), float(drop))
@@ -174,6 +180,28 @@ class PagedAttentionKernel:
             raise paged.PagedShapeError(f"paged_attention: {message}")
         self.last_split_items = int(info[1])
         return out if query.dtype == torch.float32 else out.to(query.dtype)
+
+
+def decode_params(
+    q_shape: tuple[int, ...],
+    q_strides: tuple[int, ...],
+    k_shape: tuple[int, ...],
+    k_strides: tuple[int, ...],
+    v_strides: tuple[int, ...],
+    mask: tuple[torch.dtype, tuple[int, ...], tuple[int, ...]] | None,
+    threads: Any,
+) -> tuple[Any, ...]:
+    """``cuvil_decode_attention``'s 18 parameters (its ``D_*`` order) for these operands (the
+    mask: its dtype, shape and strides); ``threads`` goes in as given (a native run's step puts
+    its per-call thread count there)."""
+    batch, heads, _, dim = q_shape
+    kv_heads, positions = k_shape[1], k_shape[2]
+    kind = 0 if mask is None else 1 if mask[0] == torch.bool else 2
+    mask_b = 0 if mask is None or mask[1][0] == 1 else mask[2][0]
+    return (
+        batch, heads, kv_heads, dim, positions, q_strides[0], q_strides[1], *k_strides[:3],
+        *v_strides[:3], kind, mask_b, threads, SPLIT_MIN, QUERY_TILE,
+    )  # fmt: skip
 
 
 def _unit_last(t: torch.Tensor) -> torch.Tensor:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from cuvil_backend_cpu import quant_linear
+from cuvil_backend_cpu import decode_attention, quant_linear
 from cuvil_backend_cpu.externs import FAST_EXTERNS, OUT_VARIANTS
 from cuvil_backend_cpu.half import HALF
 from cuvil_backend_cpu.loop_ir.schedule import SchedulePolicy
@@ -23,7 +23,8 @@ FUSION = FusionPolicy(
     # float16 and bfloat16 are held as bits and computed in float ([Note: half precision in C])
     dtypes=FusionPolicy().dtypes | HALF,
     # (weight-only linears write into the plan's buffer too: cuvil_backend_cpu.quant_linear)
-    out_variants=(frozenset(OUT_VARIANTS) - frozenset(FAST_EXTERNS)) | {quant_linear.OP, LinearGroup.name},
+    out_variants=(frozenset(OUT_VARIANTS) - frozenset(FAST_EXTERNS))
+    | {quant_linear.OP, LinearGroup.name, decode_attention.OP},
     # oneDNN runs these about twice as fast on channels-last tensors (measured here)
     channels_last_ops=frozenset(
         {"conv", "cpu_conv_epilogue", "max_pool", "avg_pool", "adaptive_avg_pool", "adaptive_max_pool"}

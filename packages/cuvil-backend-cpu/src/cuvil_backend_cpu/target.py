@@ -23,6 +23,7 @@ import cuvil_runtime
 from cuvil_backend_cpu import (
     attention,
     attention_pattern,
+    decode_attention,
     epilogues,
     externs,
     packed_gemm,
@@ -84,6 +85,8 @@ class CpuHooks:
         if op == quant_linear.OP:
             # (a loaded artifact: the kernel where this host has a C compiler, else the reference)
             return quant_linear.out_variant(None)
+        if op == decode_attention.OP:
+            return decode_attention.out_variant(None)
         if op == shared_input_linears.LinearGroup.name:  # (its members one at a time)
             return shared_input_linears.out_variant(
                 None, self._f32_linear(), self.out_variant(quant_linear.OP)
@@ -115,6 +118,8 @@ class CpuHooks:
             return shared_input_linears.native(quant_linear.kernel(cache))
         if op == "extern":  # (its calls that overwrite an argument in place: index_copy_)
             return step_runner.in_place_native(cache)
+        if op == decode_attention.OP:
+            return decode_attention.native(paged_attention.kernel(cache))
         return None
 
 
@@ -167,6 +172,8 @@ class CpuTarget(CpuHooks):
         a parameter on the right."""
         if op == quant_linear.OP:
             return quant_linear.out_variant(self.cache)
+        if op == decode_attention.OP:
+            return decode_attention.out_variant(self.cache)
         if op == "matmul":  # a parameter on the right (GPT-2's Conv1D): our packed GEMM a candidate
             return externs.matmul_into_with_ours(packed_gemm.f32_matmul(self.cache))
         if op == shared_input_linears.LinearGroup.name:
@@ -229,6 +236,11 @@ GRAPH_PASSES: Pipeline[Graph] = Pipeline(
     [
         Pass(
             "repeated_heads", repeated_heads.rewrite, "grouped-query attention reads its key heads unrepeated"
+        ),
+        Pass(
+            "decode_attention",
+            decode_attention.rewrite,
+            "a decode step's attention to the cache kernel, written into its buffer",
         ),
         Pass("attention_pattern", attention_pattern.rewrite, "hand-written attention to the flash kernel"),
         Pass(
