@@ -259,3 +259,21 @@ def test_other_attention_is_not_rewritten_or_runs_torch(monkeypatch: Any) -> Non
         assert "cpu_decode_attention" in f.artifacts[-1].executable.stages["tensor_ir"]
         for _ in range(2):
             torch.testing.assert_close(f(*args), decode_step(*args), rtol=1e-5, atol=1e-5)
+
+
+def test_a_saved_decode_step_loads_and_runs_it(tmp_path: Any) -> None:
+    """A loaded artifact runs ``cpu_decode_attention`` by its out-variant (this host's kernel),
+    natively from its second call: eager's values, prefix masks and others."""
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (
+        torch.randn(2, 8, 16, generator=g),
+        torch.randn(2, 2, 40, 16, generator=g),
+        torch.randn(2, 2, 40, 16, generator=g),
+    )
+    f = cu.load(cu.save(decode_step, tmp_path / "decode.cuvil", q, k, v, _bool([40, 7], 40)))
+    steps = f.executable._runner.program.steps
+    assert decode_attention.OP in [s.node.op for s in steps if hasattr(s, "node")]
+    holes = _bool([40, 30], 40)
+    holes[1, ..., :4] = False
+    for mask in (_bool([40, 7], 40), holes, holes):
+        torch.testing.assert_close(f(q, k, v, mask), decode_step(q, k, v, mask), rtol=1e-5, atol=1e-5)
