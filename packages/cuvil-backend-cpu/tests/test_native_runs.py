@@ -180,6 +180,12 @@ def test_cache_writes_in_place_run_natively(monkeypatch: pytest.MonkeyPatch) -> 
     """``index_copy_`` into an argument, marked to write it in place ([Note: updates in place]),
     is a step of the run: the caller's caches as eager leaves them, results bit for bit those of
     the steps from Python, at several positions and cache lengths."""
+    from cuvil_ir.graph_ir.ops import core
+
+    written: list[str] = []  # the writes run from Python (the opaque extern's reference)
+    real = core.Extern.reference
+    spy = staticmethod(lambda *a, **k: written.append(k["target"]) or real(*a, **k))
+    monkeypatch.setattr(core.Extern, "reference", spy)
     x = torch.randn(2, 3, 1, 5)
     native = compiled(cache_step, True, monkeypatch, *_caches(), torch.tensor([0]), x)
     python = compiled(cache_step, False, monkeypatch, *_caches(), torch.tensor([0]), x)
@@ -193,9 +199,12 @@ def test_cache_writes_in_place_run_natively(monkeypatch: pytest.MonkeyPatch) -> 
         expected = cache_step(ek, ev, pos, x)
         pk, pv = _caches(seq)
         b = python(pk, pv, pos, x)
-        for _ in range(2):  # from Python, then natively (the same writes again: same values)
+        for again in range(2):  # from Python, then natively (the same writes again: same values)
             nk, nv = _caches(seq)
+            before = len(written)
             a = native(nk, nv, pos, x)
+            if again:  # (a binding's second call at the latest runs natively)
+                assert len(written) == before  # the run wrote the caches, not torch's method
             assert torch.equal(a, b) and torch.equal(nk, pk) and torch.equal(nv, pv)
             assert torch.equal(nk, ek)
             torch.testing.assert_close(nv, ev)  # (our tanh, eager's: within rounding)
