@@ -187,6 +187,7 @@ def test_cuvil_dump_writes_every_stage(tmp_path, monkeypatch):
     passes = sorted(p.name for p in (folder / "passes").iterdir())
     ran = [
         "graph_ir-repeated_heads",
+        "graph_ir-decode_attention",
         "graph_ir-attention_pattern",
         "graph_ir-small_matmul",
         "graph_ir-epilogues",
