@@ -50,7 +50,6 @@ import torch
 from cuvil_backend_cpu.epilogues import context
 from cuvil_backend_cpu.kernel_cache import KernelCache
 from cuvil_backend_cpu.paged_attention import PagedAttentionKernel, decode_params, kernel
-from cuvil_backend_cpu.toolchain import ToolchainError
 from cuvil_ir import REGISTRY
 from cuvil_ir.graph_ir.nodes import Graph
 from cuvil_ir.graph_ir.ops._rules import LIBRARY_KERNEL
@@ -64,6 +63,41 @@ from cuvil_runtime.target import NativeArg, NativeExtern, NativeOperand
 MIN_CACHED = 64
 #: an additive mask value at or below this drops its position exactly (``exp`` underflows to 0)
 DROPPED = torch.finfo(torch.float32).min / 2
+
+
+def takes(
+    q: Sequence[int],
+    k: Sequence[int],
+    v: Sequence[int],
+    mask: tuple[torch.dtype, Sequence[int]] | None,
+    enable_gqa: bool,
+) -> bool:
+    """Whether the C call takes operands of these shapes (the mask: its dtype and shape):
+    ``q [B, H, 1, D]``, ``k, v [B, KVH, S, D]`` with ``S >= 1`` and ``H`` a multiple of ``KVH``
+    (equal without ``enable_gqa``), a bool or float32 mask ``[B or 1, 1, 1, S]`` or none."""
+    if not (len(q) == len(k) == len(v) == 4 and q[2] == 1):
+        return False
+    batch, heads, _, dim = q
+    kv_heads, positions = k[1], k[2]
+    if (
+        positions < 1
+        or tuple(k) != tuple(v)
+        or k[0] != batch
+        or k[3] != dim
+        or kv_heads < 1
+        or heads % kv_heads
+        or (heads != kv_heads and not enable_gqa)
+    ):
+        return False
+    if mask is None:
+        return True
+    dtype, shape = mask  # (per-head or per-query masks, or a broadcast along the positions: no)
+    return (
+        dtype in (torch.bool, torch.float32)
+        and len(shape) == 4
+        and tuple(shape[1:]) == (1, 1, positions)
+        and shape[0] in (1, batch)
+    )
 
 
 def attend(
@@ -83,31 +117,18 @@ def attend(
     or ``None`` where it does not apply (fewer than ``min_cached`` cached positions, by
     default :data:`MIN_CACHED`); into ``out`` (contiguous ``[B, H, 1, D]``) if given."""
     if not (
-        q.dim() == k.dim() == v.dim() == 4
-        and q.shape[2] == 1
-        and q.dtype == k.dtype == v.dtype == torch.float32
+        q.dtype == k.dtype == v.dtype == torch.float32
         and q.device.type == k.device.type == v.device.type == "cpu"
+        and (mask is None or mask.device.type == "cpu")
+        and takes(q.shape, k.shape, v.shape, None if mask is None else (mask.dtype, mask.shape), enable_gqa)
     ):
         return None
     batch, heads, _, dim = q.shape
-    kv_heads, positions = k.shape[1], k.shape[2]
-    if (
-        batch * positions < (MIN_CACHED if min_cached is None else min_cached)
-        or positions < 1
-        or k.shape != v.shape
-        or k.shape[0] != batch
-        or k.shape[3] != dim
-        or kv_heads == 0
-        or (heads != kv_heads and not (enable_gqa and heads % kv_heads == 0))
-    ):
+    positions = k.shape[2]
+    if batch * positions < (MIN_CACHED if min_cached is None else min_cached):
         return None
-    if mask is not None:
-        if mask.dim() != 4 or mask.shape[1:] != (1, 1, positions) or mask.shape[0] not in (1, batch):
-            return None  # per-head or per-query masks, or a broadcast along the positions
-        if mask.dtype not in (torch.bool, torch.float32) or mask.device.type != "cpu":
-            return None
-        if mask.stride(3) != 1 and positions > 1:
-            mask = mask.contiguous()
+    if mask is not None and mask.stride(3) != 1 and positions > 1:
+        mask = mask.contiguous()
     if out is not None and not (
         out.dtype == torch.float32 and out.shape == (batch, heads, 1, dim) and out.is_contiguous()
     ):
@@ -174,16 +195,9 @@ def rewrite(graph: Graph) -> Graph:
     if not any(n.op == "sdpa" for n in graph.nodes):
         return graph
     ctx = context(graph)
-    # sizes the graph assumes equal to others (a chain of them ends at a decode step's 1)
-    equal = {a.lhs: a.rhs for a in graph.assumptions if isinstance(a, sympy.Eq) and a.lhs.is_Symbol}
 
     def one(d: Any) -> bool:  # (a decode step's query length is a symbol the graph assumes 1)
-        e = sympy.sympify(d)
-        for _ in range(4):
-            if e == 1 or ctx.prove(sympy.Eq(e, 1)):
-                return True
-            e = e.xreplace(equal)
-        return False
+        return d == 1 or bool(ctx.prove(sympy.Eq(d, 1)))
 
     nodes = list(graph.nodes)
     changed = False
@@ -212,14 +226,9 @@ def rewrite(graph: Graph) -> Graph:
 
 def out_variant(cache: KernelCache | None) -> Callable[..., None]:
     """What a ``cpu_decode_attention`` call runs: ``(out, q, k, v[, mask], **attrs)`` writing
-    ``out``, by the C call where :func:`attend` takes the operands, else torch's attention copied
-    in. ``cache=None`` (a loaded artifact): this host's kernel cache, where it has a compiler."""
-    if cache is None:
-        try:
-            cache = KernelCache()
-        except ToolchainError:
-            cache = None
-    found = cache
+    ``out``, by the C call (built by ``cache``) where :func:`attend` takes the operands, else
+    torch's attention copied in (also with no ``cache``: a loaded artifact on a host without a
+    C compiler)."""
 
     def run(
         out: torch.Tensor,
@@ -231,11 +240,11 @@ def out_variant(cache: KernelCache | None) -> Callable[..., None]:
         enable_gqa: bool,
         has_mask: bool,
     ) -> None:
-        if found is not None:
+        if cache is not None:
             m = mask[0] if has_mask else None
             # (at any cache length: what the native step computes, bit for bit)
             got = attend(
-                lambda: kernel(found), q, k, v, m, scale=scale, enable_gqa=enable_gqa, out=out, min_cached=0
+                lambda: kernel(cache), q, k, v, m, scale=scale, enable_gqa=enable_gqa, out=out, min_cached=0
             )
             if got is not None:
                 return
@@ -264,31 +273,17 @@ def native(pa: PagedAttentionKernel) -> NativeExtern | None:
         if len(ops) != 4 + int(bool(attrs["has_mask"])):
             return None
         out, q, k, v, *mask = ops
-        if any(t.dtype != torch.float32 or len(t.shape) != 4 for t in (out, q, k, v)):
-            return None
-        batch, heads, one, dim = q.shape
-        kv_heads, positions = k.shape[1], k.shape[2]
-        if (
-            one != 1
-            or k.shape != v.shape
-            or k.shape[0] != batch
-            or k.shape[3] != dim
-            or positions < 1
-            or kv_heads < 1
-            or heads % kv_heads
-            or (heads != kv_heads and not attrs["enable_gqa"])
-            or out.shape != (batch, heads, 1, dim)
-            or not out.is_contiguous()
-            or (dim > 1 and any(t.strides[3] != 1 for t in (q, k, v)))
+        m = mask[0] if mask else None
+        if any(t.dtype != torch.float32 for t in (out, q, k, v)) or not takes(
+            q.shape, k.shape, v.shape, None if m is None else (m.dtype, m.shape), bool(attrs["enable_gqa"])
         ):
             return None
-        m = mask[0] if mask else None
-        if m is not None and (
-            len(m.shape) != 4
-            or m.dtype not in (torch.bool, torch.float32)
-            or m.shape[1:] != (1, 1, positions)
-            or m.shape[0] not in (1, batch)
-            or (positions > 1 and m.strides[3] != 1)
+        batch, heads, _, dim = q.shape
+        if (
+            out.shape != (batch, heads, 1, dim)
+            or not out.is_contiguous()
+            or (dim > 1 and any(t.strides[3] != 1 for t in (q, k, v)))  # (attend copies these)
+            or (m is not None and k.shape[2] > 1 and m.strides[3] != 1)
         ):
             return None
         meta = None if m is None else (m.dtype, m.shape, m.strides)
@@ -312,4 +307,14 @@ def native(pa: PagedAttentionKernel) -> NativeExtern | None:
     return NativeExtern(pa.decode_step, prepare, error)
 
 
-__all__ = ["DROPPED", "MIN_CACHED", "OP", "DecodeAttention", "attend", "native", "out_variant", "rewrite"]
+__all__ = [
+    "DROPPED",
+    "MIN_CACHED",
+    "OP",
+    "DecodeAttention",
+    "attend",
+    "native",
+    "out_variant",
+    "rewrite",
+    "takes",
+]

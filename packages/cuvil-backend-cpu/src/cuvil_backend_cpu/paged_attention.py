@@ -87,7 +87,7 @@ class PagedAttentionKernel:
         drop: float,
         threads: int | None = None,
         out: torch.Tensor | None = None,
-    ) -> torch.Tensor | None:
+    ) -> torch.Tensor:
         """A decode step's attention over a contiguous cache (``cuvil_decode_attention``):
         float32 ``q [B, H, 1, D]``, ``k, v [B, KVH, S, D]`` with a unit stride along ``D``,
         ``mask`` None or ``[B or 1, 1, 1, S]`` bool/float32 with a unit stride along ``S``
@@ -100,16 +100,14 @@ class PagedAttentionKernel:
         if out is None:
             out = torch.empty((batch, heads, 1, dim), dtype=torch.float32)
         block = decode_params(
-            tuple(q.shape), tuple(q.stride()), tuple(k.shape), tuple(k.stride()), tuple(v.stride()),
-            None if mask is None else (mask.dtype, tuple(mask.shape), tuple(mask.stride())),
+            q.shape, q.stride(), k.shape, k.stride(), v.stride(),
+            None if mask is None else (mask.dtype, mask.shape, mask.stride()),
             max(1, torch.get_num_threads() if threads is None else threads),
         )  # fmt: skip
         params = struct.pack("18q", *block)
         tensors = (q, k, v, mask, out)
         ptrs = tensors if self._tensors else tuple(None if t is None else t.data_ptr() for t in tensors)
         rc = self._decode(*ptrs, params, float(scale), float(drop))
-        if rc == 5:
-            return None
         if rc == 1:
             raise MemoryError(f"decode attention of {batch} sequences x {positions} positions: out of memory")
         if rc:

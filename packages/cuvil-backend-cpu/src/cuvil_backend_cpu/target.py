@@ -85,8 +85,8 @@ class CpuHooks:
         if op == quant_linear.OP:
             # (a loaded artifact: the kernel where this host has a C compiler, else the reference)
             return quant_linear.out_variant(None)
-        if op == decode_attention.OP:
-            return decode_attention.out_variant(None)
+        if op == decode_attention.OP:  # (a loaded artifact: this host's kernels, where it has a compiler)
+            return decode_attention.out_variant(self._kernels())
         if op == shared_input_linears.LinearGroup.name:  # (its members one at a time)
             return shared_input_linears.out_variant(
                 None, self._f32_linear(), self.out_variant(quant_linear.OP)
@@ -172,8 +172,6 @@ class CpuTarget(CpuHooks):
         a parameter on the right."""
         if op == quant_linear.OP:
             return quant_linear.out_variant(self.cache)
-        if op == decode_attention.OP:
-            return decode_attention.out_variant(self.cache)
         if op == "matmul":  # a parameter on the right (GPT-2's Conv1D): our packed GEMM a candidate
             return externs.matmul_into_with_ours(packed_gemm.f32_matmul(self.cache))
         if op == shared_input_linears.LinearGroup.name:
