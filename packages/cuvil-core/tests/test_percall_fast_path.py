@@ -379,3 +379,189 @@ def test_keyword_calls_take_the_fast_path_with_their_guards():
     close(f(x, y=y), g(x, y=y))
     with pytest.raises(TypeError, match="multiple values"):
         f(x, x=y)
+
+
+# -- attribute objects in the arguments (a decoder's cache): the structure walked as flatten does
+
+
+class Layer:
+    """A cache layer as transformers keeps one: tensors, an int length, a flag."""
+
+    def __init__(self, keys: torch.Tensor, length: int, ready: bool = True) -> None:
+        self.keys = keys
+        self.length = length
+        self.ready = ready
+
+
+class Cache:
+    def __init__(self, layers: list[Layer]) -> None:
+        self.layers = layers
+
+
+def _decode(x: torch.Tensor, cache: Cache, scale: float = 1.0) -> torch.Tensor:
+    out = x
+    for layer in cache.layers:
+        layer.keys[layer.length] = out  # the cache written in place
+        layer.length += 1  # an int attribute: a size symbol, written back
+        seen = layer.keys[: layer.length]
+        out = (seen.sum(0) * scale + out) if layer.ready else out - 1
+    return out
+
+
+def _cache(layers: int = 2, rows: int = 16, width: int = 4, length: int = 3) -> Cache:
+    torch.manual_seed(0)
+    return Cache([Layer(torch.randn(rows, width), length) for _ in range(layers)])
+
+
+def _twin(c: Cache) -> Cache:
+    return Cache([Layer(layer.keys.clone(), layer.length, layer.ready) for layer in c.layers])
+
+
+def _same(mine: Cache, theirs: Cache) -> None:
+    for a, b in zip(mine.layers, theirs.layers):
+        torch.testing.assert_close(a.keys, b.keys)
+        assert type(a.length) is int and a.length == b.length
+
+
+def _no_full_path(f):
+    def boom(*_a, **_k):
+        raise AssertionError("the call took the full path")
+
+    f._prepare = boom
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_object_arguments_take_the_fast_path(target):
+    """A call with a cache object (containers, attribute objects, int sizes, values) is
+    served by the generated hit function: no flatten, no key; the writes into the cache,
+    the int written back and the result as eager's, step after step at a growing length."""
+    f = compiled(_decode, target, fallback="error")
+    mine, theirs = _cache(), _cache()
+    x = torch.randn(4)
+    for _ in range(2):
+        close(f(x, cache=mine), _decode(x, cache=theirs))
+    fast = f.artifacts[-1].fast
+    assert isinstance(fast, fast_path.FastPath)
+    assert "__dict__" in fast.source and "_write_back" in fast.source
+    _no_full_path(f)
+    hits = f.stats.cache_hits
+    for step in range(5):
+        x = torch.randn(4) + step
+        close(f(x, cache=mine), _decode(x, cache=theirs))
+        _same(mine, theirs)
+    assert f.stats.cache_hits == hits + 5 and f.stats.compiles == 1
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        "new attribute",
+        "attribute type",
+        "flag",
+        "zero length",
+        "more layers",
+        "shared layer",
+        "list to tuple",
+    ],
+)
+def test_object_structure_changes_miss_the_fast_path(change):
+    """Each change to what the structure key holds makes the fast path decline; the full
+    path then serves it as eager does (another variant, or the same one found again)."""
+    f = compiled(_decode, "cpu", fallback="error")
+    mine, theirs = _cache(), _cache()
+    x = torch.randn(4)
+    for _ in range(2):
+        f(x, cache=mine)
+        _decode(x, cache=theirs)
+    assert isinstance(f.artifacts[-1].fast, fast_path.FastPath)
+    hit = f.artifacts[-1].fast.fn
+    for c in (mine, theirs):
+        if change == "new attribute":
+            c.layers[0].extra = 1
+        elif change == "attribute type":
+            c.layers[1].length = torch.tensor(c.layers[1].length)
+        elif change == "flag":
+            c.layers[0].ready = False
+        elif change == "zero length":
+            c.layers[0].length = 0
+        elif change == "more layers":
+            c.layers.append(Layer(torch.zeros(16, 4), 2))
+        elif change == "shared layer":
+            c.layers[1] = c.layers[0]
+        else:
+            c.layers = tuple(c.layers)
+    assert hit((x,), {"cache": mine}) is fast_path.MISS
+    if change == "attribute type":  # the traced code indexes with it: eager's own error or result
+        return
+    if change == "shared layer":  # one object in two places: the full path's own error
+        with pytest.raises(cu.CompileError, match="not a pytree node"):
+            f(x, cache=mine)
+        return
+    close(f(x, cache=mine), _decode(x, cache=theirs))
+    _same(mine, theirs)
+
+
+def test_generate_decode_steps_take_the_fast_path():
+    """transformers' ``generate()`` with a static cache: the decode step (keyword tensors, the
+    cache object of layers, its int sizes and flags) is served by the fast path, tokens as
+    eager's."""
+    pytest.importorskip("transformers")
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=128,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
+    model = LlamaForCausalLM(config).eval()
+    ids = torch.randint(0, 128, (1, 5))
+    kw = {"max_new_tokens": 8, "do_sample": False, "cache_implementation": "static"}
+    with torch.no_grad():
+        want = model.generate(ids, **kw)
+        f = cu.compile(model, target="cpu", fallback="error")
+        f.generate(ids, **kw)
+        decode = f.artifacts[-1]
+        assert isinstance(decode.fast, fast_path.FastPath), "the decode step has no fast path"
+        full = []
+        prepare = f._prepare
+        f._prepare = lambda *a, **k: full.append(1) or prepare(*a, **k)
+        got = f.generate(ids, **kw)
+    assert torch.equal(got, want)
+    # the prompt's step and the first decode step after it (a new variant served last) only
+    assert len(full) <= 2, len(full)
+
+
+def _lists(x, caches, scale=None):
+    out = x
+    for c in caches:
+        out = out + c.sum(0)
+    return out if scale is None else out * scale
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_lists_dicts_and_none_take_the_fast_path(target):
+    """A paged step's lists of caches (cuvil-serve passes one per layer), a dict of options and
+    a ``None``: walked by the fast path; a list's length, a dict's keys or a ``None`` turned
+    into a tensor miss it."""
+    f = compiled(lambda x, caches, opts, scale=None: _lists(x, caches, scale) * opts["k"], target)
+    x = torch.randn(3)
+    caches = [torch.randn(5, 3), torch.randn(2, 3)]
+    opts = {"k": torch.tensor(2.0)}
+    for _ in range(2):
+        close(f(x, caches, opts, scale=None), _lists(x, caches) * 2)
+    fast = f.artifacts[-1].fast
+    assert isinstance(fast, fast_path.FastPath) and "kwargs" in fast.source
+    for n in (4, 9):  # another length of one cache: a size symbol, the same variant
+        caches[1] = torch.randn(n, 3)
+        assert fast.fn((x, caches, opts), {"scale": None}) is not fast_path.MISS
+    hit = fast.fn
+    assert hit((x, [*caches, caches[0]], opts), {"scale": None}) is fast_path.MISS
+    assert hit((x, tuple(caches), opts), {"scale": None}) is fast_path.MISS
+    assert hit((x, caches, {"k": opts["k"], "j": 1}), {"scale": None}) is fast_path.MISS
+    assert hit((x, caches, opts), {"scale": torch.tensor(3.0)}) is fast_path.MISS
+    close(f(x, caches, opts, scale=torch.tensor(3.0)), _lists(x, caches, torch.tensor(3.0)) * 2)

@@ -125,14 +125,19 @@ def exclusive(inputs: Sequence[Any], written: Sequence[int]) -> bool:
     # before it (a bisection, not a scan of all spans per input: this runs every call)
     starts = [a for a, _ in spans]
     ends = [b for _, b in spans]
+    lo, hi = starts[0], ends[-1]
     chosen = set(written)
     tensor = torch.Tensor
-    for j, t in enumerate(inputs):
-        if j in chosen or not isinstance(t, tensor):
-            continue
-        p = t.data_ptr()
+    # most pointers (a model's weights) lie outside every span: one comparison each, the
+    # bisection only for those between the first span's start and the last one's end
+    near = [
+        p
+        for j, t in enumerate(inputs)
+        if j not in chosen and isinstance(t, tensor) and lo <= (p := t.data_ptr()) < hi
+    ]
+    for p in near:
         k = bisect.bisect_right(starts, p) - 1
-        if p and k >= 0 and p < ends[k]:
+        if k >= 0 and p < ends[k]:
             return False
     return True
 
