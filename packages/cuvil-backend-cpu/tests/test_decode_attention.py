@@ -169,6 +169,12 @@ def test_compiled_generate_with_a_static_cache_runs_it(native: bool, monkeypatch
     decode = [a.executable for a in f.artifacts if isinstance(a.executable, ProgramExecutable)][-1]
     ops = [s.extern.node.op for r in decode._runner.runs for s in r.steps if s.extern is not None]
     assert ops.count(decode_attention.OP) == 2, ops  # both layers' attention inside runs
+    # the float32 decode step is one run: each linear a group's GEMV (of one where alone: the
+    # output and down projections, the LM head), the attention and the cache writes steps of it
+    runs = decode._runner.runs
+    assert len(runs) == 1 and len(runs[0].steps) >= len(decode._runner.program.steps) - 2, [
+        len(r.steps) for r in runs
+    ]
     used = native_runs_used(decode)
     assert used and all(all(v) for v in used.values()), used
     assert calls["n"] == 2  # the decode binding's first call, from Python (2 layers); then natively

@@ -16,7 +16,11 @@ and float32 ``linear`` nodes (2-d weights) of one bias-ness whose input has deco
 most :data:`MAX_MEMBERS` at a time, whose other operands are all defined before the first
 of them (the group takes its place). No weight is copied or concatenated: the kernel takes
 each weight's address. Results equal the separate calls' (the GEMV computes each output
-element exactly as one weight's call does).
+element exactly as one weight's call does). A float32 linear of decode-like rows that shares
+its input with none is a group of one: written into its buffer by the GEMV, a step of a
+native run like the groups around it ([Note: native runs] in cuvil_runtime/native_runs.py),
+where as a GEMM-choice extern returning a new tensor it split a decode step's run at every
+output and down projection and at the LM head.
 
 :func:`fuse_silu_gate` then folds a gated MLP's ``silu(gate) * up`` into its two-weight group
 (``epilogue="silu_mul"``, one result): the grouped GEMV applies it before it returns, so a
@@ -216,7 +220,7 @@ def rewrite(graph: Graph) -> Graph:
             first = chunk[0]
             # every operand must exist where the group stands
             chunk = [i for i in chunk if all(defined.get(v.name, first) < first for v in nodes[i].inputs[1:])]
-            if len(chunk) < 2:
+            if len(chunk) < (1 if fmt == "f32" else 2):  # (a lone float32 linear: a group of one)
                 continue
             x = nodes[first].inputs[0]
             operands = [x, *(v for i in chunk for v in nodes[i].inputs[1:])]
