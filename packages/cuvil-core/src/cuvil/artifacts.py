@@ -137,7 +137,9 @@ def run_artifact(art: Artifact, leaves: list[Any], tree: tuple[tuple[Any, ...], 
     if c.input_updates:  # argument tensors updated in place (cuvil/frontend/input_writes.py)
         with torch.no_grad():
             for i, j in c.input_updates:
-                leaves[i].copy_(results[j])
+                new = results[j]
+                if new is not leaves[i]:  # (written in place: the result is the argument itself)
+                    leaves[i].copy_(new)
     if c.write_backs:  # arguments the function changes in place end as in eager
         arg_objects.write_back(c.write_backs, results, leaves, tree)
     out = [_result_leaf(kind, v, results, tree) for kind, v in c.outputs]

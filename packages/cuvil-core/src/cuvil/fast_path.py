@@ -323,7 +323,8 @@ def _generate(cf: Any, art: Any) -> FastPath | None:
         ]
     else:
         run.append(f"_r = _run({', '.join(inputs)})")
-    run += [f"{a[i]}.copy_(_r[{j}])" for i, j in c.input_updates]
+    for i, j in c.input_updates:  # (written in place: the result is the argument itself)
+        run += [f"_u = _r[{j}]", f"if _u is not {a[i]}: {a[i]}.copy_(_u)"]
     body += [
         "if _g:",
         "    _set_grad(False)",
