@@ -195,7 +195,21 @@ def _generate(cf: Any, art: Any) -> FastPath | None:
     # inside each argument the containers and attribute objects as the key's tree has them
     walk = _Walk(ns)
     pos, kw = spec.children()
-    if not (walk.node("args", pos) and walk.node("kwargs", kw)):
+    if pos.type is not tuple or kw.type is not dict or not all(type(k) is str for k in kw.context):
+        return None
+    # (args is a tuple and kwargs a dict of str keys by the call itself: their sizes and names only)
+    walk.body.append(f"if len(args) != {pos.num_children}: return MISS")
+    if kw.num_children:
+        ns["_names"] = tuple(kw.context)
+        walk.body.append("if tuple(kwargs) != _names: return MISS")
+    else:
+        walk.body.append("if kwargs: return MISS")
+    if pos.num_children and all(ch.is_leaf() for ch in pos.children()):
+        walk.body.append(f"{''.join(f'a{i}, ' for i in range(pos.num_children))}= args")
+        walk.leaves = pos.num_children
+    elif not all(walk.node(f"args[{i}]", ch) for i, ch in enumerate(pos.children())):
+        return None
+    if not all(walk.node(f"kwargs[{k!r}]", ch) for k, ch in zip(kw.context, kw.children())):
         return None
     assert walk.leaves == n
     body = walk.body
