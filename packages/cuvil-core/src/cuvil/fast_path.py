@@ -235,7 +235,8 @@ def _generate(cf: Any, art: Any) -> FastPath | None:
             f"a{i}.dim() != {int(rank)}",
             f"a{i}.layout is not _strided",
             f"a{i}.is_nested",
-            f"a{i}.device != _dev{i}",
+            # (``is_cpu`` reads a flag; ``device`` makes a device object to compare)
+            f"not a{i}.is_cpu" if device == torch.device("cpu") else f"a{i}.device != _dev{i}",
         ]
         if shape is not None:
             ns[f"_shape{i}"] = tuple(shape)
