@@ -16,9 +16,10 @@ and float32 ``linear`` nodes (2-d weights) of one bias-ness whose input has deco
 most :data:`MAX_MEMBERS` at a time, whose other operands are all defined before the first
 of them (the group takes its place). No weight is copied or concatenated: the kernel takes
 each weight's address. Results equal the separate calls' (the GEMV computes each output
-element exactly as one weight's call does). A float32 linear of decode-like rows that shares
-its input with none is a group of one: written into its buffer by the GEMV, a step of a
-native run like the groups around it ([Note: native runs] in cuvil_runtime/native_runs.py),
+element exactly as one weight's call does). A float32 linear of one position per sequence
+(:func:`_one_position`: a decode step's ``[batch, 1, hidden]``) that shares its input with none
+is a group of one: written into its buffer by the GEMV, a step of a native run like the groups
+around it ([Note: native runs] in cuvil_runtime/native_runs.py),
 where as a GEMM-choice extern returning a new tensor it split a decode step's run at every
 output and down projection and at the LM head.
 
@@ -197,6 +198,19 @@ def _few_rows(x: TensorType, pinned: dict[Any, int]) -> bool:
     return len(symbols) <= 1 and fixed <= F32_GROUP_ROWS
 
 
+def _one_position(x: Any, pinned: dict[Any, int]) -> bool:
+    """Whether ``x`` is one position per sequence, a decode step's ``[batch, 1, hidden]``: its
+    rows a batch and a size of 1 (a literal, or a symbol the assumptions pin to 1). A lone
+    float32 linear of such rows is a group of one; a ``[batch, features]`` MLP's keeps its GEMM
+    choice, whose result a group would copy into its buffer at every batch above
+    :data:`F32_GROUP_ROWS`."""
+    t = x.type
+    if not isinstance(t, TensorType):
+        return False
+    lead = [pinned.get(d, d) for d in t.shape[:-1]]
+    return len(lead) >= 2 and any(d == 1 for d in lead[1:])
+
+
 def rewrite(graph: Graph) -> Graph:
     """``graph`` with each set of linears of one input (see the module doc) as one
     ``cpu_linear_group`` at the first one's place; the graph itself when there is none.
@@ -220,7 +234,7 @@ def rewrite(graph: Graph) -> Graph:
             first = chunk[0]
             # every operand must exist where the group stands
             chunk = [i for i in chunk if all(defined.get(v.name, first) < first for v in nodes[i].inputs[1:])]
-            if len(chunk) < (1 if fmt == "f32" else 2):  # (a lone float32 linear: a group of one)
+            if len(chunk) < (1 if fmt == "f32" and _one_position(nodes[chunk[0]].inputs[0], pinned) else 2):
                 continue
             x = nodes[first].inputs[0]
             operands = [x, *(v for i in chunk for v in nodes[i].inputs[1:])]
