@@ -15,7 +15,7 @@ values:
 1. the call's structure, walked as ``arg_objects.flatten`` walks it (:class:`_Walk`):
    as many positional arguments as the variant had and the same keywords in the same
    order (the tree structure's dict keys); inside them each list and tuple of its type
-   and length, each dict of its keys in order, each ``None``, and each attribute object
+   and length, each dict of its keys in order, and each attribute object
    of its exact class with the same attribute names in the same order (its
    ``__dict__``), each such object met once (one met twice is a leaf of the full path's
    tree: another structure); a registered pytree node or a namedtuple is not walked
@@ -26,9 +26,6 @@ values:
    mode is on; an int attribute that is a size symbol an ``int`` above 0
    ([Note: int attributes are sizes]); a value (a bool flag, a 0, a string, a dtype)
    of its type and equal to it;
-2. each tensor's structure key (``guards.leaf_key``): dtype, rank, dense strided
-   layout, not nested, device, the shape under ``dynamic=False``, and not requiring
-   grad while grad mode is on;
 3. autocast off everywhere (the variant was compiled outside it);
 4. the module's key (training flags, submodules, parameter/buffer slots:
    ``CompiledFunction._extra_key``);
@@ -144,9 +141,6 @@ class _Walk:
         self.temps += 1
         self.body.append(f"{v} = {expr}")
         kids = spec.children()
-        if t is type(None):
-            self.body.append(f"if {v} is not None: return MISS")
-            return True
         if t is ObjectNode:
             cls, keys = spec.context
             d = f"{v}d"
